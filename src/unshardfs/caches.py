@@ -1,0 +1,46 @@
+"""Byte-bounded caches shared by every sharded directory of a mount.
+
+One budget per kind of decoded data (shard indexes, minishard indexes,
+decoded chunks) rather than one per directory, so the daemon's memory is
+bounded by configuration, not by the number of scales or shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cachetools import LRUCache
+
+MiB = 1 << 20
+
+
+def _nbytes(value: object) -> int:
+    size = getattr(value, "nbytes", None)
+    if size is None:
+        size = len(value)  # type: ignore[arg-type]
+    return max(int(size), 1) + 64
+
+
+@dataclass
+class CacheSizes:
+    shard_index_bytes: int = 64 * MiB
+    minishard_index_bytes: int = 128 * MiB
+    decoded_chunk_bytes: int = 128 * MiB
+
+
+@dataclass
+class Caches:
+    sizes: CacheSizes = field(default_factory=CacheSizes)
+
+    def __post_init__(self) -> None:
+        self.shard_index = LRUCache(maxsize=self.sizes.shard_index_bytes, getsizeof=_nbytes)
+        self.minishard_index = LRUCache(maxsize=self.sizes.minishard_index_bytes, getsizeof=_nbytes)
+        self.decoded_chunk = LRUCache(maxsize=self.sizes.decoded_chunk_bytes, getsizeof=_nbytes)
+
+    @staticmethod
+    def put(cache: LRUCache, key: object, value: object) -> None:
+        """Insert unless the value alone exceeds the whole budget (then just skip)."""
+        try:
+            cache[key] = value
+        except ValueError:
+            pass

@@ -1,0 +1,121 @@
+"""The `unshardfs` command: mount and unmount."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+
+from . import __version__
+from .caches import Caches, CacheSizes, MiB
+from .daemon import MountRequest, detach, serve, unmount
+from .errors import ConfigError
+from .fuse_adapter import MountOptions
+
+EXAMPLES = """\
+examples:
+  unshardfs mount /data/fafb-seg /mnt/fafb        # returns once mounted
+  ls /mnt/fafb/8_8_8 | head                        # chunk files, unsharded names
+  unshardfs mount -f --debug /data/ds /mnt/ds      # stay in the foreground, verbose
+  unshardfs mount -o allow_other /data/ds /mnt/ds  # let other users read it
+  unshardfs unmount /mnt/fafb
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="unshardfs",
+        description="Mount a sharded Neuroglancer precomputed dataset as its unsharded directory tree (read-only).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"unshardfs {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("mount", help="mount SOURCE on MOUNTPOINT", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("source", metavar="SOURCE", help="dataset directory, file:// URL, or precomputed:// URL")
+    m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
+    m.add_argument("-f", "--foreground", action="store_true", help="stay attached; log to stderr")
+    m.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="FUSE mount options, e.g. allow_other")
+    m.add_argument("--debug", action="store_true", help="verbose logging")
+    m.add_argument("--log-file", help="log file when detached (default: ~/.cache/unshardfs/<mountpoint>.log)")
+    m.add_argument("--cache-timeout", type=float, default=3600.0, metavar="SECONDS",
+                   help="how long the kernel may cache names and attributes (default 3600)")
+    m.add_argument("--shard-index-cache", type=int, default=64, metavar="MiB", help="shard index cache (default 64)")
+    m.add_argument("--minishard-index-cache", type=int, default=128, metavar="MiB",
+                   help="decoded minishard index cache (default 128)")
+    m.add_argument("--chunk-cache", type=int, default=128, metavar="MiB",
+                   help="decoded (gunzipped) chunk cache (default 128)")
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)")
+    u.add_argument("mountpoint", metavar="MOUNTPOINT")
+    u.add_argument("-z", "--lazy", action="store_true", help="detach even if busy")
+    return parser
+
+
+def default_log_file(mountpoint: str) -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    real = os.path.realpath(mountpoint)
+    tag = hashlib.sha1(real.encode()).hexdigest()[:8]
+    return os.path.join(base, "unshardfs", f"{os.path.basename(real) or 'root'}-{tag}.log")
+
+
+def _mount(args: argparse.Namespace, argv: list[str]) -> int:
+    if not args.foreground:
+        return detach([a for a in argv if a not in ("-f", "--foreground")] + ["--foreground"],
+                      args.log_file or default_log_file(args.mountpoint))
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    ready_fd = args.ready_fd
+
+    def ready(error: str | None) -> None:
+        nonlocal ready_fd
+        if error is not None:
+            print(f"unshardfs: {error}", file=sys.stderr)
+        if ready_fd is not None:
+            os.write(ready_fd, b"OK" if error is None else error.encode())
+            os.close(ready_fd)
+            ready_fd = None
+
+    from .formats.precomputed import build_tree
+    from .sources import open_source
+
+    caches = Caches(CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, args.chunk_cache * MiB))
+
+    async def build():
+        return await build_tree(open_source(args.source), caches)
+
+    request = MountRequest(
+        mountpoint=args.mountpoint,
+        fsname=f"unshardfs:{args.source}",
+        fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o],
+        debug=args.debug,
+        options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
+    )
+    return serve(request, build, ready)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "mount":
+            return _mount(args, argv)
+        return unmount(args.mountpoint, args.lazy)
+    except ConfigError as e:
+        print(f"unshardfs: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

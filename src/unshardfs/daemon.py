@@ -1,0 +1,146 @@
+"""Mount lifecycle: check the mountpoint, serve in the foreground, or detach like sshfs.
+
+Detaching is done by re-running ourselves in the foreground as a new session
+and waiting on a pipe until the child reports "mounted" or an error; that
+way `unshardfs mount` returns 0 only once the mount is live, and every error
+(bad source, busy mountpoint) is printed by the command the user typed.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import pyfuse3
+import trio
+
+from .errors import ConfigError
+from .fuse_adapter import MountOptions, TreeOperations
+from .vtree import DirNode
+
+log = logging.getLogger(__name__)
+
+TreeBuilder = Callable[[], Awaitable[DirNode]]
+
+
+@dataclass
+class MountRequest:
+    mountpoint: str
+    fsname: str
+    fuse_options: list[str] = field(default_factory=list)
+    debug: bool = False
+    options: MountOptions = field(default_factory=MountOptions)
+
+
+def check_mountpoint(path: str) -> None:
+    if not os.path.exists(path):
+        raise ConfigError(f"mountpoint {path} does not exist")
+    try:
+        if os.path.ismount(path):
+            raise ConfigError(f"mountpoint {path} is busy: something is already mounted there")
+    except OSError as e:
+        raise ConfigError(f"mountpoint {path} is unusable ({e.strerror}); a crashed mount? "
+                          f"try: unshardfs unmount {path}") from e
+    if not os.path.isdir(path):
+        raise ConfigError(f"mountpoint {path} is not a directory")
+    try:
+        if os.listdir(path):
+            raise ConfigError(f"mountpoint {path} is not empty")
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise ConfigError(f"mountpoint {path} has a dead mount; run: unshardfs unmount {path}") from e
+        raise ConfigError(f"mountpoint {path}: {e.strerror}") from e
+
+
+def fuse_option_set(request: MountRequest) -> set[str]:
+    opts = set(pyfuse3.default_options)
+    opts |= {"ro", f"fsname={request.fsname}", "subtype=unshardfs"}
+    if request.debug:
+        opts.add("debug")
+    for opt in request.fuse_options:
+        opts.add(opt)
+    return opts
+
+
+def serve(request: MountRequest, build: TreeBuilder, ready: Callable[[str | None], None]) -> int:
+    """Build the tree, mount, report readiness, serve until unmounted or signalled."""
+
+    async def main() -> None:
+        try:
+            check_mountpoint(request.mountpoint)
+            tree = await build()
+            ops = TreeOperations(tree, request.options)
+            pyfuse3.init(ops, request.mountpoint, fuse_option_set(request))
+        except ConfigError as e:
+            ready(str(e))
+            raise
+        except RuntimeError as e:  # pyfuse3.init failing to mount
+            ready(f"cannot mount on {request.mountpoint}: {e}")
+            raise ConfigError(str(e)) from e
+        ready(None)
+        log.info("mounted %s on %s", request.fsname, request.mountpoint)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+                await pyfuse3.main()
+                nursery.cancel_scope.cancel()
+        finally:
+            pyfuse3.close(unmount=True)
+            log.info("unmounted %s", request.mountpoint)
+
+    try:
+        trio.run(main)
+    except ConfigError:
+        return 1
+    return 0
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s: unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+def detach(argv: list[str], log_file: str) -> int:
+    """Run `argv` (a foreground mount) as a daemon; return once it is mounted or failed."""
+    read_fd, write_fd = os.pipe()
+    os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
+    with open(log_file, "ab") as log_out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "unshardfs", *argv, "--ready-fd", str(write_fd)],
+            pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=log_out, stderr=log_out,
+            start_new_session=True, close_fds=True,
+        )
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        message = pipe.read().decode(errors="replace").strip()
+    if message == "OK":
+        return 0
+    if not message:
+        code = child.wait()
+        message = f"daemon exited with status {code} before mounting; see {log_file}"
+    print(f"unshardfs: {message}", file=sys.stderr)
+    return 1
+
+
+def unmount(mountpoint: str, lazy: bool = False) -> int:
+    cmd = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [mountpoint]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        cmd[0] = "umount"
+        cmd.remove("-u")
+        result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        print(f"unshardfs: cannot unmount {mountpoint}: {detail[-1] if detail else 'failed'}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,31 @@
+"""The few exception types that cross layer boundaries.
+
+Formats raise `DataError` when backing bytes cannot be trusted; the FUSE
+adapter turns it into EIO. `ConfigError` is for bad input found before a mount
+goes live, which the CLI prints as a one-line message.
+"""
+
+
+class UnshardfsError(Exception):
+    """Base class, so callers can catch everything of ours in one place."""
+
+
+class ConfigError(UnshardfsError):
+    """Invalid source, metadata or command-line input; reported before mounting."""
+
+
+class DataError(UnshardfsError):
+    """Backing data is damaged or inconsistent: the affected file must fail with EIO.
+
+    `where` names the backing object (shard path, chunk id) so that the log line
+    lets an operator find the damage; `reason` says what check failed.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class SourceError(UnshardfsError):
+    """The byte source failed to deliver (I/O error, vanished object)."""

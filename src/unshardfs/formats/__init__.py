@@ -1,0 +1,1 @@
+"""Formats turn a byte source into a virtual tree."""

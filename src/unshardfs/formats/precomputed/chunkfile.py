@@ -1,0 +1,83 @@
+"""A chunk's payload inside a shard, shown as a file of its decoded bytes."""
+
+from __future__ import annotations
+
+import struct
+
+from ...errors import DataError
+from ...vtree import FileNode
+from .shardfile import Shard, ShardedStore, gunzip
+
+GZIP_MIN = 18  # 10-byte header + empty deflate stream (2) + CRC32 + ISIZE
+
+
+class ChunkFile(FileNode):
+    """Bytes [start, start+length) of a shard, gzip-decoded when `gzipped`.
+
+    The decoded size of a gzip payload is taken from its ISIZE trailer so
+    `stat` is exact before anything is decompressed; the full decode later
+    verifies it (CRC32 and length), so a lying trailer yields EIO, never
+    wrong or short bytes.
+    """
+
+    __slots__ = ("store", "shard", "start", "length", "gzipped", "chunk_id")
+
+    def __init__(self, store: ShardedStore, shard: Shard, start: int, length: int,
+                 gzipped: bool, size: int, chunk_id: int) -> None:
+        super().__init__(size, shard.mtime_ns)
+        self.store = store
+        self.shard = shard
+        self.start = start
+        self.length = length
+        self.gzipped = gzipped
+        self.chunk_id = chunk_id
+
+    @classmethod
+    async def open(cls, store: ShardedStore, shard: Shard, start: int, length: int,
+                   gzipped: bool, chunk_id: int) -> "ChunkFile":
+        size = length
+        if gzipped:
+            if length < GZIP_MIN:
+                raise DataError(cls._where(shard, chunk_id), f"gzip payload of {length} bytes is too short")
+            trailer = await shard.read(store.source, start + length - 4, 4)
+            (size,) = struct.unpack("<I", trailer)
+        return cls(store, shard, start, length, gzipped, size, chunk_id)
+
+    @staticmethod
+    def _where(shard: Shard, chunk_id: int) -> str:
+        return f"{shard.label} chunk {chunk_id}"
+
+    @property
+    def where(self) -> str:
+        return self._where(self.shard, self.chunk_id)
+
+    async def decoded(self) -> bytes:
+        """The whole decoded payload (cached for gzip, since readers take it in pieces)."""
+        if not self.gzipped:
+            return await self.shard.read(self.store.source, self.start, self.length)
+        cache = self.store.caches.decoded_chunk
+        key = (self.shard.label, self.shard.version, self.start, self.length)
+        data = cache.get(key)
+        if data is None:
+            data = gunzip(await self.shard.read(self.store.source, self.start, self.length), self.where)
+            if len(data) != self.size:
+                raise DataError(self.where, f"gzip payload decodes to {len(data)} bytes, trailer said {self.size}")
+            self.store.caches.put(cache, key, data)
+        return data
+
+    async def read(self, offset: int, size: int) -> bytes:
+        if offset >= self.size or size <= 0:
+            return b""
+        size = min(size, self.size - offset)
+        if self.gzipped:
+            return (await self.decoded())[offset:offset + size]
+        return await self.shard.read(self.store.source, self.start + offset, size)
+
+    def xattrs(self) -> dict[str, bytes]:
+        return {
+            "user.unshardfs.source": self.shard.label.encode(),
+            "user.unshardfs.offset": str(self.start).encode(),
+            "user.unshardfs.length": str(self.length).encode(),
+            "user.unshardfs.encoding": b"gzip" if self.gzipped else b"raw",
+            "user.unshardfs.chunk_id": str(self.chunk_id).encode(),
+        }

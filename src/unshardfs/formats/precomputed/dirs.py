@@ -1,0 +1,259 @@
+"""Sharded directories shown unsharded: volume scales, multi-LOD meshes, skeletons.
+
+Each directory answers lookups of computed names straight from the shard
+indexes (no listing needed) and streams its listing minishard by minishard.
+Files of the source directory that are not shard files pass through, so
+nothing the dataset's owner put there disappears.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+from typing import AsyncIterator
+
+from ...errors import DataError
+from ...logonce import log_once
+from ...passthrough import PassthroughDir, PassthroughFile
+from ...sources.base import ByteSource, ObjectStat, join_key
+from ...vtree import BytesFile, DirNode, Node
+from .chunkfile import ChunkFile
+from .morton import MortonCoder
+from .shardfile import MinishardIndex, Shard, ShardedStore
+
+log = logging.getLogger(__name__)
+
+NOT_VIRTUAL = object()  # the name is not of this directory's computed form
+U64_MAX = (1 << 64) - 1
+
+
+class ShardedDir(DirNode):
+    """Common behaviour: rewritten `info`, hidden shard files, passthrough of the rest."""
+
+    __slots__ = ("source", "key", "store", "info")
+
+    def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
+                 info: BytesFile | None = None) -> None:
+        super().__init__(st.mtime_ns)
+        self.source = source
+        self.key = key
+        self.store = store
+        self.info = info
+
+    async def virtual_lookup(self, name: str) -> object:
+        raise NotImplementedError
+
+    def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:
+        raise NotImplementedError
+
+    def claims(self, name: str) -> bool:
+        """Whether `name` has the computed form; such source files are shadowed."""
+        raise NotImplementedError
+
+    async def lookup(self, name: str) -> Node | None:
+        if name == "info" and self.info is not None:
+            return self.info
+        node = await self.virtual_lookup(name)
+        if node is not NOT_VIRTUAL:
+            return node  # type: ignore[return-value]
+        if self.store.is_shard_file(name):
+            return None
+        return await PassthroughDir(self.source, self.key, _DIR_STAT).lookup(name)
+
+    async def entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
+        if self.info is not None:
+            yield "info", self.info
+        async for item in self.virtual_entries():
+            yield item
+        async for name, st in self.source.list(self.key):
+            if (name == "info" and self.info is not None) or self.store.is_shard_file(name) or self.claims(name):
+                continue
+            child_key = join_key(self.key, name)
+            yield name, (PassthroughDir(self.source, child_key, st) if st.is_dir
+                         else PassthroughFile(self.source, child_key, st))
+
+    @property
+    def gzipped(self) -> bool:
+        """Whether payloads (volume chunks, skeletons, mesh manifests) are gzip-encoded."""
+        return self.store.spec.data_encoding == "gzip"
+
+    async def _chunk(self, chunk_id: int) -> ChunkFile | None:
+        found = await self.store.locate(chunk_id)
+        if found is None:
+            return None
+        shard, start, length = found
+        return await ChunkFile.open(self.store, shard, start, length, self.gzipped, chunk_id)
+
+    def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
+        """File names of a minishard's ids (None: not listable); segment ids by default."""
+        return [str(cid) for cid in mini.ids.tolist()]
+
+    async def _listed_chunks(self) -> AsyncIterator[tuple[str, ChunkFile]]:
+        """Every listable chunk; one that cannot even be sized is logged and skipped."""
+        async for shard, mini in self.store.minishards():
+            rows = zip(self.names(shard, mini), mini.ids.tolist(), mini.starts.tolist(), mini.sizes.tolist())
+            for name, cid, start, size in rows:
+                if name is None:
+                    continue
+                try:
+                    yield name, await ChunkFile.open(self.store, shard, start, size, self.gzipped, cid)
+                except DataError as e:
+                    log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+
+
+_DIR_STAT = ObjectStat(size=0, mtime_ns=0, is_dir=True)
+
+_CHUNK_NAME = re.compile(r"^(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)$")
+
+
+class VolumeScaleDir(ShardedDir):
+    """A sharded scale: one file per existing chunk, named by its voxel bounds."""
+
+    __slots__ = ("coder", "size", "chunk_size", "voxel_offset")
+
+    def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
+                 size: tuple[int, int, int], chunk_size: tuple[int, int, int],
+                 voxel_offset: tuple[int, int, int]) -> None:
+        super().__init__(source, key, st, store)
+        self.size = size
+        self.chunk_size = chunk_size
+        self.voxel_offset = voxel_offset
+        grid = tuple(-(-s // c) for s, c in zip(size, chunk_size))
+        self.coder = MortonCoder(grid)  # type: ignore[arg-type]
+
+    def chunk_name(self, cell: tuple[int, int, int]) -> str:
+        parts = []
+        for d in range(3):
+            begin = cell[d] * self.chunk_size[d]
+            end = min(begin + self.chunk_size[d], self.size[d])
+            parts.append(f"{begin + self.voxel_offset[d]}-{end + self.voxel_offset[d]}")
+        return "_".join(parts)
+
+    def claims(self, name: str) -> bool:
+        return _CHUNK_NAME.match(name) is not None
+
+    def parse_chunk_name(self, name: str) -> tuple[int, int, int] | None:
+        """Grid cell of a canonical chunk name inside the volume, else None."""
+        m = _CHUNK_NAME.match(name)
+        if m is None:
+            return None
+        cell = []
+        for d in range(3):
+            begin = int(m.group(2 * d + 1)) - self.voxel_offset[d]
+            if begin < 0 or begin % self.chunk_size[d]:
+                return None
+            g = begin // self.chunk_size[d]
+            if g >= self.coder.grid_shape[d]:
+                return None
+            cell.append(g)
+        cell_t = (cell[0], cell[1], cell[2])
+        # Only the exact spelling an unsharded writer uses names a chunk
+        # (no leading zeros, '+', or wrong clipped end).
+        return cell_t if self.chunk_name(cell_t) == name else None
+
+    async def virtual_lookup(self, name: str) -> object:
+        if not self.claims(name):
+            return NOT_VIRTUAL
+        cell = self.parse_chunk_name(name)
+        if cell is None:
+            return None
+        return await self._chunk(self.coder.encode(cell))
+
+    def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
+        cells, valid = self.coder.decode_array(mini.ids)
+        if not valid.all():
+            log_once(log, f"grid:{shard.label}", "%s: %d chunk ids lie outside the volume grid; not listed",
+                     shard.label, int((~valid).sum()))
+        return [self.chunk_name((c[0], c[1], c[2])) if ok else None
+                for c, ok in zip(cells.tolist(), valid.tolist())]
+
+    async def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
+        async for item in self._listed_chunks():
+            yield item
+
+
+def parse_segment_id(text: str) -> int | None:
+    """A canonical base-10 uint64, as unsharded mesh/skeleton writers name files."""
+    if not text.isdigit() or not text.isascii() or (len(text) > 1 and text[0] == "0"):
+        return None
+    value = int(text)
+    return value if value <= U64_MAX else None
+
+
+class SkeletonDir(ShardedDir):
+    """Sharded skeletons: `<segid>` holds the encoded skeleton."""
+
+    def claims(self, name: str) -> bool:
+        return parse_segment_id(name) is not None
+
+    async def virtual_lookup(self, name: str) -> object:
+        seg = parse_segment_id(name)
+        if seg is None:
+            return NOT_VIRTUAL
+        return await self._chunk(seg)
+
+    async def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
+        async for item in self._listed_chunks():
+            yield item
+
+
+def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
+    """Total size of the fragment data a multi-LOD mesh manifest describes.
+
+    The manifest is parsed in full and must be consumed exactly: a damaged
+    manifest would otherwise place the fragment file at a wrong offset.
+    """
+    try:
+        num_lods = struct.unpack_from("<I", manifest, 24)[0]
+        pos = 28 + 4 * num_lods + 12 * num_lods
+        counts = struct.unpack_from(f"<{num_lods}I", manifest, pos)
+        pos += 4 * num_lods
+        total = 0
+        for count in counts:
+            pos += 12 * count
+            total += sum(struct.unpack_from(f"<{count}I", manifest, pos))
+            pos += 4 * count
+    except struct.error as e:
+        raise DataError(where, f"mesh manifest is truncated ({len(manifest)} bytes)") from e
+    if pos != len(manifest):
+        raise DataError(where, f"mesh manifest has {len(manifest) - pos} trailing bytes")
+    return total
+
+
+class MultiLodMeshDir(ShardedDir):
+    """Sharded multi-resolution meshes: `<segid>.index` manifest, `<segid>` fragments.
+
+    In the shard, a segment's fragment data sits immediately before its
+    manifest, and only the manifest is indexed (and possibly gzip-encoded).
+    """
+
+    def claims(self, name: str) -> bool:
+        return parse_segment_id(name.removesuffix(".index")) is not None
+
+    async def fragments(self, manifest: ChunkFile) -> ChunkFile:
+        total = manifest_fragment_bytes(await manifest.decoded(), manifest.where)
+        start = manifest.start - total
+        if start < self.store.spec.shard_index_size:
+            raise DataError(manifest.where, f"fragment data of {total} bytes would start before the shard data")
+        return ChunkFile(self.store, manifest.shard, start, total, False, total, manifest.chunk_id)
+
+    async def virtual_lookup(self, name: str) -> object:
+        stem = name.removesuffix(".index")
+        seg = parse_segment_id(stem)
+        if seg is None:
+            return NOT_VIRTUAL
+        manifest = await self._chunk(seg)
+        if manifest is None or stem != name:
+            return manifest
+        return await self.fragments(manifest)
+
+    async def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
+        async for name, manifest in self._listed_chunks():
+            try:
+                fragments = await self.fragments(manifest)
+            except DataError as e:
+                log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+                continue
+            yield name, fragments
+            yield f"{name}.index", manifest

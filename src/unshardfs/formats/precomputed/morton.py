@@ -1,0 +1,54 @@
+"""Compressed Morton codes of volume chunk grid cells.
+
+Bits that are zero for every cell of the grid are skipped, so the code depends
+on the grid shape. Encoding is scalar (one lookup at a time); decoding is
+vectorised because listings turn whole minishard indexes into names.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bit_plan(grid_shape: tuple[int, int, int]) -> list[tuple[int, int]]:
+    """For each output bit j, the (dim, source bit) it carries."""
+    plan: list[tuple[int, int]] = []
+    nbits = max(max((s - 1).bit_length() for s in grid_shape), 0)
+    for i in range(nbits):
+        for dim in range(3):
+            # A dimension contributes bit i while some cell needs it, i.e.
+            # while 2**i < grid_shape[dim].
+            if (1 << i) < grid_shape[dim]:
+                plan.append((dim, i))
+    return plan
+
+
+class MortonCoder:
+    def __init__(self, grid_shape: tuple[int, int, int]) -> None:
+        self.grid_shape = tuple(int(s) for s in grid_shape)
+        self.plan = bit_plan(self.grid_shape)
+        self.total_bits = len(self.plan)
+
+    def encode(self, cell: tuple[int, int, int]) -> int:
+        code = 0
+        for j, (dim, i) in enumerate(self.plan):
+            code |= ((cell[dim] >> i) & 1) << j
+        return code
+
+    def decode_array(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Grid cells of `codes` as an (n, 3) int64 array, plus a validity mask.
+
+        A code is valid when it has no bits beyond the grid's and its cell lies
+        inside the grid; invalid ids in a minishard index are damaged data and
+        must not show up as files.
+        """
+        codes = np.asarray(codes, dtype=np.uint64)
+        cells = np.zeros((len(codes), 3), dtype=np.int64)
+        for j, (dim, i) in enumerate(self.plan):
+            cells[:, dim] |= (((codes >> np.uint64(j)) & np.uint64(1)).astype(np.int64)) << i
+        if self.total_bits < 64:
+            valid = (codes >> np.uint64(self.total_bits)) == 0
+        else:
+            valid = np.ones(len(codes), dtype=bool)
+        valid &= np.all(cells < np.asarray(self.grid_shape, dtype=np.int64), axis=1)
+        return cells, valid

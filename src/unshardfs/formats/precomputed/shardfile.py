@@ -1,0 +1,277 @@
+"""Reading one sharded directory: shard files, their indexes, and chunk byte ranges.
+
+Every offset and length taken from an index is checked against the real size
+of the shard before any data byte is served; a check that fails raises
+`DataError` for that chunk (or that minishard) only, so the rest of the
+dataset stays readable.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import numpy as np
+
+from ...caches import Caches
+from ...errors import DataError, SourceError
+from ...logonce import log_once
+from ...sources.base import ByteSource, join_key
+from .sharding import ShardingSpec
+
+log = logging.getLogger(__name__)
+
+U64 = np.uint64
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One shard as it exists now: the current `.shard` file or an obsolete
+    `.index` + `.data` pair, read as their concatenation."""
+
+    number: int
+    parts: tuple[tuple[str, int], ...]  # (source key, size)
+    size: int
+    mtime_ns: int
+    version: tuple
+
+    @property
+    def label(self) -> str:
+        return "+".join(key for key, _ in self.parts)
+
+    async def read(self, source: ByteSource, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset+size) of the logical shard, exactly, or DataError."""
+        out = []
+        base = 0
+        want_end = offset + size
+        for key, part_size in self.parts:
+            lo, hi = max(offset, base), min(want_end, base + part_size)
+            if lo < hi:
+                try:
+                    data = await source.read(key, lo - base, hi - lo)
+                except SourceError as e:
+                    raise DataError(self.label, str(e)) from e
+                if len(data) != hi - lo:
+                    raise DataError(self.label, f"short read at offset {lo}: file shrank while mounted?")
+                out.append(data)
+            base += part_size
+        return b"".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class MinishardIndex:
+    """A decoded minishard index: sorted unique chunk ids and their byte ranges.
+
+    Offsets are absolute within the logical shard and already validated.
+    Entries whose range was invalid are kept out of `ids` and listed in
+    `bad` with the reason, so lookups of them fail loudly instead of
+    pretending the chunk is absent.
+    """
+
+    ids: np.ndarray
+    starts: np.ndarray
+    sizes: np.ndarray
+    bad: dict[int, str]
+
+    @property
+    def nbytes(self) -> int:
+        return self.ids.nbytes + self.starts.nbytes + self.sizes.nbytes + 64 * len(self.bad)
+
+    def find(self, chunk_id: int) -> tuple[int, int] | None:
+        i = int(np.searchsorted(self.ids, U64(chunk_id)))
+        if i < len(self.ids) and int(self.ids[i]) == chunk_id:
+            return int(self.starts[i]), int(self.sizes[i])
+        return None
+
+
+EMPTY_MINISHARD = MinishardIndex(
+    np.zeros(0, dtype=U64), np.zeros(0, dtype=U64), np.zeros(0, dtype=U64), {}
+)
+
+
+def gunzip(data: bytes, where: str) -> bytes:
+    """Decompress a gzip member chain, verifying framing, CRC32 and ISIZE."""
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(where, f"bad gzip data: {e}") from e
+
+
+def decode_minishard(raw: bytes, shard_index_size: int, shard_size: int, where: str) -> MinishardIndex:
+    """Turn the [3, n] delta-encoded uint64 array into validated absolute ranges."""
+    if len(raw) % 24:
+        raise DataError(where, f"minishard index length {len(raw)} is not a multiple of 24")
+    n = len(raw) // 24
+    if n == 0:
+        return EMPTY_MINISHARD
+    arr = np.frombuffer(raw, dtype="<u8").reshape(3, n).astype(U64)
+    with np.errstate(over="ignore"):
+        # All of the format's arithmetic is modulo 2**64 (numpy wraps silently);
+        # validation below rejects whatever lands outside the shard.
+        ids = np.cumsum(arr[0], dtype=U64)
+        sizes = arr[2]
+        prior_sizes = np.concatenate([np.zeros(1, dtype=U64), np.cumsum(sizes, dtype=U64)[:-1]])
+        starts = U64(shard_index_size) + np.cumsum(arr[1], dtype=U64) + prior_sizes
+        ends = starts + sizes
+    ok = (ends >= starts) & (starts >= U64(shard_index_size)) & (ends <= U64(shard_size))
+    # Sort for binary search; on duplicate ids the first entry wins, as a
+    # sequential reader of the index would find it.
+    order = np.argsort(ids, kind="stable")
+    uniq, first = np.unique(ids[order], return_index=True)
+    if len(uniq) != n:
+        log_once(log, f"dup:{where}", "%s: minishard index lists %d duplicate chunk ids; using the first of each",
+                 where, n - len(uniq))
+    keep = order[first]
+    bad: dict[int, str] = {}
+    for i in keep[~ok[keep]][:1000]:
+        bad[int(ids[i])] = (
+            f"chunk range [{int(starts[i])}, +{int(sizes[i])}) lies outside the shard data "
+            f"[{shard_index_size}, {shard_size})"
+        )
+    keep = keep[ok[keep]]
+    return MinishardIndex(ids[keep], starts[keep], sizes[keep], bad)
+
+
+class ShardedStore:
+    """The chunks of one sharded directory, by chunk id."""
+
+    def __init__(self, source: ByteSource, dir_key: str, spec: ShardingSpec, caches: Caches) -> None:
+        self.source = source
+        self.dir_key = dir_key
+        self.spec = spec
+        self.caches = caches
+
+    # -- shard files -------------------------------------------------------
+
+    async def shard(self, number: int) -> Shard | None:
+        """The shard's current backing files, or None if the shard does not exist."""
+        stem = join_key(self.dir_key, self.spec.shard_name(number))
+        st = await self.source.stat(stem + ".shard")
+        if st is not None and not st.is_dir:
+            return Shard(number, ((stem + ".shard", st.size),), st.size, st.mtime_ns, st.version)
+        index_st = await self.source.stat(stem + ".index")
+        if index_st is None or index_st.is_dir:
+            return None
+        data_st = await self.source.stat(stem + ".data")
+        if data_st is None or data_st.is_dir:
+            log_once(log, f"nodata:{stem}", "%s.index exists without %s.data: shard treated as damaged", stem, stem)
+            raise DataError(stem + ".index", "obsolete-layout shard has no .data file")
+        return Shard(
+            number,
+            ((stem + ".index", index_st.size), (stem + ".data", data_st.size)),
+            index_st.size + data_st.size,
+            max(index_st.mtime_ns, data_st.mtime_ns),
+            (index_st.version, data_st.version),
+        )
+
+    async def shard_numbers(self) -> AsyncIterator[int]:
+        """Existing shards in ascending order, found by listing the directory."""
+        numbers = set()
+        async for name, st in self.source.list(self.dir_key):
+            if st.is_dir:
+                continue
+            stem, dot, ext = name.rpartition(".")
+            if dot and ext in ("shard", "index"):
+                number = self.spec.parse_shard_name(stem)
+                if number is not None:
+                    numbers.add(number)
+        for number in sorted(numbers):
+            yield number
+
+    def is_shard_file(self, name: str) -> bool:
+        stem, dot, ext = name.rpartition(".")
+        return bool(dot) and ext in ("shard", "index", "data") and self.spec.parse_shard_name(stem) is not None
+
+    # -- indexes ------------------------------------------------------------
+
+    async def shard_index(self, shard: Shard) -> np.ndarray:
+        """The (2**minishard_bits, 2) array of absolute minishard index ranges."""
+        key = (shard.label, shard.version)
+        cached = self.caches.shard_index.get(key)
+        if cached is not None:
+            return cached
+        size = self.spec.shard_index_size
+        if shard.size < size:
+            raise DataError(shard.label, f"file has {shard.size} bytes, shorter than its {size}-byte shard index")
+        raw = await shard.read(self.source, 0, size)
+        index = np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(U64)
+        self.caches.put(self.caches.shard_index, key, index)
+        return index
+
+    async def minishard(self, shard: Shard, minishard: int) -> MinishardIndex:
+        key = (shard.label, shard.version, minishard)
+        cached = self.caches.minishard_index.get(key)
+        if cached is not None:
+            return cached
+        index = await self.shard_index(shard)
+        start, end = int(index[minishard, 0]), int(index[minishard, 1])
+        where = f"{shard.label} minishard {minishard}"
+        base = self.spec.shard_index_size
+        if start == end:
+            result = EMPTY_MINISHARD
+        elif start > end or base + end > shard.size:
+            raise DataError(where, f"minishard index range [{start}, {end}) lies outside the file ({shard.size} bytes)")
+        else:
+            raw = await shard.read(self.source, base + start, end - start)
+            if self.spec.minishard_index_encoding == "gzip":
+                raw = gunzip(raw, where)
+            result = decode_minishard(raw, base, shard.size, where)
+            for cid, reason in list(result.bad.items())[:20]:
+                log_once(log, f"bad:{shard.label}:{cid}", "%s chunk %d: %s", shard.label, cid, reason)
+        self.caches.put(self.caches.minishard_index, key, result)
+        return result
+
+    # -- chunks -------------------------------------------------------------
+
+    async def locate(self, chunk_id: int) -> tuple[Shard, int, int] | None:
+        """(shard, absolute start, stored length) of a chunk, or None if absent."""
+        shard_no, minishard_no = self.spec.location(chunk_id)
+        shard = await self.shard(shard_no)
+        if shard is None:
+            return None
+        mini = await self.minishard(shard, minishard_no)
+        reason = mini.bad.get(chunk_id)
+        if reason is not None:
+            raise DataError(f"{shard.label} chunk {chunk_id}", reason)
+        found = mini.find(chunk_id)
+        if found is None:
+            return None
+        return shard, found[0], found[1]
+
+    async def minishards(self) -> AsyncIterator[tuple[Shard, MinishardIndex]]:
+        """Every readable minishard with the ids that truly belong to it.
+
+        Damaged shards or minishards are logged and skipped so a listing
+        still shows everything else. Ids that hash to another shard or
+        minishard can never be looked up, so they are not listed either.
+        """
+        async for number in self.shard_numbers():
+            try:
+                shard = await self.shard(number)
+                if shard is None:
+                    continue
+                index = await self.shard_index(shard)
+            except DataError as e:
+                log_once(log, f"list:{e}", "listing %s: skipping shard: %s", self.dir_key or ".", e)
+                continue
+            for m in range(len(index)):
+                if index[m, 0] == index[m, 1]:
+                    continue
+                try:
+                    mini = await self.minishard(shard, m)
+                except DataError as e:
+                    log_once(log, f"list:{e}", "listing %s: skipping minishard: %s", self.dir_key or ".", e)
+                    continue
+                if len(mini.ids) == 0:
+                    continue
+                shards, minis = self.spec.locations_array(mini.ids)
+                belongs = (shards == U64(number)) & (minis == U64(m))
+                if not belongs.all():
+                    log_once(log, f"misplaced:{shard.label}:{m}",
+                             "%s minishard %d: %d chunk ids hash elsewhere; not listed",
+                             shard.label, m, int((~belongs).sum()))
+                    mini = MinishardIndex(mini.ids[belongs], mini.starts[belongs], mini.sizes[belongs], mini.bad)
+                yield shard, mini

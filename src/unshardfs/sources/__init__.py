@@ -1,0 +1,25 @@
+"""Byte sources: objects addressed by '/'-separated keys, read by byte range.
+
+Formats only ever talk to a `ByteSource`; they never open files themselves, so
+that a remote store can later stand in for a local directory unchanged.
+"""
+
+from .base import ByteSource, ObjectStat, join_key
+from .local import LocalSource
+
+__all__ = ["ByteSource", "ObjectStat", "LocalSource", "join_key", "open_source"]
+
+
+def open_source(url: str) -> ByteSource:
+    """Resolve a user-given SOURCE (path, file:// URL, precomputed:// prefix)."""
+    from ..errors import ConfigError
+
+    for prefix in ("precomputed://",):
+        if url.startswith(prefix):
+            url = url[len(prefix):]
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    elif "://" in url:
+        scheme = url.split("://", 1)[0]
+        raise ConfigError(f"unsupported source scheme {scheme}:// (local paths and file:// only so far)")
+    return LocalSource(url)
