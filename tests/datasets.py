@@ -60,10 +60,15 @@ def random_volume(shape: tuple[int, ...], dtype: str, seed: int, labels: bool) -
 
 
 def write_volume(root: Path, scales: list[Scale], data_type: str = "uint8", num_channels: int = 1,
-                 volume_type: str = "image", seed: int = 0) -> dict[str, Path]:
-    """Write the volume sharded (`root/sharded`) and unsharded (`root/plain`) with TensorStore."""
+                 volume_type: str = "image", seed: int = 0, blocky: bool | None = None) -> dict[str, Path]:
+    """Write the volume sharded (`root/sharded`) and unsharded (`root/plain`) with TensorStore.
+
+    `blocky` data (default for segmentations) compresses well; plain random
+    data does not, which changes where payloads land in a shard.
+    """
     paths = {}
-    arrays = [random_volume((*s.size, num_channels), data_type, seed + i, volume_type == "segmentation")
+    blocky = volume_type == "segmentation" if blocky is None else blocky
+    arrays = [random_volume((*s.size, num_channels), data_type, seed + i, blocky)
               for i, s in enumerate(scales)]
     for variant in ("sharded", "plain"):
         path = root / variant

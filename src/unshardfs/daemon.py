@@ -39,23 +39,24 @@ class MountRequest:
 
 
 def check_mountpoint(path: str) -> None:
-    if not os.path.exists(path):
-        raise ConfigError(f"mountpoint {path} does not exist")
+    """Refuse missing, dead, busy or non-empty mountpoints with a message saying what to do."""
     try:
-        if os.path.ismount(path):
-            raise ConfigError(f"mountpoint {path} is busy: something is already mounted there")
-    except OSError as e:
-        raise ConfigError(f"mountpoint {path} is unusable ({e.strerror}); a crashed mount? "
-                          f"try: unshardfs unmount {path}") from e
-    if not os.path.isdir(path):
-        raise ConfigError(f"mountpoint {path} is not a directory")
-    try:
-        if os.listdir(path):
-            raise ConfigError(f"mountpoint {path} is not empty")
+        # A listing, not a stat: the kernel answers stat of a dead FUSE mount
+        # from its attribute cache, but a listing must reach the daemon.
+        entries = os.listdir(path)
+    except FileNotFoundError:
+        raise ConfigError(f"mountpoint {path} does not exist") from None
+    except NotADirectoryError:
+        raise ConfigError(f"mountpoint {path} is not a directory") from None
     except OSError as e:
         if e.errno == errno.ENOTCONN:
-            raise ConfigError(f"mountpoint {path} has a dead mount; run: unshardfs unmount {path}") from e
-        raise ConfigError(f"mountpoint {path}: {e.strerror}") from e
+            raise ConfigError(f"mountpoint {path} has a dead mount (crashed daemon?); "
+                              f"run: unshardfs unmount {path}") from None
+        raise ConfigError(f"mountpoint {path}: {e.strerror}") from None
+    if os.path.ismount(path):
+        raise ConfigError(f"mountpoint {path} is busy: something is already mounted there")
+    if entries:
+        raise ConfigError(f"mountpoint {path} is not empty")
 
 
 def fuse_option_set(request: MountRequest) -> set[str]:

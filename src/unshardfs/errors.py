@@ -29,3 +29,11 @@ class DataError(UnshardfsError):
 
 class SourceError(UnshardfsError):
     """The byte source failed to deliver (I/O error, vanished object)."""
+
+
+class StaleError(DataError):
+    """The backing object changed since this file was resolved.
+
+    Raised instead of reading a replaced shard at offsets taken from its old
+    index; the FUSE adapter then resolves the name afresh.
+    """

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pyfuse3
 
-from .errors import DataError
+from .errors import DataError, StaleError
 from .logonce import log_once
 from .vtree import DirNode, FileNode, Node
 
@@ -137,7 +137,7 @@ class TreeOperations(pyfuse3.Operations):
         super().__init__()
         self.options = options or MountOptions()
         self.inodes = InodeTable(root)
-        self.files: dict[int, FileNode] = {}
+        self.files: dict[int, tuple[int, FileNode]] = {}
         self.listings: dict[int, _Listing] = {}
         self.next_fh = 1
         self.uid = os.getuid()
@@ -268,13 +268,35 @@ class TreeOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self.next_fh
         self.next_fh += 1
-        self.files[fh] = node
+        self.files[fh] = (inode, node)
         # Content never changes under a mount, so the kernel may keep its page cache.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @guarded
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self.files[fh].read(off, size)
+        ino, node = self.files[fh]
+        try:
+            return await node.read(off, size)
+        except StaleError as e:
+            node = await self._refresh(ino, node, e)
+            self.files[fh] = (ino, node)
+            return await node.read(off, size)
+
+    async def _refresh(self, ino: int, node: FileNode, cause: StaleError) -> FileNode:
+        """Resolve a file whose backing object was replaced, by its name, once.
+
+        The kernel already knows the file's size, so the fresh node is used
+        only if its size is unchanged; otherwise the file answers EIO until
+        the kernel looks the name up again.
+        """
+        parent_ino, name = self.inodes.names.get(ino, (None, b""))
+        parent = self.inodes.nodes.get(parent_ino) if parent_ino is not None else None
+        fresh = await parent.lookup(os.fsdecode(name)) if isinstance(parent, DirNode) else None
+        if not isinstance(fresh, FileNode) or fresh.size != node.size:
+            raise DataError(cause.where, f"{cause.reason}; its content changed and cannot be re-served")
+        log.info("%s: backing data changed; re-resolved %s", cause.where, os.fsdecode(name))
+        self.inodes.nodes[ino] = fresh
+        return fresh
 
     @guarded
     async def release(self, fh: int) -> None:

@@ -32,8 +32,12 @@ class ByteSource(Protocol):
     async def stat(self, key: str) -> ObjectStat | None:
         """None when the object does not exist."""
 
-    async def read(self, key: str, offset: int, size: int) -> bytes:
-        """Up to `size` bytes at `offset`; shorter only at end of object."""
+    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        """Up to `size` bytes at `offset`; shorter only at end of object.
+
+        With `version` (from an earlier `stat`), raise `StaleError` rather
+        than read an object that has since been replaced or modified.
+        """
 
     def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         """Direct children of a directory-like key, as (name, stat)."""

@@ -10,7 +10,7 @@ from typing import AsyncIterator
 
 from cachetools import LRUCache
 
-from ..errors import ConfigError, SourceError
+from ..errors import ConfigError, SourceError, StaleError
 from .base import ObjectStat, join_key
 
 log = logging.getLogger(__name__)
@@ -88,25 +88,38 @@ class LocalSource:
         if cached is not None:
             os.close(cached[0])
 
-    def _fd(self, key: str) -> int:
+    def _fd(self, key: str, version: tuple | None) -> int:
         cached = self._fds.get(key)
         if cached is not None:
-            return cached[0]
+            fd, ident = cached
+            if version is None or ident == version[:2]:
+                # Same inode as when the caller resolved it: its bytes are the
+                # ones the caller's index describes, even if the path was
+                # replaced meanwhile.
+                return fd
+            self._drop_fd(key)
         path = self.path(key)
         if not self._inside(path):
             raise SourceError(f"{path} resolves outside the source")
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError as e:
+            if version is not None:
+                raise StaleError(key, "file was removed after its index was read") from e
+            raise SourceError(f"open {path}: {e.strerror}") from e
         except OSError as e:
             raise SourceError(f"open {path}: {e.strerror}") from e
         st = os.fstat(fd)
+        if version is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != version:
+            os.close(fd)
+            raise StaleError(key, "file changed after its index was read")
         self._fds[key] = (fd, (st.st_dev, st.st_ino))
         return fd
 
-    async def read(self, key: str, offset: int, size: int) -> bytes:
+    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         if size <= 0:
             return b""
-        fd = self._fd(key)
+        fd = self._fd(key, version)
         try:
             data = os.pread(fd, size, offset)
             if len(data) < size and data:

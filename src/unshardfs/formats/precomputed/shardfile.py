@@ -33,25 +33,28 @@ class Shard:
     `.index` + `.data` pair, read as their concatenation."""
 
     number: int
-    parts: tuple[tuple[str, int], ...]  # (source key, size)
+    parts: tuple[tuple[str, int, tuple], ...]  # (source key, size, version)
     size: int
     mtime_ns: int
-    version: tuple
+
+    @property
+    def version(self) -> tuple:
+        return tuple(version for _, _, version in self.parts)
 
     @property
     def label(self) -> str:
-        return "+".join(key for key, _ in self.parts)
+        return "+".join(key for key, _, _ in self.parts)
 
     async def read(self, source: ByteSource, offset: int, size: int) -> bytes:
         """Bytes [offset, offset+size) of the logical shard, exactly, or DataError."""
         out = []
         base = 0
         want_end = offset + size
-        for key, part_size in self.parts:
+        for key, part_size, version in self.parts:
             lo, hi = max(offset, base), min(want_end, base + part_size)
             if lo < hi:
                 try:
-                    data = await source.read(key, lo - base, hi - lo)
+                    data = await source.read(key, lo - base, hi - lo, version)
                 except SourceError as e:
                     raise DataError(self.label, str(e)) from e
                 if len(data) != hi - lo:
@@ -151,7 +154,7 @@ class ShardedStore:
         stem = join_key(self.dir_key, self.spec.shard_name(number))
         st = await self.source.stat(stem + ".shard")
         if st is not None and not st.is_dir:
-            return Shard(number, ((stem + ".shard", st.size),), st.size, st.mtime_ns, st.version)
+            return Shard(number, ((stem + ".shard", st.size, st.version),), st.size, st.mtime_ns)
         index_st = await self.source.stat(stem + ".index")
         if index_st is None or index_st.is_dir:
             return None
@@ -161,10 +164,9 @@ class ShardedStore:
             raise DataError(stem + ".index", "obsolete-layout shard has no .data file")
         return Shard(
             number,
-            ((stem + ".index", index_st.size), (stem + ".data", data_st.size)),
+            ((stem + ".index", index_st.size, index_st.version), (stem + ".data", data_st.size, data_st.version)),
             index_st.size + data_st.size,
             max(index_st.mtime_ns, data_st.mtime_ns),
-            (index_st.version, data_st.version),
         )
 
     async def shard_numbers(self) -> AsyncIterator[int]:
