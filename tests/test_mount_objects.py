@@ -68,3 +68,36 @@ def test_cloudvolume_reads_through_mount(objects, mount):
             np.testing.assert_array_equal(a.vertices, b.vertices)
             np.testing.assert_array_equal(a.faces, b.faces)
             assert len(a.vertices) > 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-gzip-manifests"])
+def test_damaged_object_shards(tmp_path, mount, damage):
+    import shutil
+
+    kind = "mesh"
+    paths = write_objects(tmp_path / "objs", kind, SPECS["murmur-gzip-preshift"], seed=5, n=30)
+    src = tmp_path / "src"
+    shutil.copytree(paths["sharded"], src)
+    victim = sorted((src / kind).glob("*.shard"))[0]
+    blob = bytearray(victim.read_bytes())
+    if damage == "truncate":
+        blob = blob[: len(blob) * 2 // 3]
+    else:
+        # gzip magic marks each encoded manifest; damage the byte after each header
+        pos = blob.find(b"\x1f\x8b\x08", 16)
+        while pos != -1:
+            blob[pos + 12] ^= 0xFF
+            pos = blob.find(b"\x1f\x8b\x08", pos + 3)
+    victim.write_bytes(bytes(blob))
+    m = mount(src)
+    ok = failed = 0
+    for name in sorted(set(os.listdir(paths["plain"] / kind)) - {"info"}):
+        want = (paths["plain"] / kind / name).read_bytes()
+        try:
+            got = (m.path / kind / name).read_bytes()
+        except OSError:
+            failed += 1
+            continue
+        assert got == want, name
+        ok += 1
+    assert failed > 0 and ok > 0

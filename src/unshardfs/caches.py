@@ -44,3 +44,8 @@ class Caches:
             cache[key] = value
         except ValueError:
             pass
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        return {name: {"bytes": int(cache.currsize), "limit": int(cache.maxsize), "entries": len(cache)}
+                for name, cache in (("shard_index", self.shard_index), ("minishard_index", self.minishard_index),
+                                    ("decoded_chunk", self.decoded_chunk))}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -12,7 +13,7 @@ from . import __version__
 from .caches import Caches, CacheSizes, MiB
 from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError
-from .fuse_adapter import MountOptions
+from .fuse_adapter import STATS_XATTR, MountOptions
 
 EXAMPLES = """\
 examples:
@@ -20,6 +21,7 @@ examples:
   ls /mnt/fafb/8_8_8 | head                        # chunk files, unsharded names
   unshardfs mount -f --debug /data/ds /mnt/ds      # stay in the foreground, verbose
   unshardfs mount -o allow_other /data/ds /mnt/ds  # let other users read it
+  unshardfs stats /mnt/fafb                        # cache use, backing reads, errors
   unshardfs unmount /mnt/fafb
 """
 
@@ -51,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--chunk-cache", type=int, default=128, metavar="MiB",
                    help="decoded (gunzipped) chunk cache (default 128)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    s = sub.add_parser("stats", help="print a mount's live statistics (JSON)")
+    s.add_argument("mountpoint", metavar="MOUNTPOINT")
 
     u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -86,12 +91,17 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
             ready_fd = None
 
     from .formats.precomputed import build_tree
-    from .sources import open_source
+    from .sources import CountingSource, open_source
 
     caches = Caches(CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, args.chunk_cache * MiB))
+    counted: list[CountingSource] = []
 
     async def build():
-        return await build_tree(open_source(args.source), caches)
+        counted.append(CountingSource(open_source(args.source)))
+        return await build_tree(counted[0], caches)
+
+    def stats() -> dict:
+        return {"source": counted[0].counters.as_dict() if counted else {}, "caches": caches.usage()}
 
     request = MountRequest(
         mountpoint=args.mountpoint,
@@ -99,8 +109,19 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o],
         debug=args.debug,
         options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
+        stats=stats,
     )
     return serve(request, build, ready)
+
+
+def _stats(mountpoint: str) -> int:
+    try:
+        raw = os.getxattr(mountpoint, STATS_XATTR)
+    except OSError as e:
+        print(f"unshardfs: {mountpoint} is not an unshardfs mount ({e.strerror})", file=sys.stderr)
+        return 1
+    print(json.dumps(json.loads(raw), indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "mount":
             return _mount(args, argv)
+        if args.command == "stats":
+            return _stats(args.mountpoint)
         return unmount(args.mountpoint, args.lazy)
     except ConfigError as e:
         print(f"unshardfs: {e}", file=sys.stderr)

@@ -27,6 +27,7 @@ from .vtree import DirNode
 log = logging.getLogger(__name__)
 
 TreeBuilder = Callable[[], Awaitable[DirNode]]
+StatsSource = Callable[[], dict]
 
 
 @dataclass
@@ -36,6 +37,7 @@ class MountRequest:
     fuse_options: list[str] = field(default_factory=list)
     debug: bool = False
     options: MountOptions = field(default_factory=MountOptions)
+    stats: StatsSource | None = None
 
 
 def check_mountpoint(path: str) -> None:
@@ -76,7 +78,7 @@ def serve(request: MountRequest, build: TreeBuilder, ready: Callable[[str | None
         try:
             check_mountpoint(request.mountpoint)
             tree = await build()
-            ops = TreeOperations(tree, request.options)
+            ops = TreeOperations(tree, request.options, request.stats)
             pyfuse3.init(ops, request.mountpoint, fuse_option_set(request))
         except ConfigError as e:
             ready(str(e))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import logging
 import os
 import stat
@@ -25,6 +26,7 @@ from .vtree import DirNode, FileNode, Node
 log = logging.getLogger(__name__)
 
 ROOT = pyfuse3.ROOT_INODE
+STATS_XATTR = "user.unshardfs.stats"
 
 
 def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -37,9 +39,11 @@ def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
         except pyfuse3.FUSEError:
             raise
         except DataError as e:
+            args[0].counters["eio"] += 1
             log_once(log, f"eio:{e}", "EIO: %s", e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:
+            args[0].counters["eio"] += 1
             log.exception("unexpected error in %s; answering EIO", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -133,9 +137,12 @@ class TreeOperations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, root: DirNode, options: MountOptions | None = None) -> None:
+    def __init__(self, root: DirNode, options: MountOptions | None = None,
+                 stats: Callable[[], dict] | None = None) -> None:
         super().__init__()
         self.options = options or MountOptions()
+        self.stats = stats
+        self.counters = {"lookups": 0, "opens": 0, "reads": 0, "read_bytes": 0, "eio": 0}
         self.inodes = InodeTable(root)
         self.files: dict[int, tuple[int, FileNode]] = {}
         self.listings: dict[int, _Listing] = {}
@@ -174,6 +181,7 @@ class TreeOperations(pyfuse3.Operations):
 
     @guarded
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        self.counters["lookups"] += 1
         parent = self._dir(parent_inode)
         try:
             text = os.fsdecode(name)
@@ -268,6 +276,7 @@ class TreeOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self.next_fh
         self.next_fh += 1
+        self.counters["opens"] += 1
         self.files[fh] = (inode, node)
         # Content never changes under a mount, so the kernel may keep its page cache.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
@@ -276,11 +285,14 @@ class TreeOperations(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> bytes:
         ino, node = self.files[fh]
         try:
-            return await node.read(off, size)
+            data = await node.read(off, size)
         except StaleError as e:
             node = await self._refresh(ino, node, e)
             self.files[fh] = (ino, node)
-            return await node.read(off, size)
+            data = await node.read(off, size)
+        self.counters["reads"] += 1
+        self.counters["read_bytes"] += len(data)
+        return data
 
     async def _refresh(self, ino: int, node: FileNode, cause: StaleError) -> FileNode:
         """Resolve a file whose backing object was replaced, by its name, once.
@@ -304,16 +316,30 @@ class TreeOperations(pyfuse3.Operations):
 
     # -- extended attributes -------------------------------------------------
 
+    def snapshot(self) -> dict:
+        """Live statistics: our counters, the kernel-visible inode count, and the tree's own."""
+        stats = {"fuse": dict(self.counters, inodes=len(self.inodes.nodes), open_files=len(self.files))}
+        if self.stats is not None:
+            stats.update(self.stats())
+        return stats
+
+    def _xattrs(self, inode: int) -> dict[str, bytes]:
+        attrs = self.inodes.get(inode).xattrs()
+        if inode == ROOT:
+            # On the root only, so tools walking the tree never trigger it.
+            attrs = dict(attrs, **{STATS_XATTR: json.dumps(self.snapshot()).encode()})
+        return attrs
+
     @guarded
     async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
-        value = self.inodes.get(inode).xattrs().get(os.fsdecode(name))
+        value = self._xattrs(inode).get(os.fsdecode(name))
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
     @guarded
     async def listxattr(self, inode: int, ctx: Any = None) -> list[bytes]:
-        return [os.fsencode(k) for k in self.inodes.get(inode).xattrs()]
+        return [os.fsencode(k) for k in self._xattrs(inode)]
 
     # -- the file system ------------------------------------------------------
 

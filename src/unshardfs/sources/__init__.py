@@ -5,9 +5,10 @@ that a remote store can later stand in for a local directory unchanged.
 """
 
 from .base import ByteSource, ObjectStat, join_key
+from .counting import CountingSource, SourceCounters
 from .local import LocalSource
 
-__all__ = ["ByteSource", "ObjectStat", "LocalSource", "join_key", "open_source"]
+__all__ = ["ByteSource", "CountingSource", "ObjectStat", "LocalSource", "SourceCounters", "join_key", "open_source"]
 
 
 def open_source(url: str) -> ByteSource:

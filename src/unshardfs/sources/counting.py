@@ -1,0 +1,46 @@
+"""Counts what the formats ask of a byte source.
+
+Backing reads are the cost that matters on every backend (a syscall locally,
+a request remotely), so tests pin their number and `unshardfs stats` shows
+them live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import AsyncIterator
+
+from .base import ByteSource, ObjectStat
+
+
+@dataclass
+class SourceCounters:
+    reads: int = 0
+    read_bytes: int = 0
+    stats: int = 0
+    lists: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class CountingSource:
+    def __init__(self, inner: ByteSource) -> None:
+        self.inner = inner
+        self.description = inner.description
+        self.counters = SourceCounters()
+
+    async def stat(self, key: str) -> ObjectStat | None:
+        self.counters.stats += 1
+        return await self.inner.stat(key)
+
+    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        data = await self.inner.read(key, offset, size, version)
+        self.counters.reads += 1
+        self.counters.read_bytes += len(data)
+        return data
+
+    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+        self.counters.lists += 1
+        async for item in self.inner.list(key):
+            yield item
