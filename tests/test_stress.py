@@ -117,7 +117,7 @@ def test_concurrent_load_with_tiny_caches(big, mount):
     s = stats(m.path)
     assert s["fuse"]["eio"] == 0
     for name, usage in s["caches"].items():
-        assert usage["bytes"] <= usage["limit"] == 1 << 20, (name, usage)
+        assert usage["bytes"] <= usage["limit"] <= 1 << 20, (name, usage)
     pid = daemon_pids(m.path)[0]
     rss_kib = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                        if line.startswith("VmRSS")).split()[1])

@@ -26,6 +26,8 @@ class CacheSizes:
     shard_index_bytes: int = 64 * MiB
     minishard_index_bytes: int = 128 * MiB
     decoded_chunk_bytes: int = 128 * MiB
+    # Compressed payloads fetched at lookup, waiting for the read that follows.
+    encoded_chunk_bytes: int = 16 * MiB
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Caches:
         self.shard_index = LRUCache(maxsize=self.sizes.shard_index_bytes, getsizeof=_nbytes)
         self.minishard_index = LRUCache(maxsize=self.sizes.minishard_index_bytes, getsizeof=_nbytes)
         self.decoded_chunk = LRUCache(maxsize=self.sizes.decoded_chunk_bytes, getsizeof=_nbytes)
+        self.encoded_chunk = LRUCache(maxsize=self.sizes.encoded_chunk_bytes, getsizeof=_nbytes)
 
     @staticmethod
     def put(cache: LRUCache, key: object, value: object) -> None:
@@ -48,4 +51,4 @@ class Caches:
     def usage(self) -> dict[str, dict[str, int]]:
         return {name: {"bytes": int(cache.currsize), "limit": int(cache.maxsize), "entries": len(cache)}
                 for name, cache in (("shard_index", self.shard_index), ("minishard_index", self.minishard_index),
-                                    ("decoded_chunk", self.decoded_chunk))}
+                                    ("decoded_chunk", self.decoded_chunk), ("encoded_chunk", self.encoded_chunk))}

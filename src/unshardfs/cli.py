@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--minishard-index-cache", type=int, default=128, metavar="MiB",
                    help="decoded minishard index cache (default 128)")
     m.add_argument("--chunk-cache", type=int, default=128, metavar="MiB",
-                   help="decoded (gunzipped) chunk cache (default 128)")
+                   help="decoded (gunzipped) chunk cache (default 128; plus 1/8 of it for "
+                        "compressed payloads fetched at lookup)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     s = sub.add_parser("stats", help="print a mount's live statistics (JSON)")
@@ -93,7 +94,9 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
     from .formats.precomputed import build_tree
     from .sources import CountingSource, open_source
 
-    caches = Caches(CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, args.chunk_cache * MiB))
+    chunk_bytes = args.chunk_cache * MiB
+    caches = Caches(CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, chunk_bytes,
+                               encoded_chunk_bytes=chunk_bytes // 8))
     counted: list[CountingSource] = []
 
     async def build():

@@ -14,14 +14,15 @@ import json
 import logging
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pyfuse3
+from cachetools import LRUCache
 
 from .errors import DataError, StaleError
 from .logonce import log_once
-from .vtree import DirNode, FileNode, Node
+from .vtree import CHILD_ID_BITS, DirNode, Entry, FileNode, Node
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +59,59 @@ def read_only(*_args: Any, **_kwargs: Any) -> Awaitable[Any]:
 
 
 class InodeTable:
-    """Inode numbers for nodes the kernel currently knows about.
+    """Inode numbers for the nodes the kernel currently knows about.
 
-    Numbers are handed out on lookup (and on each READDIRPLUS entry) and
-    dropped when the kernel forgets them, so the table is bounded by the
-    kernel's own inode cache, not by the size of the dataset. Numbers are
-    never reused, so no generation counting is needed.
+    Two kinds of numbers:
+    - *computed*: a file with an `ident` inside a directory with a
+      `stable_key` gets `slot << CHILD_ID_BITS | ident`, where the slot names
+      the directory. Nothing is stored per such inode (a bounded LRU keeps
+      recently used nodes); the node is rebuilt from the directory on demand.
+      This keeps the daemon's memory flat however many chunks are listed.
+    - *tabled*: everything else (directories, passthrough files) is handed a
+      counter value on lookup and dropped when the kernel forgets it.
+    Numbers are never reused, so no generation counting is needed.
     """
 
-    def __init__(self, root: DirNode) -> None:
+    MAX_SLOTS = (1 << (64 - CHILD_ID_BITS)) - 1
+
+    def __init__(self, root: DirNode, recent_nodes: int = 1 << 16) -> None:
         self.nodes: dict[int, Node] = {ROOT: root}
         self.counts: dict[int, int] = {ROOT: 1}
         self.by_name: dict[tuple[int, bytes], int] = {}
         self.names: dict[int, tuple[int, bytes]] = {}
         self.next_ino = ROOT + 1
+        self.slots: dict[str, int] = {}
+        self.slot_dirs: list[DirNode | None] = [None]
+        self.recent: LRUCache = LRUCache(maxsize=recent_nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes) + len(self.recent)
+
+    @staticmethod
+    def computed(ino: int) -> bool:
+        return ino >> CHILD_ID_BITS != 0
+
+    def _slot(self, parent: Node | None) -> int:
+        key = getattr(parent, "stable_key", None)
+        if key is None:
+            return 0
+        slot = self.slots.get(key)
+        if slot is None:
+            if len(self.slot_dirs) > self.MAX_SLOTS:
+                return 0
+            slot = self.slots[key] = len(self.slot_dirs)
+            self.slot_dirs.append(None)
+        self.slot_dirs[slot] = parent  # type: ignore[assignment]
+        return slot
 
     def add(self, parent: int, name: bytes, node: Node) -> int:
         """The inode for `parent/name`, now showing `node`; no lookup reference taken."""
+        if node.ident is not None:
+            slot = self._slot(self.nodes.get(parent))
+            if slot:
+                ino = slot << CHILD_ID_BITS | node.ident
+                self.recent[ino] = node
+                return ino
         ino = self.by_name.get((parent, name))
         if ino is None:
             ino = self.next_ino
@@ -86,9 +123,12 @@ class InodeTable:
         return ino
 
     def ref(self, ino: int) -> None:
-        self.counts[ino] += 1
+        if not self.computed(ino):
+            self.counts[ino] += 1
 
     def forget(self, ino: int, n: int) -> None:
+        if self.computed(ino):
+            return
         left = self.counts.get(ino, 0) - n
         if left > 0:
             self.counts[ino] = left
@@ -96,7 +136,7 @@ class InodeTable:
             self.drop(ino)
 
     def drop(self, ino: int) -> None:
-        if ino == ROOT:
+        if ino == ROOT or self.computed(ino):
             return
         self.counts.pop(ino, None)
         self.nodes.pop(ino, None)
@@ -108,22 +148,49 @@ class InodeTable:
         if self.counts.get(ino) == 0:
             self.drop(ino)
 
-    def get(self, ino: int) -> Node:
-        node = self.nodes.get(ino)
-        if node is None:
+    def locate(self, ino: int) -> tuple[DirNode | None, str]:
+        """The directory holding `ino` and its name there (for re-resolving it)."""
+        if self.computed(ino):
+            parent = self.slot_dirs[ino >> CHILD_ID_BITS]
+            ident = ino & ((1 << CHILD_ID_BITS) - 1)
+            return parent, parent.child_name(ident) if parent is not None else ""
+        parent_ino, name = self.names.get(ino, (ROOT, b""))
+        parent = self.nodes.get(parent_ino)
+        return (parent if isinstance(parent, DirNode) else None), os.fsdecode(name)
+
+    def replace(self, ino: int, node: Node) -> None:
+        if self.computed(ino):
+            self.recent[ino] = node
+        else:
+            self.nodes[ino] = node
+
+    async def get(self, ino: int) -> Node:
+        node = self.nodes.get(ino) if not self.computed(ino) else self.recent.get(ino)
+        if node is not None:
+            return node
+        if not self.computed(ino) or (ino >> CHILD_ID_BITS) >= len(self.slot_dirs):
             raise pyfuse3.FUSEError(errno.ESTALE)
+        parent, name = self.locate(ino)
+        node = await parent.lookup(name) if parent is not None and name else None
+        if node is None or node.ident != ino & ((1 << CHILD_ID_BITS) - 1):
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        self.recent[ino] = node
         return node
 
 
 @dataclass
 class _Listing:
-    """Where a directory handle is in its listing; cookies are 1-based positions."""
+    """Where a directory handle is in its listing; cookies are 1-based positions.
+
+    `batch[index:]` are entries produced but not yet accepted by the kernel.
+    """
 
     ino: int
     node: DirNode
-    iterator: AsyncIterator[tuple[str, Node]] | None = None
+    iterator: AsyncIterator[list[Entry]] | None = None
     position: int = 0
-    pending: tuple[str, Node, int] | None = None
+    batch: list[Entry] = field(default_factory=list)
+    index: int = 0
 
 
 @dataclass
@@ -152,12 +219,17 @@ class TreeOperations(pyfuse3.Operations):
 
     # -- attributes ---------------------------------------------------------
 
-    def attributes(self, ino: int, node: Node) -> pyfuse3.EntryAttributes:
-        attr = pyfuse3.EntryAttributes()
+    def attributes(self, ino: int, node: Node, attr: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
+        """Fill `attr` (a fresh object unless one is given for reuse) for `node`."""
+        if attr is None:
+            attr = pyfuse3.EntryAttributes()
+            attr.generation = 0
+            attr.entry_timeout = self.options.entry_timeout
+            attr.attr_timeout = self.options.attr_timeout
+            attr.st_blksize = 1 << 17
+            attr.st_uid = self.uid
+            attr.st_gid = self.gid
         attr.st_ino = ino
-        attr.generation = 0
-        attr.entry_timeout = self.options.entry_timeout
-        attr.attr_timeout = self.options.attr_timeout
         if node.is_dir:
             attr.st_mode = stat.S_IFDIR | 0o555
             attr.st_nlink = 2
@@ -166,15 +238,12 @@ class TreeOperations(pyfuse3.Operations):
             attr.st_mode = stat.S_IFREG | 0o444
             attr.st_nlink = 1
             attr.st_size = node.size  # type: ignore[attr-defined]
-        attr.st_blksize = 1 << 17
         attr.st_blocks = (attr.st_size + 511) // 512
-        attr.st_uid = self.uid
-        attr.st_gid = self.gid
         attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = node.mtime_ns
         return attr
 
-    def _dir(self, ino: int) -> DirNode:
-        node = self.inodes.get(ino)
+    async def _dir(self, ino: int) -> DirNode:
+        node = await self.inodes.get(ino)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return node
@@ -182,7 +251,7 @@ class TreeOperations(pyfuse3.Operations):
     @guarded
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
         self.counters["lookups"] += 1
-        parent = self._dir(parent_inode)
+        parent = await self._dir(parent_inode)
         try:
             text = os.fsdecode(name)
         except UnicodeError:
@@ -201,7 +270,7 @@ class TreeOperations(pyfuse3.Operations):
 
     @guarded
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return self.attributes(inode, self.inodes.get(inode))
+        return self.attributes(inode, await self.inodes.get(inode))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -211,7 +280,7 @@ class TreeOperations(pyfuse3.Operations):
 
     @guarded
     async def opendir(self, inode: int, ctx: Any = None) -> int:
-        node = self._dir(inode)
+        node = await self._dir(inode)
         fh = self.next_fh
         self.next_fh += 1
         self.listings[fh] = _Listing(inode, node)
@@ -222,19 +291,28 @@ class TreeOperations(pyfuse3.Operations):
         listing = self.listings[fh]
         if start_id != listing.position or listing.iterator is None:
             await self._rewind(listing, start_id)
+        attr = None
         while True:
-            if listing.pending is None:
+            if listing.index >= len(listing.batch):
                 try:
-                    name, node = await listing.iterator.__anext__()  # type: ignore[union-attr]
+                    listing.batch = await listing.iterator.__anext__()  # type: ignore[union-attr]
                 except StopAsyncIteration:
+                    listing.batch = []
                     return
-                bname = os.fsencode(name)
-                listing.pending = (name, node, self.inodes.add(listing.ino, bname, node))
-            name, node, ino = listing.pending
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(ino, node), listing.position + 1):
+                finally:
+                    listing.index = 0
+                continue
+            name, node = listing.batch[listing.index]
+            bname = os.fsencode(name)
+            ino = self.inodes.add(listing.ino, bname, node)
+            # readdir_reply copies the attributes out at once, so one object
+            # serves the whole call.
+            attr = self.attributes(ino, node, attr)
+            if not pyfuse3.readdir_reply(token, bname, attr, listing.position + 1):
+                self.inodes.drop_if_unreferenced(ino)
                 return
             self.inodes.ref(ino)  # READDIRPLUS counts as a lookup
-            listing.pending = None
+            listing.index += 1
             listing.position += 1
 
     async def _rewind(self, listing: _Listing, start_id: int) -> None:
@@ -244,15 +322,16 @@ class TreeOperations(pyfuse3.Operations):
         listing.position = 0
         while listing.position < start_id:
             try:
-                await listing.iterator.__anext__()
+                listing.batch = await listing.iterator.__anext__()
             except StopAsyncIteration:
+                listing.batch = []
                 break
-            listing.position += 1
+            take = min(len(listing.batch), start_id - listing.position)
+            listing.index = take
+            listing.position += take
 
     async def _discard(self, listing: _Listing) -> None:
-        if listing.pending is not None:
-            self.inodes.drop_if_unreferenced(listing.pending[2])
-            listing.pending = None
+        listing.batch, listing.index = [], 0
         if listing.iterator is not None:
             aclose = getattr(listing.iterator, "aclose", None)
             if aclose is not None:
@@ -271,7 +350,7 @@ class TreeOperations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any = None) -> pyfuse3.FileInfo:
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise pyfuse3.FUSEError(errno.EROFS)
-        node = self.inodes.get(inode)
+        node = await self.inodes.get(inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self.next_fh
@@ -301,13 +380,12 @@ class TreeOperations(pyfuse3.Operations):
         only if its size is unchanged; otherwise the file answers EIO until
         the kernel looks the name up again.
         """
-        parent_ino, name = self.inodes.names.get(ino, (None, b""))
-        parent = self.inodes.nodes.get(parent_ino) if parent_ino is not None else None
-        fresh = await parent.lookup(os.fsdecode(name)) if isinstance(parent, DirNode) else None
+        parent, name = self.inodes.locate(ino)
+        fresh = await parent.lookup(name) if parent is not None and name else None
         if not isinstance(fresh, FileNode) or fresh.size != node.size:
             raise DataError(cause.where, f"{cause.reason}; its content changed and cannot be re-served")
-        log.info("%s: backing data changed; re-resolved %s", cause.where, os.fsdecode(name))
-        self.inodes.nodes[ino] = fresh
+        log.info("%s: backing data changed; re-resolved %s", cause.where, name)
+        self.inodes.replace(ino, fresh)
         return fresh
 
     @guarded
@@ -318,13 +396,14 @@ class TreeOperations(pyfuse3.Operations):
 
     def snapshot(self) -> dict:
         """Live statistics: our counters, the kernel-visible inode count, and the tree's own."""
-        stats = {"fuse": dict(self.counters, inodes=len(self.inodes.nodes), open_files=len(self.files))}
+        stats = {"fuse": dict(self.counters, inodes_tabled=len(self.inodes.nodes),
+                              nodes_recent=len(self.inodes.recent), open_files=len(self.files))}
         if self.stats is not None:
             stats.update(self.stats())
         return stats
 
-    def _xattrs(self, inode: int) -> dict[str, bytes]:
-        attrs = self.inodes.get(inode).xattrs()
+    async def _xattrs(self, inode: int) -> dict[str, bytes]:
+        attrs = (await self.inodes.get(inode)).xattrs()
         if inode == ROOT:
             # On the root only, so tools walking the tree never trigger it.
             attrs = dict(attrs, **{STATS_XATTR: json.dumps(self.snapshot()).encode()})
@@ -332,14 +411,14 @@ class TreeOperations(pyfuse3.Operations):
 
     @guarded
     async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
-        value = self._xattrs(inode).get(os.fsdecode(name))
+        value = (await self._xattrs(inode)).get(os.fsdecode(name))
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
     @guarded
     async def listxattr(self, inode: int, ctx: Any = None) -> list[bytes]:
-        return [os.fsencode(k) for k in self._xattrs(inode)]
+        return [os.fsencode(k) for k in await self._xattrs(inode)]
 
     # -- the file system ------------------------------------------------------
 
@@ -347,7 +426,7 @@ class TreeOperations(pyfuse3.Operations):
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = 4096
         data.f_blocks = data.f_bfree = data.f_bavail = 0
-        data.f_files = len(self.inodes.nodes)
+        data.f_files = len(self.inodes)
         data.f_ffree = data.f_favail = 0
         data.f_namemax = 255
         return data

@@ -13,7 +13,7 @@ from typing import AsyncIterator, Callable, Awaitable
 
 from .errors import DataError, SourceError
 from .sources.base import ByteSource, ObjectStat, join_key
-from .vtree import DirNode, FileNode, Node
+from .vtree import DirNode, Entry, FileNode, Node
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # instead of a plain passthrough node, `HIDDEN` to hide it, or None.
 Override = Callable[[str, ObjectStat], Awaitable["Node | object | None"]]
 HIDDEN = object()
+LIST_BATCH = 1024
 
 
 class PassthroughFile(FileNode):
@@ -70,11 +71,17 @@ class PassthroughDir(DirNode):
             return None
         return await self._child(name, st)
 
-    async def entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
+    async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
         # Streamed in the source's own order: an unchanged local directory
         # lists in the same order every time, which keeps readdir cookies
         # stable without holding a huge unsharded scale's names in memory.
+        batch: list[Entry] = []
         async for name, st in self.source.list(self.key):
             node = await self._child(name, st)
             if node is not None:
-                yield name, node
+                batch.append((name, node))
+                if len(batch) >= LIST_BATCH:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch

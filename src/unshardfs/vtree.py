@@ -17,11 +17,14 @@ class Node:
     that tools comparing timestamps (rsync, make, caches) behave.
     """
 
-    __slots__ = ("mtime_ns",)
+    __slots__ = ("mtime_ns", "ident")
     is_dir = False
 
     def __init__(self, mtime_ns: int) -> None:
         self.mtime_ns = mtime_ns
+        # Id of a computed child within its directory (< 2**CHILD_ID_BITS),
+        # set by directories that implement `child_name`; None otherwise.
+        self.ident: int | None = None
 
     def xattrs(self) -> dict[str, bytes]:
         """Extended attributes describing where the bytes come from."""
@@ -39,6 +42,13 @@ class FileNode(Node):
         raise NotImplementedError
 
 
+Entry = tuple[str, Node]
+
+# Ids of computed children must fit in this many bits, leaving the rest of a
+# 64-bit inode number to say which directory they belong to.
+CHILD_ID_BITS = 56
+
+
 class DirNode(Node):
     __slots__ = ()
     is_dir = True
@@ -47,13 +57,27 @@ class DirNode(Node):
         """The child called `name`, or None when it does not exist."""
         raise NotImplementedError
 
-    def entries(self) -> AsyncIterator[tuple[str, Node]]:
-        """Children in a stable order, produced lazily.
+    def entries(self) -> AsyncIterator[list[Entry]]:
+        """Children in a stable order, produced lazily in batches.
 
         Implementations must stream: a scale directory can hold a billion
-        chunks, so nothing may build the whole listing in memory.
+        chunks, so nothing may build the whole listing in memory. Batches
+        (e.g. one per minishard) keep the per-entry cost of async iteration
+        out of large listings.
         """
         raise NotImplementedError
+
+    # Directories whose children are computed from ids (chunk ids, segment
+    # ids) set `ident` on those children and map it back with `child_name`;
+    # the FUSE adapter then derives inode numbers from the ids instead of
+    # remembering every child the kernel has seen, so the daemon's memory
+    # does not grow with the size of listed directories.
+
+    stable_key: str | None = None  # identifies the directory across re-lookups
+
+    def child_name(self, ident: int) -> str:
+        """The name of the child whose `ident` is given."""
+        raise KeyError(ident)
 
 
 class BytesFile(FileNode):

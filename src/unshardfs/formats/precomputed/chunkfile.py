@@ -9,6 +9,9 @@ from ...vtree import FileNode
 from .shardfile import Shard, ShardedStore, gunzip
 
 GZIP_MIN = 18  # 10-byte header + empty deflate stream (2) + CRC32 + ISIZE
+# A lookup by name fetches gzip payloads up to this size whole: the read that
+# usually follows then needs no second trip to the shard.
+PREFETCH_MAX = 1 << 20
 
 
 class ChunkFile(FileNode):
@@ -34,14 +37,28 @@ class ChunkFile(FileNode):
 
     @classmethod
     async def open(cls, store: ShardedStore, shard: Shard, start: int, length: int,
-                   gzipped: bool, chunk_id: int) -> "ChunkFile":
+                   gzipped: bool, chunk_id: int, prefetch: bool = False) -> "ChunkFile":
+        """Size the payload: free for raw data, one small read for gzip.
+
+        With `prefetch` (a lookup by name, likely followed by a read) a small
+        gzip payload is read whole instead of just its trailer.
+        """
         size = length
         if gzipped:
             if length < GZIP_MIN:
                 raise DataError(cls._where(shard, chunk_id), f"gzip payload of {length} bytes is too short")
-            trailer = await shard.read(store.source, start + length - 4, 4)
+            if prefetch and length <= PREFETCH_MAX:
+                payload = await shard.read(store.source, start, length)
+                store.caches.put(store.caches.encoded_chunk, cls._key(shard, start, length), payload)
+                trailer = payload[-4:]
+            else:
+                trailer = await shard.read(store.source, start + length - 4, 4)
             (size,) = struct.unpack("<I", trailer)
         return cls(store, shard, start, length, gzipped, size, chunk_id)
+
+    @staticmethod
+    def _key(shard: Shard, start: int, length: int) -> tuple:
+        return (shard.label, shard.version, start, length)
 
     @staticmethod
     def _where(shard: Shard, chunk_id: int) -> str:
@@ -55,11 +72,15 @@ class ChunkFile(FileNode):
         """The whole decoded payload (cached for gzip, since readers take it in pieces)."""
         if not self.gzipped:
             return await self.shard.read(self.store.source, self.start, self.length)
-        cache = self.store.caches.decoded_chunk
-        key = (self.shard.label, self.shard.version, self.start, self.length)
+        caches = self.store.caches
+        cache = caches.decoded_chunk
+        key = self._key(self.shard, self.start, self.length)
         data = cache.get(key)
         if data is None:
-            data = gunzip(await self.shard.read(self.store.source, self.start, self.length), self.where)
+            payload = caches.encoded_chunk.pop(key, None)
+            if payload is None:
+                payload = await self.shard.read(self.store.source, self.start, self.length)
+            data = gunzip(payload, self.where)
             if len(data) != self.size:
                 raise DataError(self.where, f"gzip payload decodes to {len(data)} bytes, trailer said {self.size}")
             self.store.caches.put(cache, key, data)

@@ -13,11 +13,13 @@ import re
 import struct
 from typing import AsyncIterator
 
+import numpy as np
+
 from ...errors import DataError
 from ...logonce import log_once
-from ...passthrough import PassthroughDir, PassthroughFile
+from ...passthrough import LIST_BATCH, PassthroughDir, PassthroughFile
 from ...sources.base import ByteSource, ObjectStat, join_key
-from ...vtree import BytesFile, DirNode, Node
+from ...vtree import CHILD_ID_BITS, BytesFile, DirNode, Entry, Node
 from .chunkfile import ChunkFile
 from .morton import MortonCoder
 from .shardfile import MinishardIndex, Shard, ShardedStore
@@ -44,7 +46,7 @@ class ShardedDir(DirNode):
     async def virtual_lookup(self, name: str) -> object:
         raise NotImplementedError
 
-    def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:
+    def virtual_entries(self) -> AsyncIterator[list[Entry]]:
         raise NotImplementedError
 
     def claims(self, name: str) -> bool:
@@ -61,45 +63,69 @@ class ShardedDir(DirNode):
             return None
         return await PassthroughDir(self.source, self.key, _DIR_STAT).lookup(name)
 
-    async def entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
+    async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
         if self.info is not None:
-            yield "info", self.info
-        async for item in self.virtual_entries():
-            yield item
+            yield [("info", self.info)]
+        async for batch in self.virtual_entries():
+            yield batch
+        others: list[Entry] = []
         async for name, st in self.source.list(self.key):
             if (name == "info" and self.info is not None) or self.store.is_shard_file(name) or self.claims(name):
                 continue
             child_key = join_key(self.key, name)
-            yield name, (PassthroughDir(self.source, child_key, st) if st.is_dir
-                         else PassthroughFile(self.source, child_key, st))
+            others.append((name, PassthroughDir(self.source, child_key, st) if st.is_dir
+                           else PassthroughFile(self.source, child_key, st)))
+            if len(others) >= LIST_BATCH:
+                yield others
+                others = []
+        if others:
+            yield others
+
+    @property
+    def stable_key(self) -> str:  # type: ignore[override]
+        return f"sharded:{self.key}"
 
     @property
     def gzipped(self) -> bool:
         """Whether payloads (volume chunks, skeletons, mesh manifests) are gzip-encoded."""
         return self.store.spec.data_encoding == "gzip"
 
+    def ident_of(self, chunk_id: int) -> int | None:
+        """The `ident` of the file holding `chunk_id`'s payload."""
+        return chunk_id if chunk_id < 1 << CHILD_ID_BITS else None
+
+    async def _open_chunk(self, shard: Shard, start: int, length: int, chunk_id: int,
+                          prefetch: bool = False) -> ChunkFile:
+        node = await ChunkFile.open(self.store, shard, start, length, self.gzipped, chunk_id, prefetch)
+        node.ident = self.ident_of(chunk_id)
+        return node
+
     async def _chunk(self, chunk_id: int) -> ChunkFile | None:
         found = await self.store.locate(chunk_id)
         if found is None:
             return None
         shard, start, length = found
-        return await ChunkFile.open(self.store, shard, start, length, self.gzipped, chunk_id)
+        return await self._open_chunk(shard, start, length, chunk_id, prefetch=True)
 
     def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
         """File names of a minishard's ids (None: not listable); segment ids by default."""
         return [str(cid) for cid in mini.ids.tolist()]
 
-    async def _listed_chunks(self) -> AsyncIterator[tuple[str, ChunkFile]]:
-        """Every listable chunk; one that cannot even be sized is logged and skipped."""
+    async def _listed_chunks(self) -> AsyncIterator[list[tuple[str, ChunkFile]]]:
+        """Every listable chunk, one batch per minishard; a chunk that cannot
+        even be sized is logged and skipped."""
         async for shard, mini in self.store.minishards():
+            batch = []
             rows = zip(self.names(shard, mini), mini.ids.tolist(), mini.starts.tolist(), mini.sizes.tolist())
             for name, cid, start, size in rows:
                 if name is None:
                     continue
                 try:
-                    yield name, await ChunkFile.open(self.store, shard, start, size, self.gzipped, cid)
+                    batch.append((name, await self._open_chunk(shard, start, size, cid)))
                 except DataError as e:
                     log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+            if batch:
+                yield batch
 
 
 _DIR_STAT = ObjectStat(size=0, mtime_ns=0, is_dir=True)
@@ -132,6 +158,13 @@ class VolumeScaleDir(ShardedDir):
 
     def claims(self, name: str) -> bool:
         return _CHUNK_NAME.match(name) is not None
+
+    def child_name(self, ident: int) -> str:
+        cells, valid = self.coder.decode_array(np.array([ident], dtype=np.uint64))
+        if not valid[0]:
+            raise KeyError(ident)
+        x, y, z = cells[0].tolist()
+        return self.chunk_name((x, y, z))
 
     def parse_chunk_name(self, name: str) -> tuple[int, int, int] | None:
         """Grid cell of a canonical chunk name inside the volume, else None."""
@@ -168,9 +201,8 @@ class VolumeScaleDir(ShardedDir):
         return [self.chunk_name((c[0], c[1], c[2])) if ok else None
                 for c, ok in zip(cells.tolist(), valid.tolist())]
 
-    async def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
-        async for item in self._listed_chunks():
-            yield item
+    def virtual_entries(self) -> AsyncIterator[list[Entry]]:
+        return self._listed_chunks()  # type: ignore[return-value]
 
 
 def parse_segment_id(text: str) -> int | None:
@@ -184,6 +216,9 @@ def parse_segment_id(text: str) -> int | None:
 class SkeletonDir(ShardedDir):
     """Sharded skeletons: `<segid>` holds the encoded skeleton."""
 
+    def child_name(self, ident: int) -> str:
+        return str(ident)
+
     def claims(self, name: str) -> bool:
         return parse_segment_id(name) is not None
 
@@ -193,9 +228,8 @@ class SkeletonDir(ShardedDir):
             return NOT_VIRTUAL
         return await self._chunk(seg)
 
-    async def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
-        async for item in self._listed_chunks():
-            yield item
+    def virtual_entries(self) -> AsyncIterator[list[Entry]]:
+        return self._listed_chunks()  # type: ignore[return-value]
 
 
 def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
@@ -231,12 +265,21 @@ class MultiLodMeshDir(ShardedDir):
     def claims(self, name: str) -> bool:
         return parse_segment_id(name.removesuffix(".index")) is not None
 
+    # Two files per segment: ident 2*segid is the fragment data, 2*segid+1 the manifest.
+    def ident_of(self, chunk_id: int) -> int | None:
+        return 2 * chunk_id + 1 if 2 * chunk_id + 1 < 1 << CHILD_ID_BITS else None
+
+    def child_name(self, ident: int) -> str:
+        return f"{ident >> 1}.index" if ident & 1 else str(ident >> 1)
+
     async def fragments(self, manifest: ChunkFile) -> ChunkFile:
         total = manifest_fragment_bytes(await manifest.decoded(), manifest.where)
         start = manifest.start - total
         if start < self.store.spec.shard_index_size:
             raise DataError(manifest.where, f"fragment data of {total} bytes would start before the shard data")
-        return ChunkFile(self.store, manifest.shard, start, total, False, total, manifest.chunk_id)
+        node = ChunkFile(self.store, manifest.shard, start, total, False, total, manifest.chunk_id)
+        node.ident = None if manifest.ident is None else manifest.ident - 1
+        return node
 
     async def virtual_lookup(self, name: str) -> object:
         stem = name.removesuffix(".index")
@@ -248,12 +291,16 @@ class MultiLodMeshDir(ShardedDir):
             return manifest
         return await self.fragments(manifest)
 
-    async def virtual_entries(self) -> AsyncIterator[tuple[str, Node]]:  # type: ignore[override]
-        async for name, manifest in self._listed_chunks():
-            try:
-                fragments = await self.fragments(manifest)
-            except DataError as e:
-                log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
-                continue
-            yield name, fragments
-            yield f"{name}.index", manifest
+    async def virtual_entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
+        async for manifests in self._listed_chunks():
+            batch: list[Entry] = []
+            for name, manifest in manifests:
+                try:
+                    fragments = await self.fragments(manifest)
+                except DataError as e:
+                    log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+                    continue
+                batch.append((name, fragments))
+                batch.append((f"{name}.index", manifest))
+            if batch:
+                yield batch

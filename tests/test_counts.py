@@ -1,0 +1,101 @@
+"""Deterministic costs, pinned: backing reads per chunk and per listing, and
+the daemon's per-inode memory (which must not grow with listed chunks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datasets import Scale, sharding, write_volume
+
+KEY = "1_1_1"
+SIZE, CHUNK = (96, 64, 48), (8, 8, 8)  # 12*8*6 = 576 chunks of 1 KiB (uint16)
+
+
+@pytest.fixture(scope="module", params=["raw", "gzip"])
+def volume(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"counts-{request.param}")
+    spec = sharding(preshift=1, minishard=3, shard=2, index_enc="gzip", data_enc=request.param)
+    paths = write_volume(root, [Scale(SIZE, CHUNK, spec)], "uint16")
+    return paths, spec
+
+
+def stats(mnt: Path) -> dict:
+    return json.loads(os.getxattr(mnt, "user.unshardfs.stats"))
+
+
+def source_reads(mnt: Path) -> int:
+    return stats(mnt)["source"]["reads"]
+
+
+def chunk_locations(spec: dict) -> dict[tuple, list[str]]:
+    """(shard, minishard) -> chunk names, computed with CloudVolume's code."""
+    from cloudvolume.datasource.precomputed.common import compressed_morton_code
+    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
+
+    cv_spec = ShardingSpecification.from_dict(dict(spec))
+    grid = [s // c for s, c in zip(SIZE, CHUNK)]
+    groups = defaultdict(list)
+    for x in range(grid[0]):
+        for y in range(grid[1]):
+            for z in range(grid[2]):
+                loc = cv_spec.compute_shard_location(int(compressed_morton_code((x, y, z), grid)))
+                name = "_".join(f"{g * c}-{(g + 1) * c}" for g, c in zip((x, y, z), CHUNK))
+                groups[(loc.shard_number, int(loc.minishard_number))].append(name)
+    return groups
+
+
+def test_one_backing_read_per_further_chunk(volume, mount):
+    paths, spec = volume
+    m = mount(paths["sharded"])
+    group = max(chunk_locations(spec).values(), key=len)
+    assert len(group) >= 4
+    first, *rest = group
+    assert (m.path / KEY / first).read_bytes() == (paths["plain"] / KEY / first).read_bytes()
+    for name in rest:
+        before = source_reads(m.path)
+        assert (m.path / KEY / name).read_bytes() == (paths["plain"] / KEY / name).read_bytes()
+        assert source_reads(m.path) - before == 1, name
+
+
+def test_copying_a_scale_reads_each_index_once(volume, mount, tmp_path):
+    paths, spec = volume
+    m = mount(paths["sharded"])
+    before = source_reads(m.path)
+    subprocess.run(["cp", "-r", str(m.path / KEY), str(tmp_path / "copy")], check=True, timeout=120)
+    reads = source_reads(m.path) - before
+    shards = sorted((paths["sharded"] / KEY).glob("*.shard"))
+    minishards = 0
+    for shard in shards:
+        index = np.frombuffer(shard.read_bytes()[: 16 << spec["minishard_bits"]], dtype="<u8").reshape(-1, 2)
+        minishards += int((index[:, 1] > index[:, 0]).sum())
+    chunks = len(os.listdir(paths["plain"] / KEY))
+    # Per chunk: its payload; gzip adds the 4-byte size trailer read while listing.
+    per_chunk = 2 if spec["data_encoding"] == "gzip" else 1
+    assert reads == len(shards) + minishards + per_chunk * chunks
+    s = stats(m.path)
+    assert s["caches"]["shard_index"]["entries"] == len(shards)
+    assert s["caches"]["minishard_index"]["entries"] == minishards
+
+
+def test_listing_does_not_grow_the_inode_table(volume, mount):
+    paths, _ = volume
+    m = mount(paths["sharded"])
+    names = os.listdir(m.path / KEY)
+    assert len(names) == len(os.listdir(paths["plain"] / KEY))
+    for entry in os.scandir(m.path / KEY):
+        entry.stat()
+    fuse = stats(m.path)["fuse"]
+    # root, the scale directory, info: nothing per chunk.
+    assert fuse["inodes_tabled"] <= 4, fuse
+    assert fuse["nodes_recent"] <= 1 << 16
+    # Computed inode numbers are stable and distinct.
+    inos = {entry.name: entry.inode() for entry in os.scandir(m.path / KEY)}
+    assert len(set(inos.values())) == len(inos)
+    assert all(os.stat(m.path / KEY / n).st_ino == i for n, i in list(inos.items())[:50])
