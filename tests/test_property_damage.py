@@ -114,7 +114,7 @@ def test_reads_are_exact_absent_or_dataerror(spec, chunks, data):
                     assert got == original, f"wrong bytes for chunk {chunk_id} after {damage}"
             # Listing never raises: damaged parts are skipped.
             listed = 0
-            async for _shard, mini in store.minishards():
+            async for _shard, mini in store.listing():
                 listed += len(mini.ids)
             if damage == "none":
                 assert listed == len(chunks)

@@ -14,11 +14,11 @@ import json
 import logging
 import os
 import stat
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pyfuse3
-from cachetools import LRUCache
 
 from .errors import DataError, StaleError
 from .logonce import log_once
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 ROOT = pyfuse3.ROOT_INODE
 STATS_XATTR = "user.unshardfs.stats"
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
 
 
 def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -58,6 +60,25 @@ def read_only(*_args: Any, **_kwargs: Any) -> Awaitable[Any]:
     return fail()
 
 
+class RecentNodes(OrderedDict):
+    """Nodes of computed inodes seen lately, oldest dropped first.
+
+    Insertion order, not LRU: cheaper per insert, which matters because a
+    listing inserts every entry it returns. (An OrderedDict, because evicting
+    the first key of a plain dict with next(iter()) rescans the slots of all
+    keys deleted before it: quadratic over a million-entry listing.)
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+
+    def put(self, key: int, node: Node) -> None:
+        self[key] = node
+        if len(self) > self.maxsize:
+            self.popitem(last=False)
+
+
 class InodeTable:
     """Inode numbers for the nodes the kernel currently knows about.
 
@@ -82,7 +103,7 @@ class InodeTable:
         self.next_ino = ROOT + 1
         self.slots: dict[str, int] = {}
         self.slot_dirs: list[DirNode | None] = [None]
-        self.recent: LRUCache = LRUCache(maxsize=recent_nodes)
+        self.recent = RecentNodes(recent_nodes)
 
     def __len__(self) -> int:
         return len(self.nodes) + len(self.recent)
@@ -104,13 +125,22 @@ class InodeTable:
         self.slot_dirs[slot] = parent  # type: ignore[assignment]
         return slot
 
-    def add(self, parent: int, name: bytes, node: Node) -> int:
-        """The inode for `parent/name`, now showing `node`; no lookup reference taken."""
+    def slot_of(self, parent: int) -> int:
+        """The slot of directory `parent` (0: its children get tabled inodes)."""
+        return self._slot(self.nodes.get(parent))
+
+    def add(self, parent: int, name: bytes, node: Node, slot: int | None = None) -> int:
+        """The inode for `parent/name`, now showing `node`; no lookup reference taken.
+
+        `slot` may be passed in when the caller adds many children of one
+        directory (a listing); it is looked up otherwise.
+        """
         if node.ident is not None:
-            slot = self._slot(self.nodes.get(parent))
+            if slot is None:
+                slot = self.slot_of(parent)
             if slot:
                 ino = slot << CHILD_ID_BITS | node.ident
-                self.recent[ino] = node
+                self.recent.put(ino, node)
                 return ino
         ino = self.by_name.get((parent, name))
         if ino is None:
@@ -160,7 +190,7 @@ class InodeTable:
 
     def replace(self, ino: int, node: Node) -> None:
         if self.computed(ino):
-            self.recent[ino] = node
+            self.recent.put(ino, node)
         else:
             self.nodes[ino] = node
 
@@ -174,7 +204,7 @@ class InodeTable:
         node = await parent.lookup(name) if parent is not None and name else None
         if node is None or node.ident != ino & ((1 << CHILD_ID_BITS) - 1):
             raise pyfuse3.FUSEError(errno.ESTALE)
-        self.recent[ino] = node
+        self.recent.put(ino, node)
         return node
 
 
@@ -220,7 +250,8 @@ class TreeOperations(pyfuse3.Operations):
     # -- attributes ---------------------------------------------------------
 
     def attributes(self, ino: int, node: Node, attr: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
-        """Fill `attr` (a fresh object unless one is given for reuse) for `node`."""
+        """Fill `attr` for `node`: a fresh object, or one being reused across a
+        listing (then only the fields that differ from its last use are set)."""
         if attr is None:
             attr = pyfuse3.EntryAttributes()
             attr.generation = 0
@@ -229,17 +260,21 @@ class TreeOperations(pyfuse3.Operations):
             attr.st_blksize = 1 << 17
             attr.st_uid = self.uid
             attr.st_gid = self.gid
+            attr.st_mode = 0
         attr.st_ino = ino
         if node.is_dir:
-            attr.st_mode = stat.S_IFDIR | 0o555
-            attr.st_nlink = 2
+            if attr.st_mode != DIR_MODE:
+                attr.st_mode = DIR_MODE
+                attr.st_nlink = 2
             attr.st_size = 0
         else:
-            attr.st_mode = stat.S_IFREG | 0o444
-            attr.st_nlink = 1
+            if attr.st_mode != FILE_MODE:
+                attr.st_mode = FILE_MODE
+                attr.st_nlink = 1
             attr.st_size = node.size  # type: ignore[attr-defined]
-        attr.st_blocks = (attr.st_size + 511) // 512
-        attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = node.mtime_ns
+        attr.st_blocks = (attr.st_size + 511) >> 9
+        if attr.st_mtime_ns != node.mtime_ns:
+            attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = node.mtime_ns
         return attr
 
     async def _dir(self, ino: int) -> DirNode:
@@ -292,6 +327,9 @@ class TreeOperations(pyfuse3.Operations):
         if start_id != listing.position or listing.iterator is None:
             await self._rewind(listing, start_id)
         attr = None
+        inodes = self.inodes
+        slot = inodes.slot_of(listing.ino)
+        slot_bits = slot << CHILD_ID_BITS
         while True:
             if listing.index >= len(listing.batch):
                 try:
@@ -303,8 +341,12 @@ class TreeOperations(pyfuse3.Operations):
                     listing.index = 0
                 continue
             name, node = listing.batch[listing.index]
-            bname = os.fsencode(name)
-            ino = self.inodes.add(listing.ino, bname, node)
+            bname = name.encode("utf-8", "surrogateescape")  # os.fsencode, minus its overhead
+            if slot and node.ident is not None:
+                ino = slot_bits | node.ident  # InodeTable.add's computed case, inlined for big listings
+                inodes.recent.put(ino, node)
+            else:
+                ino = inodes.add(listing.ino, bname, node, slot)
             # readdir_reply copies the attributes out at once, so one object
             # serves the whole call.
             attr = self.attributes(ino, node, attr)

@@ -26,8 +26,12 @@ class ChunkFile(FileNode):
     __slots__ = ("store", "shard", "start", "length", "gzipped", "chunk_id")
 
     def __init__(self, store: ShardedStore, shard: Shard, start: int, length: int,
-                 gzipped: bool, size: int, chunk_id: int) -> None:
-        super().__init__(size, shard.mtime_ns)
+                 gzipped: bool, size: int, chunk_id: int, ident: int | None = None) -> None:
+        # Slots are set directly (no super().__init__ chain): listings build
+        # one of these per chunk, millions of times.
+        self.mtime_ns = shard.mtime_ns
+        self.ident = ident
+        self.size = size
         self.store = store
         self.shard = shard
         self.start = start
@@ -37,7 +41,7 @@ class ChunkFile(FileNode):
 
     @classmethod
     async def open(cls, store: ShardedStore, shard: Shard, start: int, length: int,
-                   gzipped: bool, chunk_id: int, prefetch: bool = False) -> "ChunkFile":
+                   gzipped: bool, chunk_id: int, ident: int | None = None, prefetch: bool = False) -> "ChunkFile":
         """Size the payload: free for raw data, one small read for gzip.
 
         With `prefetch` (a lookup by name, likely followed by a read) a small
@@ -54,7 +58,7 @@ class ChunkFile(FileNode):
             else:
                 trailer = await shard.read(store.source, start + length - 4, 4)
             (size,) = struct.unpack("<I", trailer)
-        return cls(store, shard, start, length, gzipped, size, chunk_id)
+        return cls(store, shard, start, length, gzipped, size, chunk_id, ident)
 
     @staticmethod
     def _key(shard: Shard, start: int, length: int) -> tuple:

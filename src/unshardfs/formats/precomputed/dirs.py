@@ -33,7 +33,7 @@ U64_MAX = (1 << 64) - 1
 class ShardedDir(DirNode):
     """Common behaviour: rewritten `info`, hidden shard files, passthrough of the rest."""
 
-    __slots__ = ("source", "key", "store", "info")
+    __slots__ = ("source", "key", "store", "info", "stable_key")
 
     def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
                  info: BytesFile | None = None) -> None:
@@ -42,6 +42,7 @@ class ShardedDir(DirNode):
         self.key = key
         self.store = store
         self.info = info
+        self.stable_key = f"sharded:{key}"
 
     async def virtual_lookup(self, name: str) -> object:
         raise NotImplementedError
@@ -82,10 +83,6 @@ class ShardedDir(DirNode):
             yield others
 
     @property
-    def stable_key(self) -> str:  # type: ignore[override]
-        return f"sharded:{self.key}"
-
-    @property
     def gzipped(self) -> bool:
         """Whether payloads (volume chunks, skeletons, mesh manifests) are gzip-encoded."""
         return self.store.spec.data_encoding == "gzip"
@@ -94,49 +91,57 @@ class ShardedDir(DirNode):
         """The `ident` of the file holding `chunk_id`'s payload."""
         return chunk_id if chunk_id < 1 << CHILD_ID_BITS else None
 
-    async def _open_chunk(self, shard: Shard, start: int, length: int, chunk_id: int,
-                          prefetch: bool = False) -> ChunkFile:
-        node = await ChunkFile.open(self.store, shard, start, length, self.gzipped, chunk_id, prefetch)
-        node.ident = self.ident_of(chunk_id)
-        return node
+    def ident_differs(self, ids: np.ndarray) -> bool:
+        """Whether `ident_of` is anything but the identity on these ids (checked per batch)."""
+        return bool(len(ids)) and int(ids.max()) >= 1 << CHILD_ID_BITS
 
     async def _chunk(self, chunk_id: int) -> ChunkFile | None:
         found = await self.store.locate(chunk_id)
         if found is None:
             return None
         shard, start, length = found
-        return await self._open_chunk(shard, start, length, chunk_id, prefetch=True)
+        return await ChunkFile.open(self.store, shard, start, length, self.gzipped, chunk_id,
+                                    self.ident_of(chunk_id), prefetch=True)
 
     def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
         """File names of a minishard's ids (None: not listable); segment ids by default."""
         return [str(cid) for cid in mini.ids.tolist()]
 
     async def _listed_chunks(self) -> AsyncIterator[list[tuple[str, ChunkFile]]]:
-        """Every listable chunk, one batch per minishard; a chunk that cannot
-        even be sized is logged and skipped."""
-        async for shard, mini in self.store.minishards():
-            batch = []
-            rows = zip(self.names(shard, mini), mini.ids.tolist(), mini.starts.tolist(), mini.sizes.tolist())
-            for name, cid, start, size in rows:
-                if name is None:
-                    continue
-                try:
-                    batch.append((name, await self._open_chunk(shard, start, size, cid)))
-                except DataError as e:
-                    log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+        """Every listable chunk, in batches of whole minishards; a chunk that
+        cannot even be sized is logged and skipped."""
+        store, gzipped, ident_of = self.store, self.gzipped, self.ident_of
+        async for shard, mini in store.listing():
+            ids = mini.ids.tolist()
+            idents = [ident_of(cid) for cid in ids] if self.ident_differs(mini.ids) else ids
+            rows = zip(self.names(shard, mini), ids, idents, mini.starts.tolist(), mini.sizes.tolist())
+            if not gzipped:
+                # Raw payloads are sized by the index itself: no I/O, no awaits.
+                batch = [(name, ChunkFile(store, shard, start, size, False, size, cid, ident))
+                         for name, cid, ident, start, size in rows if name is not None]
+            else:
+                batch = []
+                for name, cid, ident, start, size in rows:
+                    if name is None:
+                        continue
+                    try:
+                        batch.append((name, await ChunkFile.open(store, shard, start, size, True, cid, ident)))
+                    except DataError as e:
+                        log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
             if batch:
                 yield batch
 
 
 _DIR_STAT = ObjectStat(size=0, mtime_ns=0, is_dir=True)
 
+_NAME_FORMAT = "%d-%d_%d-%d_%d-%d"
 _CHUNK_NAME = re.compile(r"^(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)$")
 
 
 class VolumeScaleDir(ShardedDir):
     """A sharded scale: one file per existing chunk, named by its voxel bounds."""
 
-    __slots__ = ("coder", "size", "chunk_size", "voxel_offset")
+    __slots__ = ("coder", "size", "chunk_size", "voxel_offset", "_chunk_arr", "_size_arr", "_offset_arr")
 
     def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
                  size: tuple[int, int, int], chunk_size: tuple[int, int, int],
@@ -147,6 +152,9 @@ class VolumeScaleDir(ShardedDir):
         self.voxel_offset = voxel_offset
         grid = tuple(-(-s // c) for s, c in zip(size, chunk_size))
         self.coder = MortonCoder(grid)  # type: ignore[arg-type]
+        self._chunk_arr = np.array(chunk_size, dtype=np.int64)
+        self._size_arr = np.array(size, dtype=np.int64)
+        self._offset_arr = np.array(voxel_offset, dtype=np.int64)
 
     def chunk_name(self, cell: tuple[int, int, int]) -> str:
         parts = []
@@ -198,8 +206,11 @@ class VolumeScaleDir(ShardedDir):
         if not valid.all():
             log_once(log, f"grid:{shard.label}", "%s: %d chunk ids lie outside the volume grid; not listed",
                      shard.label, int((~valid).sum()))
-        return [self.chunk_name((c[0], c[1], c[2])) if ok else None
-                for c, ok in zip(cells.tolist(), valid.tolist())]
+        begins = cells * self._chunk_arr
+        ends = np.minimum(begins + self._chunk_arr, self._size_arr) + self._offset_arr
+        begins += self._offset_arr
+        bounds = np.stack([begins[:, 0], ends[:, 0], begins[:, 1], ends[:, 1], begins[:, 2], ends[:, 2]], axis=1)
+        return [_NAME_FORMAT % tuple(b) if ok else None for b, ok in zip(bounds.tolist(), valid.tolist())]
 
     def virtual_entries(self) -> AsyncIterator[list[Entry]]:
         return self._listed_chunks()  # type: ignore[return-value]
@@ -269,6 +280,9 @@ class MultiLodMeshDir(ShardedDir):
     def ident_of(self, chunk_id: int) -> int | None:
         return 2 * chunk_id + 1 if 2 * chunk_id + 1 < 1 << CHILD_ID_BITS else None
 
+    def ident_differs(self, ids: np.ndarray) -> bool:
+        return True
+
     def child_name(self, ident: int) -> str:
         return f"{ident >> 1}.index" if ident & 1 else str(ident >> 1)
 
@@ -277,9 +291,8 @@ class MultiLodMeshDir(ShardedDir):
         start = manifest.start - total
         if start < self.store.spec.shard_index_size:
             raise DataError(manifest.where, f"fragment data of {total} bytes would start before the shard data")
-        node = ChunkFile(self.store, manifest.shard, start, total, False, total, manifest.chunk_id)
-        node.ident = None if manifest.ident is None else manifest.ident - 1
-        return node
+        return ChunkFile(self.store, manifest.shard, start, total, False, total, manifest.chunk_id,
+                         None if manifest.ident is None else manifest.ident - 1)
 
     async def virtual_lookup(self, name: str) -> object:
         stem = name.removesuffix(".index")

@@ -83,6 +83,14 @@ class MinishardIndex:
     def nbytes(self) -> int:
         return self.ids.nbytes + self.starts.nbytes + self.sizes.nbytes + 64 * len(self.bad)
 
+    @staticmethod
+    def concat(parts: list["MinishardIndex"]) -> "MinishardIndex":
+        """Several minishards as one (for listing; lookups need each one sorted)."""
+        if len(parts) == 1:
+            return parts[0]
+        return MinishardIndex(np.concatenate([p.ids for p in parts]), np.concatenate([p.starts for p in parts]),
+                              np.concatenate([p.sizes for p in parts]), {})
+
     def find(self, chunk_id: int) -> tuple[int, int] | None:
         i = int(np.searchsorted(self.ids, U64(chunk_id)))
         if i < len(self.ids) and int(self.ids[i]) == chunk_id:
@@ -111,30 +119,36 @@ def decode_minishard(raw: bytes, shard_index_size: int, shard_size: int, where: 
     if n == 0:
         return EMPTY_MINISHARD
     arr = np.frombuffer(raw, dtype="<u8").reshape(3, n).astype(U64)
-    with np.errstate(over="ignore"):
-        # All of the format's arithmetic is modulo 2**64 (numpy wraps silently);
-        # validation below rejects whatever lands outside the shard.
-        ids = np.cumsum(arr[0], dtype=U64)
-        sizes = arr[2]
-        prior_sizes = np.concatenate([np.zeros(1, dtype=U64), np.cumsum(sizes, dtype=U64)[:-1]])
-        starts = U64(shard_index_size) + np.cumsum(arr[1], dtype=U64) + prior_sizes
-        ends = starts + sizes
+    # All of the format's arithmetic is modulo 2**64 (numpy's uint64 cumsum
+    # and addition wrap silently); validation below rejects whatever lands
+    # outside the shard.
+    ids = np.cumsum(arr[0], dtype=U64)
+    sizes = arr[2]
+    ends = U64(shard_index_size) + np.cumsum(arr[1] + sizes, dtype=U64)
+    starts = ends - sizes
     ok = (ends >= starts) & (starts >= U64(shard_index_size)) & (ends <= U64(shard_size))
-    # Sort for binary search; on duplicate ids the first entry wins, as a
-    # sequential reader of the index would find it.
-    order = np.argsort(ids, kind="stable")
-    uniq, first = np.unique(ids[order], return_index=True)
-    if len(uniq) != n:
-        log_once(log, f"dup:{where}", "%s: minishard index lists %d duplicate chunk ids; using the first of each",
-                 where, n - len(uniq))
-    keep = order[first]
+    in_order = n == 1 or bool((ids[1:] > ids[:-1]).all())  # the usual case: writers sort ids
+    if in_order:
+        keep = np.arange(n)
+    else:
+        # Sort for binary search; on duplicate ids the first entry wins, as
+        # a sequential reader of the index would find it.
+        order = np.argsort(ids, kind="stable")
+        uniq, first = np.unique(ids[order], return_index=True)
+        if len(uniq) != n:
+            log_once(log, f"dup:{where}", "%s: minishard index lists %d duplicate chunk ids; using the first of each",
+                     where, n - len(uniq))
+        keep = order[first]
     bad: dict[int, str] = {}
-    for i in keep[~ok[keep]][:1000]:
-        bad[int(ids[i])] = (
-            f"chunk range [{int(starts[i])}, +{int(sizes[i])}) lies outside the shard data "
-            f"[{shard_index_size}, {shard_size})"
-        )
-    keep = keep[ok[keep]]
+    if not ok.all():
+        for i in keep[~ok[keep]][:1000]:
+            bad[int(ids[i])] = (
+                f"chunk range [{int(starts[i])}, +{int(sizes[i])}) lies outside the shard data "
+                f"[{shard_index_size}, {shard_size})"
+            )
+        keep = keep[ok[keep]]
+    elif in_order:
+        return MinishardIndex(ids, starts, sizes, bad)
     return MinishardIndex(ids[keep], starts[keep], sizes[keep], bad)
 
 
@@ -243,13 +257,44 @@ class ShardedStore:
             return None
         return shard, found[0], found[1]
 
-    async def minishards(self) -> AsyncIterator[tuple[Shard, MinishardIndex]]:
-        """Every readable minishard with the ids that truly belong to it.
+    async def listing(self, batch: int = 4096) -> AsyncIterator[tuple[Shard, MinishardIndex]]:
+        """Every listable chunk, as runs of whole minishards of one shard of
+        about `batch` chunks.
 
-        Damaged shards or minishards are logged and skipped so a listing
-        still shows everything else. Ids that hash to another shard or
-        minishard can never be looked up, so they are not listed either.
+        Small minishards are merged so that per-run costs (numpy calls, node
+        batches) are spread over enough chunks. Damaged shards or minishards
+        are logged and skipped so a listing still shows everything else. Ids
+        that hash to another shard or minishard can never be looked up, so
+        they are not listed either.
         """
+        run: list[MinishardIndex] = []
+        numbers: list[int] = []
+        count = 0
+        current: Shard | None = None
+        async for shard, number, mini in self._minishards():
+            if run and (shard is not current or count >= batch):
+                yield current, self._owned(current, run, numbers)  # type: ignore[arg-type]
+                run, numbers, count = [], [], 0
+            current = shard
+            run.append(mini)
+            numbers.append(number)
+            count += len(mini.ids)
+        if run:
+            yield current, self._owned(current, run, numbers)  # type: ignore[arg-type]
+
+    def _owned(self, shard: Shard, run: list[MinishardIndex], numbers: list[int]) -> MinishardIndex:
+        merged = MinishardIndex.concat(run)
+        expected = np.repeat(np.array(numbers, dtype=U64), [len(m.ids) for m in run])
+        shards, minis = self.spec.locations_array(merged.ids)
+        belongs = (shards == U64(shard.number)) & (minis == expected)
+        if belongs.all():
+            return merged
+        log_once(log, f"misplaced:{shard.label}:{numbers[0]}",
+                 "%s: %d chunk ids listed in the wrong minishard; not listed", shard.label, int((~belongs).sum()))
+        return MinishardIndex(merged.ids[belongs], merged.starts[belongs], merged.sizes[belongs], {})
+
+    async def _minishards(self) -> AsyncIterator[tuple[Shard, int, MinishardIndex]]:
+        """Every readable, non-empty minishard, with its number."""
         async for number in self.shard_numbers():
             try:
                 shard = await self.shard(number)
@@ -259,21 +304,11 @@ class ShardedStore:
             except DataError as e:
                 log_once(log, f"list:{e}", "listing %s: skipping shard: %s", self.dir_key or ".", e)
                 continue
-            for m in range(len(index)):
-                if index[m, 0] == index[m, 1]:
-                    continue
+            for m in np.nonzero(index[:, 0] != index[:, 1])[0].tolist():
                 try:
                     mini = await self.minishard(shard, m)
                 except DataError as e:
                     log_once(log, f"list:{e}", "listing %s: skipping minishard: %s", self.dir_key or ".", e)
                     continue
-                if len(mini.ids) == 0:
-                    continue
-                shards, minis = self.spec.locations_array(mini.ids)
-                belongs = (shards == U64(number)) & (minis == U64(m))
-                if not belongs.all():
-                    log_once(log, f"misplaced:{shard.label}:{m}",
-                             "%s minishard %d: %d chunk ids hash elsewhere; not listed",
-                             shard.label, m, int((~belongs).sum()))
-                    mini = MinishardIndex(mini.ids[belongs], mini.starts[belongs], mini.sizes[belongs], mini.bad)
-                yield shard, mini
+                if len(mini.ids):
+                    yield shard, m, mini
