@@ -307,6 +307,8 @@ def run(args: argparse.Namespace) -> dict:
     with mounted("unshardfs", ds["million"], work) as m:
         ours_ls, count = ls_time(m / "s0")
         assert count >= 1_000_000, count
+    with mounted("unshardfs", ds["million"], work) as m:
+        ours_ls = min(ours_ls, ls_time(m / "s0")[0])
         find_count = int(subprocess.run(f"find {m}/s0 -type f | wc -l", shell=True, capture_output=True,
                                         text=True).stdout)
         lsl = subprocess.run(["ls", "-l", str(m / "s0")], capture_output=True, check=True).stdout.count(b"\n")
@@ -315,8 +317,10 @@ def run(args: argparse.Namespace) -> dict:
             million_names.read_text().split(), 10_000)]
         read_files(paths)
         mem = memory_kib(pid)
-    with mounted("nullfs", million_names, work, "--flat") as m:
-        null_ls, _ = ls_time(m)
+    null_ls = float("inf")
+    for _ in range(2):
+        with mounted("nullfs", million_names, work, "--flat") as m:
+            null_ls = min(null_ls, ls_time(m)[0])
     row("ls -f, 1,000,000 chunks", ours_ls, "s", "null pyfuse3 fs", null_ls, "<= 10 s")
     results["find / ls -l, 1,000,000 chunks"] = {"find": find_count, "ls -l lines": lsl}
     results["daemon memory after 1M listing + 10k reads"] = mem
@@ -352,8 +356,14 @@ def run(args: argparse.Namespace) -> dict:
                 best = max(best, big_bytes / timed(lambda: read_files([str(m / f) for f in big_files])))
         return best
 
-    row("sequential read, 2 MiB raw chunks", seq() / 2**20, "MiB/s", "native read of the shards",
+    ours_seq = seq()
+    null_seq = 0.0
+    for _ in range(2):
+        with mounted("nullfs", large["plain"], work) as m:
+            null_seq = max(null_seq, big_bytes / timed(lambda: read_files([str(m / f) for f in big_files])))
+    row("sequential read, 2 MiB raw chunks", ours_seq / 2**20, "MiB/s", "native read of the shards",
         native / 2**20, ">= 0.5")
+    row("sequential read, 2 MiB raw chunks", ours_seq / 2**20, "MiB/s", "null pyfuse3 fs", null_seq / 2**20)
 
     shutil.rmtree(shm, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)

@@ -17,8 +17,8 @@ import numpy as np
 
 from ...errors import DataError
 from ...logonce import log_once
-from ...passthrough import LIST_BATCH, PassthroughDir, PassthroughFile
-from ...sources.base import ByteSource, ObjectStat, join_key
+from ...passthrough import HIDDEN, PassthroughDir
+from ...sources.base import ByteSource, ObjectStat
 from ...vtree import CHILD_ID_BITS, BytesFile, DirNode, Entry, Node
 from .chunkfile import ChunkFile
 from .morton import MortonCoder
@@ -33,7 +33,7 @@ U64_MAX = (1 << 64) - 1
 class ShardedDir(DirNode):
     """Common behaviour: rewritten `info`, hidden shard files, passthrough of the rest."""
 
-    __slots__ = ("source", "key", "store", "info", "stable_key")
+    __slots__ = ("source", "key", "store", "info", "stable_key", "rest")
 
     def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
                  info: BytesFile | None = None) -> None:
@@ -43,6 +43,17 @@ class ShardedDir(DirNode):
         self.store = store
         self.info = info
         self.stable_key = f"sharded:{key}"
+        # Everything of the source directory that is not ours passes through.
+        self.rest = PassthroughDir(source, key, st, self._hide)
+
+    async def _hide(self, key: str, st: ObjectStat) -> object:
+        """Hide shard files, and source files shadowed by `info` or computed names."""
+        parent, _, name = key.rpartition("/")
+        if parent != self.key:
+            return None  # deeper levels pass through untouched
+        if (name == "info" and self.info is not None) or self.store.is_shard_file(name) or self.claims(name):
+            return HIDDEN
+        return None
 
     async def virtual_lookup(self, name: str) -> object:
         raise NotImplementedError
@@ -60,27 +71,15 @@ class ShardedDir(DirNode):
         node = await self.virtual_lookup(name)
         if node is not NOT_VIRTUAL:
             return node  # type: ignore[return-value]
-        if self.store.is_shard_file(name):
-            return None
-        return await PassthroughDir(self.source, self.key, _DIR_STAT).lookup(name)
+        return await self.rest.lookup(name)
 
     async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
         if self.info is not None:
             yield [("info", self.info)]
         async for batch in self.virtual_entries():
             yield batch
-        others: list[Entry] = []
-        async for name, st in self.source.list(self.key):
-            if (name == "info" and self.info is not None) or self.store.is_shard_file(name) or self.claims(name):
-                continue
-            child_key = join_key(self.key, name)
-            others.append((name, PassthroughDir(self.source, child_key, st) if st.is_dir
-                           else PassthroughFile(self.source, child_key, st)))
-            if len(others) >= LIST_BATCH:
-                yield others
-                others = []
-        if others:
-            yield others
+        async for batch in self.rest.entries():
+            yield batch
 
     @property
     def gzipped(self) -> bool:
@@ -131,8 +130,6 @@ class ShardedDir(DirNode):
             if batch:
                 yield batch
 
-
-_DIR_STAT = ObjectStat(size=0, mtime_ns=0, is_dir=True)
 
 _NAME_FORMAT = "%d-%d_%d-%d_%d-%d"
 _CHUNK_NAME = re.compile(r"^(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)$")
