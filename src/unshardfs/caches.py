@@ -23,11 +23,13 @@ def _nbytes(value: object) -> int:
 
 @dataclass
 class CacheSizes:
-    shard_index_bytes: int = 64 * MiB
-    minishard_index_bytes: int = 128 * MiB
-    decoded_chunk_bytes: int = 128 * MiB
+    """Defaults keep a fully warm daemon under ~250 MB RSS (issue #8's bound)."""
+
+    shard_index_bytes: int = 32 * MiB
+    minishard_index_bytes: int = 64 * MiB
+    decoded_chunk_bytes: int = 64 * MiB
     # Compressed payloads fetched at lookup, waiting for the read that follows.
-    encoded_chunk_bytes: int = 16 * MiB
+    encoded_chunk_bytes: int = 8 * MiB
 
 
 @dataclass

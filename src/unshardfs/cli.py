@@ -47,11 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", help="log file when detached (default: ~/.cache/unshardfs/<mountpoint>.log)")
     m.add_argument("--cache-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="how long the kernel may cache names and attributes (default 3600)")
-    m.add_argument("--shard-index-cache", type=int, default=64, metavar="MiB", help="shard index cache (default 64)")
-    m.add_argument("--minishard-index-cache", type=int, default=128, metavar="MiB",
-                   help="decoded minishard index cache (default 128)")
-    m.add_argument("--chunk-cache", type=int, default=128, metavar="MiB",
-                   help="decoded (gunzipped) chunk cache (default 128; plus 1/8 of it for "
+    sizes = CacheSizes()
+    m.add_argument("--shard-index-cache", type=int, default=sizes.shard_index_bytes // MiB, metavar="MiB",
+                   help="shard index cache (default %(default)s)")
+    m.add_argument("--minishard-index-cache", type=int, default=sizes.minishard_index_bytes // MiB, metavar="MiB",
+                   help="decoded minishard index cache (default %(default)s)")
+    m.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
+                   help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
                         "compressed payloads fetched at lookup)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 

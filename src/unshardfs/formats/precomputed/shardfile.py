@@ -123,7 +123,9 @@ def decode_minishard(raw: bytes, shard_index_size: int, shard_size: int, where: 
     # and addition wrap silently); validation below rejects whatever lands
     # outside the shard.
     ids = np.cumsum(arr[0], dtype=U64)
-    sizes = arr[2]
+    # A copy, not a view: a view would keep the whole [3, n] array alive
+    # behind the cache's back (its byte accounting counts only what it holds).
+    sizes = arr[2].copy()
     ends = U64(shard_index_size) + np.cumsum(arr[1] + sizes, dtype=U64)
     starts = ends - sizes
     ok = (ends >= starts) & (starts >= U64(shard_index_size)) & (ends <= U64(shard_size))
