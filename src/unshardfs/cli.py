@@ -23,6 +23,9 @@ examples:
   unshardfs mount -o allow_other /data/ds /mnt/ds  # let other users read it
   unshardfs stats /mnt/fafb                        # cache use, backing reads, errors
   unshardfs unmount /mnt/fafb
+  unshardfs inspect /data/fafb-seg                 # shards, chunks, sizes (indexes only)
+  unshardfs check /data/fafb-seg                   # verify every index and payload
+  unshardfs export /data/fafb-seg /data/unsharded  # write the unsharded tree (resumable)
 """
 
 
@@ -59,6 +62,29 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("stats", help="print a mount's live statistics (JSON)")
     s.add_argument("mountpoint", metavar="MOUNTPOINT")
+
+    i = sub.add_parser("inspect", help="summarise SOURCE's sharded directories from their indexes",
+                       epilog="example:\n  unshardfs inspect --json /data/ds | jq '.[].chunks'",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    i.add_argument("source", metavar="SOURCE")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+
+    c = sub.add_parser("check", help="verify every shard index, minishard index and payload of SOURCE",
+                       epilog="exit status: 0 intact, 1 damaged (each problem printed with its shard and chunk id)\n"
+                              "example:\n  unshardfs check /data/ds && echo intact",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("source", metavar="SOURCE")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    e = sub.add_parser("export", help="write SOURCE's unsharded tree to DEST (resumable)",
+                       epilog="Files already complete in DEST (same size and mtime) are skipped, so a\n"
+                              "killed export resumes where it stopped.\n"
+                              "example:\n  unshardfs export --jobs 8 /data/ds /scratch/ds-unsharded",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("source", metavar="SOURCE")
+    e.add_argument("dest", metavar="DEST")
+    e.add_argument("-j", "--jobs", type=int, default=4, help="concurrent file writes (default 4)")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -137,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             return _mount(args, argv)
         if args.command == "stats":
             return _stats(args.mountpoint)
+        if args.command in ("inspect", "check", "export"):
+            from .tools.commands import run_tool
+
+            return run_tool(args)
         return unmount(args.mountpoint, args.lazy)
     except ConfigError as e:
         print(f"unshardfs: {e}", file=sys.stderr)

@@ -1,16 +1,21 @@
-"""Log each distinct data problem once.
+"""Log each distinct data problem once, and let tools collect them.
 
 A damaged shard is hit by every reader that touches it; logging every hit
-would flood the log and hide the first, useful line.
+would flood the log and hide the first, useful line. `unshardfs check`
+installs a collector to receive every distinct problem as it is found,
+including those a listing skips over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Iterator
 
 from cachetools import LRUCache
 
 _seen: LRUCache = LRUCache(maxsize=4096)
+_collectors: list[list[str]] = []
 
 
 def log_once(logger: logging.Logger, key: str, message: str, *args: object) -> None:
@@ -18,3 +23,17 @@ def log_once(logger: logging.Logger, key: str, message: str, *args: object) -> N
         return
     _seen[key] = True
     logger.error(message, *args)
+    for collector in _collectors:
+        collector.append(message % args if args else message)
+
+
+@contextlib.contextmanager
+def collect_problems() -> Iterator[list[str]]:
+    """Every problem logged inside the block, in order (each once)."""
+    found: list[str] = []
+    _collectors.append(found)
+    _seen.clear()  # a fresh run reports everything again
+    try:
+        yield found
+    finally:
+        _collectors.remove(found)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from dataclasses import dataclass
 from typing import Callable
 
 from ...caches import Caches
@@ -25,6 +26,16 @@ log = logging.getLogger(__name__)
 
 # Builds the node for a special directory once its stat is known.
 DirFactory = Callable[[ObjectStat], DirNode]
+
+
+@dataclass
+class ShardedPart:
+    """A sharded directory of the dataset, as `inspect` describes it."""
+
+    kind: str
+    key: str
+    store: ShardedStore
+    details: dict
 
 
 async def read_json(source: ByteSource, key: str) -> tuple[object, ObjectStat] | None:
@@ -64,6 +75,8 @@ class PrecomputedDataset:
         self.caches = caches
         self.special: dict[str, DirFactory] = {}
         self.root_info: BytesFile | None = None
+        # What `unshardfs inspect` reports: one entry per sharded directory.
+        self.sharded: list[ShardedPart] = []
 
     async def build(self) -> DirNode:
         loaded = await read_json(self.source, "info")
@@ -117,6 +130,10 @@ class PrecomputedDataset:
         store = ShardedStore(self.source, dir_key, spec, self.caches)
         self.special[dir_key] = lambda st: VolumeScaleDir(
             self.source, dir_key, st, store, size, chunk_size, voxel_offset)
+        grid = [-(-s // c) for s, c in zip(size, chunk_size)]
+        self.sharded.append(ShardedPart("volume scale", dir_key, store, {
+            "encoding": scale.get("encoding"), "size": list(size), "chunk_size": list(chunk_size),
+            "grid_cells": grid[0] * grid[1] * grid[2]}))
 
     async def _add_object_dir(self, value: object, kind: str) -> None:
         if not isinstance(value, str) or not value:
@@ -148,7 +165,13 @@ class PrecomputedDataset:
             log.warning("%s: sharded %s of @type %r has no unsharded form here; shown unchanged", where, kind, type_)
             return
         self.special[dir_key] = lambda dst: cls(self.source, dir_key, dst, store, info_file)
+        self.sharded.append(ShardedPart(type_, dir_key, store, {}))
 
 
 async def build_tree(source: ByteSource, caches: Caches) -> DirNode:
     return await PrecomputedDataset(source, caches).build()
+
+
+async def open_dataset(source: ByteSource, caches: Caches) -> tuple[PrecomputedDataset, DirNode]:
+    dataset = PrecomputedDataset(source, caches)
+    return dataset, await dataset.build()

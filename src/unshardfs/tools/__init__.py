@@ -1,0 +1,1 @@
+"""Offline tools over a source: export, check, inspect (no FUSE involved)."""
