@@ -165,3 +165,37 @@ def test_help_and_version():
         result = run_cli(*args)
         assert result.returncode == 0 and "unshardfs" in result.stdout
     assert "examples" in run_cli("mount", "--help").stdout
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("mount"), reason="mount(8) as root")
+def test_fstab_line_mounts(dataset, tmp_path):
+    """The fstab form documented in the README, driven through mount(8) and mount.fuse3."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    program = Path(UNSHARDFS[0]).with_name("unshardfs")
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{program}#{dataset}  {mnt}  fuse  allow_other,noatime,noauto  0  0\n")
+    try:
+        result = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        line = next(l for l in Path("/proc/mounts").read_text().splitlines() if f" {mnt} " in l)
+        assert "fuse.unshardfs" in line and " ro," in line and "allow_other" in line
+        assert json.loads((mnt / "info").read_text())["scales"]
+        assert subprocess.run(["umount", str(mnt)], timeout=60).returncode == 0
+        assert not os.path.ismount(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+def test_mount_helper_calling_convention(dataset, tmp_path):
+    """mount.fuse3 runs `unshardfs SOURCE MNT -o rw,dev,suid,...`: that must mount read-only."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        result = run_cli(str(dataset), str(mnt), "-o", "rw,noatime,dev,suid")
+        assert result.returncode == 0, result.stderr
+        line = next(l for l in Path("/proc/mounts").read_text().splitlines() if f" {mnt} " in l)
+        assert " ro," in line
+    finally:
+        force_unmount(mnt)

@@ -59,9 +59,14 @@ def test_one_backing_read_per_further_chunk(volume, mount):
     first, *rest = group
     assert (m.path / KEY / first).read_bytes() == (paths["plain"] / KEY / first).read_bytes()
     for name in rest:
-        before = source_reads(m.path)
+        before = stats(m.path)
         assert (m.path / KEY / name).read_bytes() == (paths["plain"] / KEY / name).read_bytes()
-        assert source_reads(m.path) - before == 1, name
+        after = stats(m.path)
+        assert after["source"]["reads"] - before["source"]["reads"] == 1, name
+        # ...and the minishard index came from the cache: one hit, no miss.
+        hits = after["caches"]["minishard_index"]["hits"] - before["caches"]["minishard_index"]["hits"]
+        misses = after["caches"]["minishard_index"]["misses"] - before["caches"]["minishard_index"]["misses"]
+        assert (hits, misses) == (1, 0), name
 
 
 def test_copying_a_scale_reads_each_index_once(volume, mount, tmp_path):

@@ -53,6 +53,10 @@ def test_check_intact(volume):
     result = run_cli("check", str(volume["sharded"]))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "intact" in result.stdout and "damaged:" not in result.stdout
+    files = len(walk_files(volume["plain"]))
+    assert f"intact: {files:,} files" in result.stdout
+    parallel = run_cli("check", "--jobs", "3", str(volume["sharded"]))
+    assert parallel.returncode == 0 and f"intact: {files:,} files" in parallel.stdout
 
 
 @pytest.mark.parametrize("damage", [d for d in DAMAGES if d is not damage_delete],
@@ -62,10 +66,14 @@ def test_check_finds_planted_damage(volume, tmp_path, damage):
     shutil.copytree(volume["sharded"], src)
     victim = sorted((src / SCALE_KEY).glob("*.shard"))[0]
     damage(victim)
-    result = run_cli("check", str(src))
-    assert result.returncode == 1, result.stdout
-    assert "DAMAGED" in result.stdout
-    assert victim.name in result.stdout, result.stdout
+    serial = run_cli("check", str(src))
+    assert serial.returncode == 1, serial.stdout
+    assert "DAMAGED" in serial.stdout
+    assert victim.name in serial.stdout, serial.stdout
+    parallel = run_cli("check", "--jobs", "3", str(src))
+    assert parallel.returncode == 1
+    damaged = sorted(line for line in serial.stdout.splitlines() if line.startswith("damaged:"))
+    assert damaged == sorted(line for line in parallel.stdout.splitlines() if line.startswith("damaged:"))
 
 
 def test_missing_shard_is_not_damage(volume, tmp_path):

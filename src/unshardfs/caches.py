@@ -21,6 +21,34 @@ def _nbytes(value: object) -> int:
     return max(int(size), 1) + 64
 
 
+class CountedLRU(LRUCache):
+    """An LRU cache bounded by bytes that counts its hits and misses for `stats`."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize=maxsize, getsizeof=_nbytes)
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key, default=None):  # type: ignore[override]
+        value = super().get(key, _MISSING)
+        if value is _MISSING:
+            self.misses += 1
+            return default
+        self.hits += 1
+        return value
+
+    def pop(self, key, default=None):  # type: ignore[override]
+        value = super().pop(key, _MISSING)
+        if value is _MISSING:
+            self.misses += 1
+            return default
+        self.hits += 1
+        return value
+
+
+_MISSING = object()
+
+
 @dataclass
 class CacheSizes:
     """Defaults keep a fully warm daemon under ~250 MB RSS (issue #8's bound)."""
@@ -37,13 +65,13 @@ class Caches:
     sizes: CacheSizes = field(default_factory=CacheSizes)
 
     def __post_init__(self) -> None:
-        self.shard_index = LRUCache(maxsize=self.sizes.shard_index_bytes, getsizeof=_nbytes)
-        self.minishard_index = LRUCache(maxsize=self.sizes.minishard_index_bytes, getsizeof=_nbytes)
-        self.decoded_chunk = LRUCache(maxsize=self.sizes.decoded_chunk_bytes, getsizeof=_nbytes)
-        self.encoded_chunk = LRUCache(maxsize=self.sizes.encoded_chunk_bytes, getsizeof=_nbytes)
+        self.shard_index = CountedLRU(self.sizes.shard_index_bytes)
+        self.minishard_index = CountedLRU(self.sizes.minishard_index_bytes)
+        self.decoded_chunk = CountedLRU(self.sizes.decoded_chunk_bytes)
+        self.encoded_chunk = CountedLRU(self.sizes.encoded_chunk_bytes)
 
     @staticmethod
-    def put(cache: LRUCache, key: object, value: object) -> None:
+    def put(cache: CountedLRU, key: object, value: object) -> None:
         """Insert unless the value alone exceeds the whole budget (then just skip)."""
         try:
             cache[key] = value
@@ -51,6 +79,7 @@ class Caches:
             pass
 
     def usage(self) -> dict[str, dict[str, int]]:
-        return {name: {"bytes": int(cache.currsize), "limit": int(cache.maxsize), "entries": len(cache)}
+        return {name: {"bytes": int(cache.currsize), "limit": int(cache.maxsize), "entries": len(cache),
+                       "hits": cache.hits, "misses": cache.misses}
                 for name, cache in (("shard_index", self.shard_index), ("minishard_index", self.minishard_index),
                                     ("decoded_chunk", self.decoded_chunk), ("encoded_chunk", self.encoded_chunk))}

@@ -60,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                         "compressed payloads fetched at lookup)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
-    s = sub.add_parser("stats", help="print a mount's live statistics (JSON)")
+    s = sub.add_parser("stats", help="print a mount's live statistics (JSON)",
+                       epilog="example:\n  unshardfs stats /mnt/ds | jq .caches.minishard_index",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("mountpoint", metavar="MOUNTPOINT")
 
     i = sub.add_parser("inspect", help="summarise SOURCE's sharded directories from their indexes",
@@ -75,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("source", metavar="SOURCE")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    c.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
 
     e = sub.add_parser("export", help="write SOURCE's unsharded tree to DEST (resumable)",
                        epilog="Files already complete in DEST (same size and mtime) are skipped, so a\n"
@@ -86,7 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("-j", "--jobs", type=int, default=4, help="concurrent file writes (default 4)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
-    u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)")
+    u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
+                       epilog="example:\n  unshardfs unmount /mnt/ds",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.add_argument("-z", "--lazy", action="store_true", help="detach even if busy")
     return parser
@@ -137,7 +142,8 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
     request = MountRequest(
         mountpoint=args.mountpoint,
         fsname=f"unshardfs:{args.source}",
-        fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o],
+        # Always read-only: a generic "rw" (mount(8) adds it by default) is dropped.
+        fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o and o != "rw"],
         debug=args.debug,
         options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
         stats=stats,
@@ -155,8 +161,15 @@ def _stats(mountpoint: str) -> int:
     return 0
 
 
+COMMANDS = ("mount", "unmount", "stats", "inspect", "check", "export")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        # `mount -t fuse.unshardfs SOURCE MNT -o OPTS` (and fstab) run us through
+        # mount.fuse3 as `unshardfs SOURCE MNT -o OPTS`: that means mount.
+        argv.insert(0, "mount")
     args = _parser().parse_args(argv)
     try:
         if args.command == "mount":

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import sys
+import zlib
 from pathlib import Path
 
 import trio
@@ -45,20 +47,48 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _check(args: argparse.Namespace) -> int:
-    source = CountingSource(open_source(args.source))
+async def _check_part(source_url: str, part: int, parts: int, quiet: bool) -> tuple[list[str], WalkSummary, int]:
+    """Check the files whose path hashes to `part` (all of them when parts == 1)."""
+    source = CountingSource(open_source(source_url))
     _dataset, tree = await open_dataset(source, Caches())
-    with collect_problems() as problems, _bar(args, "file") as bar:
-        summary = await check(tree, _progress(bar))
+
+    def mine(rel: str) -> bool:
+        return zlib.crc32(rel.encode()) % parts == part
+
+    with collect_problems() as problems, tqdm(unit="file", disable=True if quiet else None,
+                                               file=sys.stderr, dynamic_ncols=True) as bar:
+        summary = await check(tree, _progress(bar), mine if parts > 1 else None)
+    return problems, summary, source.counters.reads
+
+
+def _check_worker(job: tuple[str, int, int]) -> tuple[list[str], WalkSummary, int]:
+    return trio.run(_check_part, job[0], job[1], job[2], True)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Not a coroutine: worker processes must be forked outside any trio run."""
+    if args.jobs > 1:
+        # The format layer is single-threaded by design; parallel checking
+        # splits the files (not the indexes, which every worker reads) over
+        # processes, each with its own tree and caches.
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            results = pool.map(_check_worker, [(args.source, i, args.jobs) for i in range(args.jobs)])
+    else:
+        results = [trio.run(_check_part, args.source, 0, 1, args.quiet)]
+    problems = list(dict.fromkeys(line for found, _, _ in results for line in found))
+    failures = [f for _, summary, _ in results for f in summary.failures]
     for line in problems:
         print(f"damaged: {line}")
     listed = set(problems)
-    for line in summary.failures:
-        if line.split(": ", 1)[1] not in listed:
-            print(f"damaged: {line}")
-    damaged = bool(problems or summary.failures)
-    print(f"{'DAMAGED' if damaged else 'intact'}: {summary.files:,} files, {summary.bytes:,} bytes read through "
-          f"{source.counters.reads:,} backing reads; {len(problems) + len(summary.failures)} problem(s)")
+    failures = [f for f in failures if f.split(": ", 1)[1] not in listed]
+    for line in failures:
+        print(f"damaged: {line}")
+    files = sum(summary.files for _, summary, _ in results)
+    size = sum(summary.bytes for _, summary, _ in results)
+    reads = sum(r for _, _, r in results)
+    damaged = bool(problems or failures)
+    print(f"{'DAMAGED' if damaged else 'intact'}: {files:,} files, {size:,} bytes read through "
+          f"{reads:,} backing reads; {len(problems) + len(failures)} problem(s)")
     return 1 if damaged else 0
 
 
@@ -77,5 +107,7 @@ async def _export(args: argparse.Namespace) -> int:
 def run_tool(args: argparse.Namespace) -> int:
     # Problems are printed by the command itself; keep the log quiet.
     logging.basicConfig(level=logging.CRITICAL)
-    command = {"inspect": _inspect, "check": _check, "export": _export}[args.command]
+    if args.command == "check":
+        return _check(args)
+    command = {"inspect": _inspect, "export": _export}[args.command]
     return trio.run(command, args)

@@ -114,8 +114,10 @@ async def _write_in_thread(limiter: trio.CapacityLimiter, token: object, target:
         limiter.release_on_behalf_of(token)
 
 
-async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None) -> WalkSummary:
-    """Read every file the tree shows, fully; failures are collected, not raised.
+async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None,
+                select: Callable[[str], bool] | None = None) -> WalkSummary:
+    """Read every file the tree shows (or those `select` picks), fully;
+    failures are collected, not raised.
 
     Reading decodes every gzip payload (CRC and length checked) and, through
     the listing, every shard and minishard index; problems that make a
@@ -126,6 +128,8 @@ async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = 
     async for rel, node in walk(root):
         if isinstance(node, DirNode):
             summary.dirs += 1
+            continue
+        if select is not None and not select(rel):
             continue
         summary.files += 1
         try:
