@@ -29,21 +29,18 @@ class CountedLRU(LRUCache):
         self.hits = 0
         self.misses = 0
 
-    def get(self, key, default=None):  # type: ignore[override]
-        value = super().get(key, _MISSING)
+    def _counted(self, value: object, default: object) -> object:
         if value is _MISSING:
             self.misses += 1
             return default
         self.hits += 1
         return value
 
+    def get(self, key, default=None):  # type: ignore[override]
+        return self._counted(super().get(key, _MISSING), default)
+
     def pop(self, key, default=None):  # type: ignore[override]
-        value = super().pop(key, _MISSING)
-        if value is _MISSING:
-            self.misses += 1
-            return default
-        self.hits += 1
-        return value
+        return self._counted(super().pop(key, _MISSING), default)
 
 
 _MISSING = object()
