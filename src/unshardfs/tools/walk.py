@@ -18,7 +18,6 @@ from ..errors import DataError
 from ..vtree import DirNode, FileNode
 
 PIECE = 8 << 20  # read big files in pieces so memory stays bounded
-TMP_SUFFIX = ".unshardfs-partial"
 
 
 @dataclass
@@ -53,7 +52,11 @@ async def file_bytes(node: FileNode) -> AsyncIterator[bytes]:
 
 
 def is_complete(target: Path, node: FileNode) -> bool:
-    """A finished export of `node`: same size and mtime (set last, after the rename)."""
+    """A finished export of `node`: same size and the node's mtime.
+
+    The mtime is stamped only after the last byte is written, so a file cut
+    short by a killed export never passes this test.
+    """
     try:
         st = target.stat()
     except OSError:
@@ -62,12 +65,10 @@ def is_complete(target: Path, node: FileNode) -> bool:
 
 
 def _write_file(target: Path, pieces: list[bytes], mtime_ns: int) -> None:
-    partial = target.with_name(target.name + TMP_SUFFIX)
-    with open(partial, "wb") as f:
+    with open(target, "wb") as f:
         for piece in pieces:
             f.write(piece)
-    os.utime(partial, ns=(mtime_ns, mtime_ns))
-    os.replace(partial, target)  # a killed export never leaves a complete-looking partial file
+    os.utime(target, ns=(mtime_ns, mtime_ns))  # last: marks the file complete
 
 
 async def export(root: DirNode, dest: Path, jobs: int = 4,
@@ -79,16 +80,21 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
     """
     summary = WalkSummary()
     limiter = trio.CapacityLimiter(jobs)
+    # Directories this run created hold nothing complete yet: no need to stat
+    # their files (a stat per file is a large part of small-file exports).
+    fresh = {""} if not dest.exists() else set()
     dest.mkdir(parents=True, exist_ok=True)
     async with trio.open_nursery() as nursery:
         async for rel, node in walk(root):
             target = dest / rel
             if isinstance(node, DirNode):
-                target.mkdir(exist_ok=True)
+                if not target.is_dir():
+                    target.mkdir()
+                    fresh.add(rel)
                 summary.dirs += 1
                 continue
             summary.files += 1
-            if is_complete(target, node):
+            if rel.rpartition("/")[0] not in fresh and is_complete(target, node):
                 summary.skipped += 1
             else:
                 try:
