@@ -97,7 +97,8 @@ def test_export_equals_reference_and_is_resumable(volume, tmp_path):
 
 def test_export_resumes_after_kill(tmp_path):
     root = tmp_path / "many"
-    paths = write_volume(root, [Scale((40, 40, 20), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
+    # 16,000 one-byte-per-voxel chunks: long enough to be killed mid-way.
+    paths = write_volume(root, [Scale((40, 40, 80), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
     reference = walk_files(paths["plain"])
     dest = tmp_path / "out"
     proc = subprocess.Popen([*UNSHARDFS, "export", "--jobs", "2", str(paths["sharded"]), str(dest)],
