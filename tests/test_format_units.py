@@ -167,3 +167,33 @@ def test_normalize_key(key, norm):
 def test_keys_cannot_escape(key):
     with pytest.raises(ConfigError):
         normalize_key(key)
+
+
+def _scale_dir(size, chunk, offset):
+    from unshardfs.caches import Caches
+    from unshardfs.formats.precomputed.dirs import VolumeScaleDir
+    from unshardfs.formats.precomputed.shardfile import ShardedStore
+    from unshardfs.sources.base import ObjectStat
+
+    store = ShardedStore(None, "s", spec(), Caches())  # type: ignore[arg-type]
+    return VolumeScaleDir(None, "s", ObjectStat(0, 0, True), store, size, chunk, offset)  # type: ignore[arg-type]
+
+
+def test_chunk_names_offsets_and_clipping():
+    d = _scale_dir((100, 70, 45), (16, 16, 16), (-5, 3, -17))
+    assert d.chunk_name((0, 0, 0)) == "-5-11_3-19_-17--1"
+    assert d.chunk_name((6, 4, 2)) == "91-95_67-73_15-28"  # last cells clipped to the volume
+    assert d.parse_chunk_name("91-95_67-73_15-28") == (6, 4, 2)
+    assert d.parse_chunk_name("-5-11_3-19_-17--1") == (0, 0, 0)
+    for bad in ["91-107_67-73_15-28",     # unclipped end
+                "-4-12_3-19_-17--1",      # misaligned begin
+                "107-111_3-19_-17--1",    # outside the grid
+                "-05-11_3-19_-17--1",     # leading zero
+                "+91-95_67-73_15-28",     # explicit sign
+                "91-95_67-73",            # too few axes
+                "-21--5_3-19_-17--1"]:    # before the voxel offset
+        assert d.parse_chunk_name(bad) is None, bad
+    # names and ids round-trip through the Morton code used for inode numbers
+    for cell in [(0, 0, 0), (6, 4, 2), (3, 1, 2)]:
+        name = d.chunk_name(cell)
+        assert d.child_name(d.coder.encode(cell)) == name
