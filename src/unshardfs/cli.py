@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("source", metavar="SOURCE")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     c = sub.add_parser("check", help="verify every shard index, minishard index and payload of SOURCE",
                        epilog="exit status: 0 intact, 1 damaged (each problem printed with its shard and chunk id)\n"
