@@ -248,7 +248,6 @@ def run(args: argparse.Namespace) -> dict:
         rat_first = first("ratarmount", tar)
         row("first read, fresh mount", ours_first, "files/s", "ratarmount (tar)", rat_first, "> 1")
     import tensorstore as ts
-    import numpy as np
     from unshardfs.formats.precomputed.morton import MortonCoder
 
     info = json.loads((small["sharded"] / "info").read_text())["scales"][0]

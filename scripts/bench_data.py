@@ -47,7 +47,6 @@ def write_scale(root: Path, grid: tuple[int, int, int], minishard_bits: int, sha
     order = np.lexsort((codes, minishard, shard))
     codes, minishard, shard = codes[order], minishard[order], shard[order]
     payloads = codes.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :payload] if payload <= 8 else None
-    index_size = 16 << minishard_bits
     width = (shard_bits + 3) // 4
     bounds = np.searchsorted(shard, np.arange((1 << shard_bits) + 1, dtype=np.uint64))
     for s in range(1 << shard_bits):

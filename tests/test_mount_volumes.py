@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,7 +110,6 @@ def test_absent_and_malformed_names(volume, mount):
     key = scale["key"]
     present = sorted(os.listdir(paths["plain"] / key))
     name = present[0]
-    begin, _ = name.split("_")[0].split("-", 1) if not name.startswith("-") else ("", "")
     candidates = [
         "0-1_0-1_0-1",                      # misaligned / wrong end
         name + "x",

@@ -41,12 +41,12 @@ async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, File
                     yield item
 
 
-async def file_bytes(node: FileNode) -> AsyncIterator[bytes]:
+async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
     offset = 0
     while offset < node.size:
         data = await node.read(offset, min(PIECE, node.size - offset))
         if not data:
-            raise DataError(str(node), f"short read at offset {offset} of {node.size}")
+            raise DataError(where, f"short read at offset {offset} of {node.size}")
         offset += len(data)
         yield data
 
@@ -98,7 +98,7 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
                 summary.skipped += 1
             else:
                 try:
-                    pieces = [piece async for piece in file_bytes(node)]
+                    pieces = [piece async for piece in file_bytes(node, rel)]
                 except DataError as e:
                     summary.failures.append(f"{rel}: {e}")
                     continue
@@ -139,7 +139,7 @@ async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = 
             continue
         summary.files += 1
         try:
-            async for piece in file_bytes(node):
+            async for piece in file_bytes(node, rel):
                 summary.bytes += len(piece)
         except DataError as e:
             summary.failures.append(f"{rel}: {e}")

@@ -185,23 +185,26 @@ class ShardedStore:
             max(index_st.mtime_ns, data_st.mtime_ns),
         )
 
+    def shard_file(self, name: str) -> tuple[int, str] | None:
+        """(shard number, extension) if `name` is a shard file of this spec, else None."""
+        stem, dot, ext = name.rpartition(".")
+        if not dot or ext not in ("shard", "index", "data"):
+            return None
+        number = self.spec.parse_shard_name(stem)
+        return None if number is None else (number, ext)
+
+    def is_shard_file(self, name: str) -> bool:
+        return self.shard_file(name) is not None
+
     async def shard_numbers(self) -> AsyncIterator[int]:
         """Existing shards in ascending order, found by listing the directory."""
         numbers = set()
         async for name, st in self.source.list(self.dir_key):
-            if st.is_dir:
-                continue
-            stem, dot, ext = name.rpartition(".")
-            if dot and ext in ("shard", "index"):
-                number = self.spec.parse_shard_name(stem)
-                if number is not None:
-                    numbers.add(number)
+            parsed = None if st.is_dir else self.shard_file(name)
+            if parsed is not None and parsed[1] != "data":  # a .data alone is not a shard
+                numbers.add(parsed[0])
         for number in sorted(numbers):
             yield number
-
-    def is_shard_file(self, name: str) -> bool:
-        stem, dot, ext = name.rpartition(".")
-        return bool(dot) and ext in ("shard", "index", "data") and self.spec.parse_shard_name(stem) is not None
 
     # -- indexes ------------------------------------------------------------
 
