@@ -17,69 +17,30 @@ import numpy as np
 
 from ...errors import DataError
 from ...logonce import log_once
-from ...passthrough import HIDDEN, PassthroughDir
+from ...overlay import NOT_VIRTUAL, OverlayDir
 from ...sources.base import ByteSource, ObjectStat
-from ...vtree import CHILD_ID_BITS, BytesFile, DirNode, Entry, Node
+from ...vtree import CHILD_ID_BITS, BytesFile, Entry
 from .chunkfile import ChunkFile
 from .morton import MortonCoder
 from .shardfile import MinishardIndex, Shard, ShardedStore
 
 log = logging.getLogger(__name__)
 
-NOT_VIRTUAL = object()  # the name is not of this directory's computed form
 U64_MAX = (1 << 64) - 1
 
 
-class ShardedDir(DirNode):
+class ShardedDir(OverlayDir):
     """Common behaviour: rewritten `info`, hidden shard files, passthrough of the rest."""
 
-    __slots__ = ("source", "key", "store", "info", "stable_key", "rest")
+    __slots__ = ("store",)
 
     def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
                  info: BytesFile | None = None) -> None:
-        super().__init__(st.mtime_ns)
-        self.source = source
-        self.key = key
+        super().__init__(source, key, st, {} if info is None else {"info": info}, f"sharded:{key}")
         self.store = store
-        self.info = info
-        self.stable_key = f"sharded:{key}"
-        # Everything of the source directory that is not ours passes through.
-        self.rest = PassthroughDir(source, key, st, self._hide)
 
-    async def _hide(self, key: str, st: ObjectStat) -> object:
-        """Hide shard files, and source files shadowed by `info` or computed names."""
-        parent, _, name = key.rpartition("/")
-        if parent != self.key:
-            return None  # deeper levels pass through untouched
-        if (name == "info" and self.info is not None) or self.store.is_shard_file(name) or self.claims(name):
-            return HIDDEN
-        return None
-
-    async def virtual_lookup(self, name: str) -> object:
-        raise NotImplementedError
-
-    def virtual_entries(self) -> AsyncIterator[list[Entry]]:
-        raise NotImplementedError
-
-    def claims(self, name: str) -> bool:
-        """Whether `name` has the computed form; such source files are shadowed."""
-        raise NotImplementedError
-
-    async def lookup(self, name: str) -> Node | None:
-        if name == "info" and self.info is not None:
-            return self.info
-        node = await self.virtual_lookup(name)
-        if node is not NOT_VIRTUAL:
-            return node  # type: ignore[return-value]
-        return await self.rest.lookup(name)
-
-    async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
-        if self.info is not None:
-            yield [("info", self.info)]
-        async for batch in self.virtual_entries():
-            yield batch
-        async for batch in self.rest.entries():
-            yield batch
+    def hides(self, name: str) -> bool:
+        return self.store.is_shard_file(name)
 
     @property
     def gzipped(self) -> bool:

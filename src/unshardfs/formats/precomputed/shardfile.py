@@ -17,9 +17,10 @@ from typing import AsyncIterator
 import numpy as np
 
 from ...caches import Caches
-from ...errors import DataError, SourceError
+from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import ByteSource, join_key
+from ...sources.blob import Blob
 from .sharding import ShardingSpec
 
 log = logging.getLogger(__name__)
@@ -28,40 +29,11 @@ U64 = np.uint64
 
 
 @dataclass(frozen=True, slots=True)
-class Shard:
+class Shard(Blob):
     """One shard as it exists now: the current `.shard` file or an obsolete
     `.index` + `.data` pair, read as their concatenation."""
 
     number: int
-    parts: tuple[tuple[str, int, tuple], ...]  # (source key, size, version)
-    size: int
-    mtime_ns: int
-
-    @property
-    def version(self) -> tuple:
-        return tuple(version for _, _, version in self.parts)
-
-    @property
-    def label(self) -> str:
-        return "+".join(key for key, _, _ in self.parts)
-
-    async def read(self, source: ByteSource, offset: int, size: int) -> bytes:
-        """Bytes [offset, offset+size) of the logical shard, exactly, or DataError."""
-        out = []
-        base = 0
-        want_end = offset + size
-        for key, part_size, version in self.parts:
-            lo, hi = max(offset, base), min(want_end, base + part_size)
-            if lo < hi:
-                try:
-                    data = await source.read(key, lo - base, hi - lo, version)
-                except SourceError as e:
-                    raise DataError(self.label, str(e)) from e
-                if len(data) != hi - lo:
-                    raise DataError(self.label, f"short read at offset {lo}: file shrank while mounted?")
-                out.append(data)
-            base += part_size
-        return b"".join(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +142,7 @@ class ShardedStore:
         stem = join_key(self.dir_key, self.spec.shard_name(number))
         st = await self.source.stat(stem + ".shard")
         if st is not None and not st.is_dir:
-            return Shard(number, ((stem + ".shard", st.size, st.version),), st.size, st.mtime_ns)
+            return Shard(((stem + ".shard", st.size, st.version),), st.size, st.mtime_ns, number)
         index_st = await self.source.stat(stem + ".index")
         if index_st is None or index_st.is_dir:
             return None
@@ -179,10 +151,10 @@ class ShardedStore:
             log_once(log, f"nodata:{stem}", "%s.index exists without %s.data: shard treated as damaged", stem, stem)
             raise DataError(stem + ".index", "obsolete-layout shard has no .data file")
         return Shard(
-            number,
             ((stem + ".index", index_st.size, index_st.version), (stem + ".data", data_st.size, data_st.version)),
             index_st.size + data_st.size,
             max(index_st.mtime_ns, data_st.mtime_ns),
+            number,
         )
 
     def shard_file(self, name: str) -> tuple[int, str] | None:

@@ -1,0 +1,76 @@
+"""A source directory with computed children laid over it.
+
+Formats show a few fixed files (rewritten metadata), a family of computed
+names (chunk files) answered without listing, and everything else of the
+source directory unchanged, minus what the computed view replaces (shard
+files, the original metadata). Both the precomputed and the zarr formats
+build their special directories on this.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from .passthrough import HIDDEN, PassthroughDir
+from .sources.base import ByteSource, ObjectStat
+from .vtree import DirNode, Entry, Node
+
+NOT_VIRTUAL = object()  # the name is not of this directory's computed form
+
+
+class OverlayDir(DirNode):
+    __slots__ = ("source", "key", "fixed", "stable_key", "rest")
+
+    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node],
+                 stable_key: str) -> None:
+        super().__init__(st.mtime_ns)
+        self.source = source
+        self.key = key
+        self.fixed = fixed
+        self.stable_key = stable_key
+        self.rest = PassthroughDir(source, key, st, self._hide)
+
+    async def _hide(self, key: str, st: ObjectStat) -> object:
+        parent, _, name = key.rpartition("/")
+        if parent != self.key:
+            return None  # deeper levels pass through untouched
+        if name in self.fixed or self.claims(name) or self.hides(name):
+            return HIDDEN
+        return None
+
+    # -- what subclasses define ---------------------------------------------
+
+    def claims(self, name: str) -> bool:
+        """Whether `name` has the computed form; such source entries are shadowed."""
+        return False
+
+    def hides(self, name: str) -> bool:
+        """Source entries replaced by the computed view (shard files, old metadata)."""
+        return False
+
+    async def virtual_lookup(self, name: str) -> object:
+        """The computed child, None if absent, or NOT_VIRTUAL for other names."""
+        return NOT_VIRTUAL
+
+    async def virtual_entries(self) -> AsyncIterator[list[Entry]]:
+        return
+        yield
+
+    # -- the DirNode contract -------------------------------------------------
+
+    async def lookup(self, name: str) -> Node | None:
+        node = self.fixed.get(name)
+        if node is not None:
+            return node
+        found = await self.virtual_lookup(name)
+        if found is not NOT_VIRTUAL:
+            return found  # type: ignore[return-value]
+        return await self.rest.lookup(name)
+
+    async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
+        if self.fixed:
+            yield list(self.fixed.items())
+        async for batch in self.virtual_entries():
+            yield batch
+        async for batch in self.rest.entries():
+            yield batch

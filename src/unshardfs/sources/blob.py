@@ -1,0 +1,55 @@
+"""One stored object as it exists now, read with a check that it has not changed.
+
+Formats hold a `Blob` (from one `stat`) for as long as they use offsets taken
+from its index: every read carries the object's version, so an object
+replaced while mounted fails with `StaleError` instead of mixing an old index
+with new bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import DataError, SourceError
+from .base import ByteSource, ObjectStat
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """The logical concatenation of one or more objects (usually one)."""
+
+    parts: tuple[tuple[str, int, tuple], ...]  # (source key, size, version)
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, key: str, st: ObjectStat) -> "Blob":
+        return cls(((key, st.size, st.version),), st.size, st.mtime_ns)
+
+    @property
+    def version(self) -> tuple:
+        return tuple(version for _, _, version in self.parts)
+
+    @property
+    def label(self) -> str:
+        return "+".join(key for key, _, _ in self.parts)
+
+    async def read(self, source: ByteSource, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset+size) exactly, or DataError."""
+        out = []
+        base = 0
+        want_end = offset + size
+        for key, part_size, version in self.parts:
+            lo, hi = max(offset, base), min(want_end, base + part_size)
+            if lo < hi:
+                try:
+                    data = await source.read(key, lo - base, hi - lo, version)
+                except SourceError as e:
+                    raise DataError(self.label, str(e)) from e
+                if len(data) != hi - lo:
+                    raise DataError(self.label, f"short read at offset {lo}: file shrank while mounted?")
+                out.append(data)
+            base += part_size
+        if want_end > base:
+            raise DataError(self.label, f"range [{offset}, {want_end}) lies beyond the end ({base} bytes)")
+        return b"".join(out)
