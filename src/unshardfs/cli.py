@@ -22,6 +22,8 @@ examples:
   unshardfs mount -f --debug /data/ds /mnt/ds      # stay in the foreground, verbose
   unshardfs mount -o allow_other /data/ds /mnt/ds  # let other users read it
   unshardfs stats /mnt/fafb                        # cache use, backing reads, errors
+  unshardfs mount /data/em.zarr /mnt/em            # Zarr v3: every shard's inner chunks as files
+  unshardfs mount --view zarr2 /data/em.zarr /mnt/em2   # the same as Zarr v2, for v2-only readers
   unshardfs unmount /mnt/fafb
   unshardfs inspect /data/fafb-seg                 # shards, chunks, sizes (indexes only)
   unshardfs check /data/fafb-seg                   # verify every index and payload
@@ -29,10 +31,16 @@ examples:
 """
 
 
+def _view_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--view", choices=("zarr3", "zarr2"), default=None,
+                        help="Zarr stores: show unsharded Zarr v3 (default) or Zarr v2 for legacy readers")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="unshardfs",
-        description="Mount a sharded Neuroglancer precomputed dataset as its unsharded directory tree (read-only).",
+        description="Mount a sharded dataset (Neuroglancer precomputed, Zarr v3) as its unsharded directory tree "
+                    "(read-only).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -41,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("mount", help="mount SOURCE on MOUNTPOINT", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    m.add_argument("source", metavar="SOURCE", help="dataset directory, file:// URL, or precomputed:// URL")
+    m.add_argument("source", metavar="SOURCE",
+                   help="dataset directory or file:// URL, optionally prefixed precomputed://, zarr3:// or zarr://")
     m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached; log to stderr")
     m.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="OPT[,OPT...]",
@@ -58,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
                    help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
                         "compressed payloads fetched at lookup)")
+    _view_option(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     s = sub.add_parser("stats", help="print a mount's live statistics (JSON)",
@@ -79,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("source", metavar="SOURCE")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
+    _view_option(c)
 
     e = sub.add_parser("export", help="write SOURCE's unsharded tree to DEST (resumable)",
                        epilog="Files already complete in DEST (same size and mtime) are skipped, so a\n"
@@ -89,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("dest", metavar="DEST")
     e.add_argument("-j", "--jobs", type=int, default=4, help="concurrent file writes (default 4)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _view_option(e)
 
     u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
                        epilog="example:\n  unshardfs unmount /mnt/ds",
@@ -125,8 +137,8 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
             os.close(ready_fd)
             ready_fd = None
 
-    from .formats.precomputed import build_tree
-    from .sources import CountingSource, open_source
+    from .formats import open_tree, resolve
+    from .sources import CountingSource
 
     chunk_bytes = args.chunk_cache * MiB
     caches = Caches(CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, chunk_bytes,
@@ -134,8 +146,9 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
     counted: list[CountingSource] = []
 
     async def build():
-        counted.append(CountingSource(open_source(args.source)))
-        return await build_tree(counted[0], caches)
+        source, options = resolve(args.source, args.view)
+        counted.append(CountingSource(source))
+        return (await open_tree(counted[0], caches, options))[1]
 
     def stats() -> dict:
         return {"source": counted[0].counters.as_dict() if counted else {}, "caches": caches.usage()}

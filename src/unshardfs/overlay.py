@@ -28,15 +28,15 @@ class OverlayDir(DirNode):
         self.key = key
         self.fixed = fixed
         self.stable_key = stable_key
-        self.rest = PassthroughDir(source, key, st, self._hide)
+        self.rest = PassthroughDir(source, key, st, self._override)
 
-    async def _hide(self, key: str, st: ObjectStat) -> object:
+    async def _override(self, key: str, st: ObjectStat) -> object:
         parent, _, name = key.rpartition("/")
         if parent != self.key:
             return None  # deeper levels pass through untouched
         if name in self.fixed or self.claims(name) or self.hides(name):
             return HIDDEN
-        return None
+        return await self.source_child(key, st)
 
     # -- what subclasses define ---------------------------------------------
 
@@ -47,6 +47,10 @@ class OverlayDir(DirNode):
     def hides(self, name: str) -> bool:
         """Source entries replaced by the computed view (shard files, old metadata)."""
         return False
+
+    async def source_child(self, key: str, st: ObjectStat) -> object:
+        """What to show for a remaining source entry: a node, HIDDEN, or None (as it is)."""
+        return None
 
     async def virtual_lookup(self, name: str) -> object:
         """The computed child, None if absent, or NOT_VIRTUAL for other names."""

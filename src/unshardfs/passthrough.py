@@ -9,7 +9,7 @@ passes through unchanged.
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Callable, Awaitable
+from typing import AsyncIterator, Awaitable, Callable
 
 from .errors import DataError, SourceError
 from .sources.base import ByteSource, ObjectStat, join_key

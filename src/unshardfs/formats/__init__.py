@@ -1,1 +1,67 @@
-"""Formats turn a byte source into a virtual tree."""
+"""Formats turn a byte source into a virtual tree; `open_tree` picks the format.
+
+The format is the one a URL prefix names (`precomputed://`, `zarr3://`,
+`zarr://`, as Neuroglancer writes them), else the one whose root metadata
+file exists: `zarr.json` for Zarr v3, `info` for precomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..caches import Caches
+from ..errors import ConfigError
+from ..sources.base import ByteSource
+from ..vtree import DirNode
+
+PREFIXES = {"precomputed://": "precomputed", "zarr3://": "zarr", "zarr://": "zarr"}
+FORMATS = ("precomputed", "zarr")
+
+
+def split_format(url: str) -> tuple[str | None, str]:
+    """(format named by a URL prefix or None, the rest of the URL)."""
+    for prefix, name in PREFIXES.items():
+        if url.startswith(prefix):
+            return name, url[len(prefix):]
+    return None, url
+
+
+@dataclass
+class FormatOptions:
+    format: str | None = None  # None: detect
+    view: str | None = None  # zarr only: "zarr3" (default) or "zarr2"
+
+
+async def detect(source: ByteSource) -> str:
+    for key, name in (("zarr.json", "zarr"), ("info", "precomputed")):
+        st = await source.stat(key)
+        if st is not None and not st.is_dir:
+            return name
+    raise ConfigError(f"{source.description} has neither an info file (precomputed) nor a zarr.json (Zarr v3)")
+
+
+async def open_tree(source: ByteSource, caches: Caches, options: FormatOptions | None = None
+                    ) -> tuple[object, DirNode]:
+    """(the format's dataset object, for `inspect`; the root of its virtual tree)."""
+    options = options or FormatOptions()
+    name = options.format or await detect(source)
+    if options.view not in (None, "zarr3") and name != "zarr":
+        raise ConfigError(f"--view {options.view} applies to Zarr stores only; this is {name}")
+    if name == "zarr":
+        from .zarr import ZarrHierarchy
+
+        hierarchy = ZarrHierarchy(source, caches, options.view or "zarr3")
+        return hierarchy, await hierarchy.build()
+    if name == "precomputed":
+        from .precomputed import open_dataset
+
+        return await open_dataset(source, caches)
+    raise ConfigError(f"unknown format {name!r} (choose from {', '.join(FORMATS)})")
+
+
+def resolve(url: str, view: str | None = None) -> tuple[ByteSource, FormatOptions]:
+    """The byte source and format options a user-given SOURCE stands for."""
+    from ..sources import open_source
+
+    name, rest = split_format(url)
+    return open_source(rest), FormatOptions(name, view)

@@ -12,12 +12,9 @@ __all__ = ["ByteSource", "CountingSource", "ObjectStat", "LocalSource", "SourceC
 
 
 def open_source(url: str) -> ByteSource:
-    """Resolve a user-given SOURCE (path, file:// URL, precomputed:// prefix)."""
+    """Resolve a user-given SOURCE (path or file:// URL; format prefixes already split off)."""
     from ..errors import ConfigError
 
-    for prefix in ("precomputed://",):
-        if url.startswith(prefix):
-            url = url[len(prefix):]
     if url.startswith("file://"):
         url = url[len("file://"):]
     elif "://" in url:

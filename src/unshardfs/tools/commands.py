@@ -14,9 +14,11 @@ import trio
 from tqdm import tqdm
 
 from ..caches import Caches
-from ..formats.precomputed import open_dataset
+from ..errors import ConfigError
+from ..formats import open_tree, resolve
+from ..formats.precomputed import PrecomputedDataset
 from ..logonce import collect_problems
-from ..sources import CountingSource, open_source
+from ..sources import CountingSource
 from .inspect import format_report, inspect_part
 from .walk import WalkSummary, check, export
 
@@ -37,7 +39,10 @@ def _progress(bar: tqdm):
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    dataset, _tree = await open_dataset(open_source(args.source), Caches())
+    source, options = resolve(args.source)
+    dataset, _tree = await open_tree(source, Caches(), options)
+    if not isinstance(dataset, PrecomputedDataset):
+        raise ConfigError("inspect supports precomputed datasets only so far (use check or export for Zarr)")
     reports = []
     with _bar(args, "chunk") as bar:
         for part in dataset.sharded:
@@ -47,10 +52,12 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _check_part(source_url: str, part: int, parts: int, quiet: bool) -> tuple[list[str], WalkSummary, int]:
+async def _check_part(source_url: str, view: str | None, part: int, parts: int, quiet: bool
+                      ) -> tuple[list[str], WalkSummary, int]:
     """Check the files whose path hashes to `part` (all of them when parts == 1)."""
-    source = CountingSource(open_source(source_url))
-    _dataset, tree = await open_dataset(source, Caches())
+    raw, options = resolve(source_url, view)
+    source = CountingSource(raw)
+    _dataset, tree = await open_tree(source, Caches(), options)
 
     def mine(rel: str) -> bool:
         return zlib.crc32(rel.encode()) % parts == part
@@ -61,8 +68,8 @@ async def _check_part(source_url: str, part: int, parts: int, quiet: bool) -> tu
     return problems, summary, source.counters.reads
 
 
-def _check_worker(job: tuple[str, int, int]) -> tuple[list[str], WalkSummary, int]:
-    return trio.run(_check_part, job[0], job[1], job[2], True)
+def _check_worker(job: tuple[str, str | None, int, int]) -> tuple[list[str], WalkSummary, int]:
+    return trio.run(_check_part, *job, True)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -72,9 +79,9 @@ def _check(args: argparse.Namespace) -> int:
         # splits the files (not the indexes, which every worker reads) over
         # processes, each with its own tree and caches.
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            results = pool.map(_check_worker, [(args.source, i, args.jobs) for i in range(args.jobs)])
+            results = pool.map(_check_worker, [(args.source, args.view, i, args.jobs) for i in range(args.jobs)])
     else:
-        results = [trio.run(_check_part, args.source, 0, 1, args.quiet)]
+        results = [trio.run(_check_part, args.source, args.view, 0, 1, args.quiet)]
     problems = list(dict.fromkeys(line for found, _, _ in results for line in found))
     failures = [f for _, summary, _ in results for f in summary.failures]
     for line in problems:
@@ -93,7 +100,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    _dataset, tree = await open_dataset(open_source(args.source), Caches())
+    source, options = resolve(args.source, args.view)
+    _dataset, tree = await open_tree(source, Caches(), options)
     with collect_problems() as problems, _bar(args, "file") as bar:
         summary = await export(tree, Path(args.dest), args.jobs, _progress(bar))
     for line in problems + summary.failures:

@@ -8,16 +8,16 @@ the mount goes live and never surfaces later as a puzzling I/O error.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from dataclasses import dataclass
 from typing import Callable
 
 from ...caches import Caches
-from ...errors import ConfigError, SourceError
+from ...errors import ConfigError
 from ...passthrough import PassthroughDir
 from ...sources.base import ByteSource, ObjectStat, join_key, normalize_key
 from ...vtree import BytesFile, DirNode, Node
+from ..jsonfile import encode_json, read_json
 from .dirs import MultiLodMeshDir, SkeletonDir, VolumeScaleDir
 from .shardfile import ShardedStore
 from .sharding import ShardingSpec
@@ -36,24 +36,6 @@ class ShardedPart:
     key: str
     store: ShardedStore
     details: dict
-
-
-async def read_json(source: ByteSource, key: str) -> tuple[object, ObjectStat] | None:
-    st = await source.stat(key)
-    if st is None or st.is_dir:
-        return None
-    try:
-        raw = await source.read(key, 0, st.size)
-    except SourceError as e:
-        raise ConfigError(f"cannot read {key}: {e}") from e
-    try:
-        return json.loads(raw), st
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{key} is not valid JSON: {e}") from e
-
-
-def encode_json(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _vec3(obj: dict, name: str, where: str, default: list | None = None, positive: bool = False) -> tuple[int, int, int]:

@@ -1,0 +1,5 @@
+"""Zarr v3 stores whose arrays use the `sharding_indexed` codec, shown unsharded (v3 or v2)."""
+
+from .hierarchy import VIEWS, ZarrHierarchy
+
+__all__ = ["VIEWS", "ZarrHierarchy"]

@@ -1,0 +1,167 @@
+"""A Zarr v3 hierarchy under one of the two views, resolved lazily.
+
+Only the root's `zarr.json` is read at mount time (and must be valid);
+every other directory becomes an array or group node the first time it is
+looked up, from its own `zarr.json`. That keeps mounting a store with
+thousands of arrays instant, and needs no listing of the store.
+
+A child array whose metadata cannot be shown in the chosen view is logged
+once with the reason: the v3 view then shows it unchanged (still a valid,
+sharded array), the v2 view leaves it out.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+from ...caches import Caches
+from ...errors import ConfigError
+from ...logonce import log_once
+from ...passthrough import HIDDEN, PassthroughDir
+from ...sources.base import ByteSource, ObjectStat, join_key
+from ...vtree import BytesFile, DirNode, Node
+from ..jsonfile import encode_json, read_json
+from .chunks import ArrayChunks
+from .keys import KeyLayout
+from .metadata import ArrayMeta, node_type
+from .sharding import Unsharded, Unsupported, unshard
+from .tree import ArrayDir, ChunkView, GroupDir
+from .v2 import array_v2, attrs_v2
+
+log = logging.getLogger(__name__)
+
+VIEWS = ("zarr3", "zarr2")
+
+
+def _json_file(obj: object, mtime_ns: int) -> BytesFile:
+    return BytesFile(encode_json(obj, indent=2), mtime_ns)
+
+
+class ZarrHierarchy:
+    def __init__(self, source: ByteSource, caches: Caches, view: str = "zarr3") -> None:
+        if view not in VIEWS:
+            raise ConfigError(f"unknown view {view!r} (choose from {', '.join(VIEWS)})")
+        self.source = source
+        self.caches = caches
+        self.view = view
+        # What `inspect` reports: (key, ArrayChunks) of the sharded arrays resolved so far.
+        self.sharded: list[tuple[str, ArrayChunks]] = []
+
+    async def build(self) -> DirNode:
+        root_st = await self.source.stat("")
+        assert root_st is not None
+        node = await self.resolve("", root_st, strict=True)
+        if node is None:
+            return PassthroughDir(self.source, "", root_st)
+        assert isinstance(node, DirNode)
+        return node
+
+    async def resolve(self, key: str, st: ObjectStat, strict: bool = False) -> object:
+        """The node for directory `key`: a zarr node, None (plain directory), or HIDDEN."""
+        meta_key = join_key(key, "zarr.json")
+        try:
+            loaded = await read_json(self.source, meta_key)
+            if loaded is None:
+                if strict:
+                    raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
+                return None
+            raw, meta_st = loaded
+            if node_type(raw, meta_key) == "group":
+                return self._group(key, st, raw, meta_st)  # type: ignore[arg-type]
+            return self._array(key, st, raw, meta_st)  # type: ignore[arg-type]
+        except ConfigError as e:
+            if strict:
+                raise
+            shown = "shown unchanged" if self.view == "zarr3" else "left out of the zarr2 view"
+            log_once(log, f"zarr:{meta_key}", "%s: %s", shown, e)
+            return None if self.view == "zarr3" else HIDDEN
+
+    # -- arrays ---------------------------------------------------------------
+
+    def _array(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node | None:
+        where = join_key(key, "zarr.json")
+        meta = ArrayMeta.from_json(raw, where)
+        try:
+            flat = unshard(meta, where)
+        except Unsupported as e:
+            if self.view == "zarr2":
+                raise
+            log_once(log, f"zarr:{where}", "shown unchanged: %s", e)
+            return None
+        chunks = ArrayChunks(self.source, key, meta, flat, self.caches)
+        if flat.levels:
+            self.sharded.append((key, chunks))
+        if self.view == "zarr3":
+            if not flat.levels:
+                return None  # an unsharded array is already what we would show
+            view = ChunkView(self.source, chunks, chunks.source_keys, False, self.caches, f"zarr3:{key}",
+                             st.mtime_ns)
+            fixed = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs), meta_st.mtime_ns)}
+            return ArrayDir(self.source, key, st, fixed, view)
+        zarray, zattrs, checksum = array_v2(meta, flat, meta.key_encoding.separator, where)
+        view = ChunkView(self.source, chunks, KeyLayout(None, meta.key_encoding.separator, meta.ndim), checksum,
+                         self.caches, f"zarr2:{key}", st.mtime_ns)
+        fixed = {".zarray": _json_file(zarray, meta_st.mtime_ns)}
+        if zattrs:
+            fixed[".zattrs"] = _json_file(zattrs, meta_st.mtime_ns)
+        return ArrayDir(self.source, key, st, fixed, view, frozenset({"zarr.json", ".zattrs", ".zarray"}))
+
+    # -- groups ---------------------------------------------------------------
+
+    def _group(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node:
+        consolidated = raw.get("consolidated_metadata")
+        entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+        if not isinstance(entries, dict):
+            entries = None
+        fixed: dict[str, Node] = {}
+        if self.view == "zarr3":
+            if entries is not None:
+                shown = copy.deepcopy(raw)
+                shown["consolidated_metadata"]["metadata"] = {
+                    path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
+                fixed["zarr.json"] = _json_file(shown, meta_st.mtime_ns)
+            return GroupDir(self.source, key, st, fixed, self.resolve)
+        fixed[".zgroup"] = _json_file({"zarr_format": 2}, meta_st.mtime_ns)
+        attrs = attrs_v2(raw)
+        if attrs:
+            fixed[".zattrs"] = _json_file(attrs, meta_st.mtime_ns)
+        if entries is not None:
+            fixed[".zmetadata"] = _json_file(self._zmetadata(key, raw, entries), meta_st.mtime_ns)
+        return GroupDir(self.source, key, st, fixed, self.resolve,
+                        frozenset({"zarr.json", ".zgroup", ".zattrs", ".zmetadata"}))
+
+    def _consolidated_v3(self, key: str, node: object) -> object:
+        """A consolidated entry, rewritten like the array's own zarr.json would be."""
+        if not isinstance(node, dict) or node.get("node_type") != "array":
+            return node
+        try:
+            meta = ArrayMeta.from_json(node, f"consolidated metadata of {key}")
+            flat: Unsharded = unshard(meta, f"consolidated metadata of {key}")
+        except ConfigError:
+            return node  # logged when the array itself is looked up
+        return meta.rewritten(flat.chunk_shape, flat.codecs) if flat.levels else node
+
+    def _zmetadata(self, key: str, raw: dict, entries: dict) -> dict:
+        out: dict[str, object] = {".zgroup": {"zarr_format": 2}}
+        attrs = attrs_v2(raw)
+        if attrs:
+            out[".zattrs"] = attrs
+        for path, node in sorted(entries.items()):
+            if not isinstance(node, dict):
+                continue
+            attrs = attrs_v2(node)
+            if node.get("node_type") == "group":
+                out[f"{path}/.zgroup"] = {"zarr_format": 2}
+            else:
+                where = f"consolidated metadata of {join_key(key, path)}"
+                try:
+                    meta = ArrayMeta.from_json(node, where)
+                    zarray, attrs, _ = array_v2(meta, unshard(meta, where), meta.key_encoding.separator, where)
+                except ConfigError as e:
+                    log_once(log, f"zmeta:{where}", "left out of .zmetadata: %s", e)
+                    continue
+                out[f"{path}/.zarray"] = zarray
+            if attrs:
+                out[f"{path}/.zattrs"] = attrs
+        return {"zarr_consolidated_format": 1, "metadata": out}

@@ -1,0 +1,126 @@
+"""Zarr v2 metadata for the `--view zarr2` view, derived from v3 metadata.
+
+Only arrays whose (unsharded) codec chain has an exact v2 equivalent are
+shown: the chunk bytes are served unchanged (apart from a trailing crc32c,
+verified and cut off), so the v2 metadata must describe exactly the same
+encoding. Anything else raises `Unsupported` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from .metadata import ArrayMeta, codec_config, codec_name
+from .sharding import Unsharded, Unsupported, transpose_order
+
+# v3 data type -> (numpy kind + itemsize); endianness comes from the bytes codec.
+DTYPES = {
+    "bool": "b1", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
+    "float16": "f2", "float32": "f4", "float64": "f8", "complex64": "c8", "complex128": "c16",
+}
+BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def _float_fill(value: object, size: int, where: str) -> object:
+    if isinstance(value, str) and value.startswith("0x"):
+        fmt = {2: "<e", 4: "<f", 8: "<d"}[size]
+        value = struct.unpack(fmt, int(value, 16).to_bytes(size, "little"))[0]
+    if isinstance(value, str):
+        if value in ("NaN", "Infinity", "-Infinity"):
+            return value
+        raise Unsupported(f"{where}: fill_value {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    raise Unsupported(f"{where}: fill_value {value!r}")
+
+
+def fill_value(data_type: str, value: object, where: str) -> object:
+    kind, size = DTYPES[data_type][0], int(DTYPES[data_type][1:])
+    if kind == "b":
+        return bool(value)
+    if kind in "iu":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise Unsupported(f"{where}: fill_value {value!r} for {data_type}")
+        return value
+    if kind == "f":
+        return _float_fill(value, size, where)
+    if not isinstance(value, list) or len(value) != 2:
+        raise Unsupported(f"{where}: complex fill_value {value!r}")
+    return [_float_fill(v, size // 2, where) for v in value]
+
+
+def _compressor(codec: object, where: str) -> dict:
+    name, config = codec_name(codec), codec_config(codec)
+    if name == "gzip":
+        return {"id": "gzip", "level": config.get("level", 5)}
+    if name == "zstd":
+        return {"id": "zstd", "level": config.get("level", 0), "checksum": bool(config.get("checksum", False))}
+    if name == "blosc":
+        shuffle = config.get("shuffle", "noshuffle")
+        if shuffle not in BLOSC_SHUFFLE:
+            raise Unsupported(f"{where}: blosc shuffle {shuffle!r}")
+        return {"id": "blosc", "cname": config.get("cname", "lz4"), "clevel": config.get("clevel", 5),
+                "shuffle": BLOSC_SHUFFLE[shuffle], "blocksize": config.get("blocksize", 0)}
+    if name.startswith("numcodecs."):
+        return {"id": name.removeprefix("numcodecs."), **config}
+    raise Unsupported(f"{where}: codec {name!r} has no v2 equivalent")
+
+
+def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tuple[dict, dict, bool]:
+    """(.zarray, .zattrs, whether chunks end in a crc32c to verify and cut off)."""
+    data_type = meta.data_type
+    if not isinstance(data_type, str) or data_type not in DTYPES:
+        raise Unsupported(f"{where}: data type {data_type!r} has no v2 equivalent here")
+    ndim = meta.ndim
+    order = tuple(range(ndim))
+    codecs = list(flat.codecs)
+    names = [codec_name(c) for c in codecs]
+    while names and names[0] == "transpose":
+        step = transpose_order(codecs[0], ndim)
+        order = tuple(order[o] for o in step)
+        codecs, names = codecs[1:], names[1:]
+    if order == tuple(range(ndim)):
+        memory_order = "C"
+    elif order == tuple(reversed(range(ndim))):
+        memory_order = "F"
+    else:
+        raise Unsupported(f"{where}: transpose order {list(order)} is neither C nor F order")
+    if not names or names[0] != "bytes":
+        raise Unsupported(f"{where}: codec chain {names} has no v2 equivalent (needs transpose?, bytes, ...)")
+    endian = codec_config(codecs[0]).get("endian", "little")
+    size = DTYPES[data_type][1:]
+    byte_order = "|" if size in ("1",) else ("<" if endian == "little" else ">")
+    codecs, names = codecs[1:], names[1:]
+    checksum = bool(names) and names[-1] == "crc32c"
+    if checksum:
+        codecs, names = codecs[:-1], names[:-1]
+    if len(codecs) > 1:
+        raise Unsupported(f"{where}: codecs {names} would need more than one v2 compressor")
+    compressor = _compressor(codecs[0], where) if codecs else None
+    zarray = {
+        "zarr_format": 2,
+        "shape": list(meta.shape),
+        "chunks": list(flat.chunk_shape),
+        "dtype": byte_order + DTYPES[data_type],
+        "compressor": compressor,
+        "fill_value": fill_value(data_type, meta.raw.get("fill_value"), where),
+        "order": memory_order,
+        "filters": None,
+        "dimension_separator": separator,
+    }
+    return zarray, attrs_v2(meta.raw), checksum
+
+
+def attrs_v2(raw: dict) -> dict:
+    """v3 attributes, plus xarray's `_ARRAY_DIMENSIONS` from `dimension_names`."""
+    attrs = dict(raw.get("attributes") or {})
+    names = raw.get("dimension_names")
+    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+        attrs.setdefault("_ARRAY_DIMENSIONS", names)
+    return attrs
