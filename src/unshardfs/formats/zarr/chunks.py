@@ -95,7 +95,7 @@ class ArrayChunks:
 
     async def table(self, blob: Blob, depth: int, base: int, length: int) -> IndexTable:
         level = self.levels[depth]
-        cache_key = (blob.label, blob.version, base)
+        cache_key = (blob.label, blob.version, depth, base, length)
         cached = self.caches.shard_index.get(cache_key)
         if cached is not None:
             return cached

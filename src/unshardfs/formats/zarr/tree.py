@@ -148,7 +148,8 @@ class ArrayDir(OverlayDir):
         return self.view.layout.claims(name)
 
     def hides(self, name: str) -> bool:
-        return name in self.hidden
+        # The source's own chunk (shard) keys are replaced by the view's.
+        return name in self.hidden or self.view.chunks.source_keys.claims(name)
 
     async def virtual_lookup(self, name: str) -> object:
         layout = self.view.layout
