@@ -70,8 +70,9 @@ def test_source_and_mountpoint_errors(dataset, tmp_path, mount):
     assert_clean_error(run_cli("mount", str(tmp_path / "nope"), str(mnt)), "does not exist")
     no_info = tmp_path / "noinfo"
     no_info.mkdir()
-    assert_clean_error(run_cli("mount", str(no_info), str(mnt)), "no info file")
+    assert_clean_error(run_cli("mount", str(no_info), str(mnt)), "neither an info file")
     assert_clean_error(run_cli("mount", str(dataset), str(tmp_path / "missing")), "does not exist")
+    assert_clean_error(run_cli("mount", "--view", "zarr2", str(dataset), str(mnt)), "applies to Zarr stores only")
     assert_clean_error(run_cli("mount", "s3://bucket/x", str(mnt)), "unsupported source")
     full = tmp_path / "full"
     full.mkdir()

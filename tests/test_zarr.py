@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,3 +210,13 @@ def test_nested_lookup_without_listing(store, mount):
     assert not (m.path / "zarr_u16_gzip/c/05/3").exists()  # not a canonical key
     assert not (m.path / "zarr_u16_gzip/c/5/10").exists()
     assert os.getxattr(m.path / "zarr_u16_gzip/c/5/3", "user.unshardfs.source") == b"zarr_u16_gzip/c/1/0"
+
+
+def test_export_writes_the_unsharded_store(store, tmp_path):
+    from conftest import run_cli
+
+    root, _ = store
+    result = run_cli("export", "-q", str(root / "sharded"), str(tmp_path / "out"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    json_files = tuple(rel for rel in walk_files(root / "plain") if rel.endswith("zarr.json"))
+    assert assert_same_tree(tmp_path / "out", root / "plain", json_files, ignore_gzip_mtime=True) > 200
