@@ -220,3 +220,23 @@ def test_export_writes_the_unsharded_store(store, tmp_path):
     assert result.returncode == 0, result.stderr
     json_files = tuple(rel for rel in walk_files(root / "plain") if rel.endswith("zarr.json"))
     assert assert_same_tree(tmp_path / "out", root / "plain", json_files, ignore_gzip_mtime=True) > 200
+
+
+def test_backing_reads_per_chunk(store, mount):
+    """Reading a shard's chunks costs one index read, then exactly one backing read per chunk."""
+    root, _ = store
+    m = mount(root / "sharded")
+
+    def reads() -> int:
+        return json.loads(os.getxattr(m.path, "user.unshardfs.stats"))["source"]["reads"]
+
+    arr = m.path / "zarr_u16_gzip"
+    (arr / "zarr.json").read_bytes()
+    names = [f"c/{i}/{j}" for i in range(4, 8) for j in range(0, 4)]  # the 16 inner chunks of shard c/1/0
+    before = reads()
+    (arr / names[0]).read_bytes()
+    assert reads() - before == 2  # the shard index, then the chunk
+    before = reads()
+    for name in names[1:]:
+        (arr / name).read_bytes()
+    assert reads() - before == len(names) - 1
