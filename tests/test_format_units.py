@@ -176,7 +176,7 @@ def _scale_dir(size, chunk, offset):
     from unshardfs.sources.base import ObjectStat
 
     store = ShardedStore(None, "s", spec(), Caches())  # type: ignore[arg-type]
-    return VolumeScaleDir(None, "s", ObjectStat(0, 0, True), store, size, chunk, offset)  # type: ignore[arg-type]
+    return VolumeScaleDir(None, "s", ObjectStat(0, 0, True), store, size, chunk, offset).grid  # type: ignore[arg-type]
 
 
 def test_chunk_names_offsets_and_clipping():
@@ -196,4 +196,4 @@ def test_chunk_names_offsets_and_clipping():
     # names and ids round-trip through the Morton code used for inode numbers
     for cell in [(0, 0, 0), (6, 4, 2), (3, 1, 2)]:
         name = d.chunk_name(cell)
-        assert d.child_name(d.coder.encode(cell)) == name
+        assert d.name_of_code(d.coder.encode(cell)) == name

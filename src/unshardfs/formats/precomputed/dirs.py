@@ -9,7 +9,6 @@ nothing the dataset's owner put there disappears.
 from __future__ import annotations
 
 import logging
-import re
 import struct
 from typing import AsyncIterator
 
@@ -21,7 +20,7 @@ from ...overlay import NOT_VIRTUAL, OverlayDir
 from ...sources.base import ByteSource, ObjectStat
 from ...vtree import CHILD_ID_BITS, BytesFile, Entry
 from .chunkfile import ChunkFile
-from .morton import MortonCoder
+from .grid import ChunkGrid
 from .shardfile import MinishardIndex, Shard, ShardedStore
 
 log = logging.getLogger(__name__)
@@ -92,83 +91,39 @@ class ShardedDir(OverlayDir):
                 yield batch
 
 
-_NAME_FORMAT = "%d-%d_%d-%d_%d-%d"
-_CHUNK_NAME = re.compile(r"^(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)$")
-
-
 class VolumeScaleDir(ShardedDir):
     """A sharded scale: one file per existing chunk, named by its voxel bounds."""
 
-    __slots__ = ("coder", "size", "chunk_size", "voxel_offset", "_chunk_arr", "_size_arr", "_offset_arr")
+    __slots__ = ("grid",)
 
     def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
                  size: tuple[int, int, int], chunk_size: tuple[int, int, int],
                  voxel_offset: tuple[int, int, int]) -> None:
         super().__init__(source, key, st, store)
-        self.size = size
-        self.chunk_size = chunk_size
-        self.voxel_offset = voxel_offset
-        grid = tuple(-(-s // c) for s, c in zip(size, chunk_size))
-        self.coder = MortonCoder(grid)  # type: ignore[arg-type]
-        self._chunk_arr = np.array(chunk_size, dtype=np.int64)
-        self._size_arr = np.array(size, dtype=np.int64)
-        self._offset_arr = np.array(voxel_offset, dtype=np.int64)
-
-    def chunk_name(self, cell: tuple[int, int, int]) -> str:
-        parts = []
-        for d in range(3):
-            begin = cell[d] * self.chunk_size[d]
-            end = min(begin + self.chunk_size[d], self.size[d])
-            parts.append(f"{begin + self.voxel_offset[d]}-{end + self.voxel_offset[d]}")
-        return "_".join(parts)
+        self.grid = ChunkGrid(size, chunk_size, voxel_offset)
 
     def claims(self, name: str) -> bool:
-        return _CHUNK_NAME.match(name) is not None
+        return ChunkGrid.claims(name)
 
     def child_name(self, ident: int) -> str:
-        cells, valid = self.coder.decode_array(np.array([ident], dtype=np.uint64))
-        if not valid[0]:
-            raise KeyError(ident)
-        x, y, z = cells[0].tolist()
-        return self.chunk_name((x, y, z))
-
-    def parse_chunk_name(self, name: str) -> tuple[int, int, int] | None:
-        """Grid cell of a canonical chunk name inside the volume, else None."""
-        m = _CHUNK_NAME.match(name)
-        if m is None:
-            return None
-        cell = []
-        for d in range(3):
-            begin = int(m.group(2 * d + 1)) - self.voxel_offset[d]
-            if begin < 0 or begin % self.chunk_size[d]:
-                return None
-            g = begin // self.chunk_size[d]
-            if g >= self.coder.grid_shape[d]:
-                return None
-            cell.append(g)
-        cell_t = (cell[0], cell[1], cell[2])
-        # Only the exact spelling an unsharded writer uses names a chunk
-        # (no leading zeros, '+', or wrong clipped end).
-        return cell_t if self.chunk_name(cell_t) == name else None
+        return self.grid.name_of_code(ident)
 
     async def virtual_lookup(self, name: str) -> object:
         if not self.claims(name):
             return NOT_VIRTUAL
-        cell = self.parse_chunk_name(name)
+        cell = self.grid.parse_chunk_name(name)
         if cell is None:
             return None
-        return await self._chunk(self.coder.encode(cell))
+        return await self._chunk(self.grid.coder.encode(cell))
 
     def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
-        cells, valid = self.coder.decode_array(mini.ids)
-        if not valid.all():
-            log_once(log, f"grid:{shard.label}", "%s: %d chunk ids lie outside the volume grid; not listed",
-                     shard.label, int((~valid).sum()))
-        begins = cells * self._chunk_arr
-        ends = np.minimum(begins + self._chunk_arr, self._size_arr) + self._offset_arr
-        begins += self._offset_arr
-        bounds = np.stack([begins[:, 0], ends[:, 0], begins[:, 1], ends[:, 1], begins[:, 2], ends[:, 2]], axis=1)
-        return [_NAME_FORMAT % tuple(b) if ok else None for b, ok in zip(bounds.tolist(), valid.tolist())]
+        cells, valid = self.grid.coder.decode_array(mini.ids)
+        if valid.all():
+            return self.grid.names(cells)  # type: ignore[return-value]
+        log_once(log, f"grid:{shard.label}", "%s: %d chunk ids lie outside the volume grid; not listed",
+                 shard.label, int((~valid).sum()))
+        names = iter(self.grid.names(cells[valid]))
+        return [next(names) if ok else None for ok in valid.tolist()]
 
     def virtual_entries(self) -> AsyncIterator[list[Entry]]:
         return self._listed_chunks()  # type: ignore[return-value]

@@ -1,0 +1,86 @@
+"""The chunk grid of one volume scale and its unsharded chunk file names.
+
+`<x0>-<x1>_<y0>-<y1>_<z0>-<z1>` in voxels, voxel offset applied, clipped at
+the volume edge: the names an unsharded precomputed writer uses. Any format
+that shows a volume as unsharded precomputed (sharded scales, DVID exports)
+names and parses its chunk files here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .morton import MortonCoder
+
+_NAME_FORMAT = "%d-%d_%d-%d_%d-%d"
+_CHUNK_NAME = re.compile(r"^(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)$")
+
+Cell = tuple[int, int, int]
+
+
+class ChunkGrid:
+    __slots__ = ("size", "chunk_size", "voxel_offset", "shape", "coder", "_chunk", "_size", "_offset")
+
+    def __init__(self, size: Cell, chunk_size: Cell, voxel_offset: Cell) -> None:
+        self.size = size
+        self.chunk_size = chunk_size
+        self.voxel_offset = voxel_offset
+        self.shape: Cell = tuple(-(-s // c) for s, c in zip(size, chunk_size))  # type: ignore[assignment]
+        self.coder = MortonCoder(self.shape)
+        self._chunk = np.array(chunk_size, dtype=np.int64)
+        self._size = np.array(size, dtype=np.int64)
+        self._offset = np.array(voxel_offset, dtype=np.int64)
+
+    def extent(self, cell: Cell) -> Cell:
+        """The chunk's voxel counts per axis (smaller at the volume edge)."""
+        return tuple(min(c, s - g * c) for g, c, s in zip(cell, self.chunk_size, self.size))  # type: ignore[return-value]
+
+    def chunk_name(self, cell: Cell) -> str:
+        parts = []
+        for d in range(3):
+            begin = cell[d] * self.chunk_size[d]
+            end = min(begin + self.chunk_size[d], self.size[d])
+            parts.append(f"{begin + self.voxel_offset[d]}-{end + self.voxel_offset[d]}")
+        return "_".join(parts)
+
+    def names(self, cells: np.ndarray) -> list[str]:
+        """Names of an (n, 3) array of in-grid cells."""
+        begins = cells * self._chunk
+        ends = np.minimum(begins + self._chunk, self._size) + self._offset
+        begins += self._offset
+        bounds = np.stack([begins[:, 0], ends[:, 0], begins[:, 1], ends[:, 1], begins[:, 2], ends[:, 2]], axis=1)
+        return [_NAME_FORMAT % tuple(b) for b in bounds.tolist()]
+
+    @staticmethod
+    def claims(name: str) -> bool:
+        """Whether `name` looks like a chunk name at all."""
+        return _CHUNK_NAME.match(name) is not None
+
+    def parse_chunk_name(self, name: str) -> Cell | None:
+        """Grid cell of a canonical chunk name inside the volume, else None."""
+        m = _CHUNK_NAME.match(name)
+        if m is None:
+            return None
+        cell = []
+        for d in range(3):
+            begin = int(m.group(2 * d + 1)) - self.voxel_offset[d]
+            if begin < 0 or begin % self.chunk_size[d]:
+                return None
+            g = begin // self.chunk_size[d]
+            if g >= self.shape[d]:
+                return None
+            cell.append(g)
+        cell_t = (cell[0], cell[1], cell[2])
+        # Only the exact spelling an unsharded writer uses names a chunk
+        # (no leading zeros, '+', or wrong clipped end).
+        return cell_t if self.chunk_name(cell_t) == name else None
+
+    def name_of_code(self, code: int) -> str:
+        """The name of the chunk whose compressed Morton code is `code` (KeyError if none)."""
+        cells, valid = self.coder.decode_array(np.array([code], dtype=np.uint64))
+        if not valid[0]:
+            raise KeyError(code)
+        x, y, z = cells[0].tolist()
+        return self.chunk_name((x, y, z))
