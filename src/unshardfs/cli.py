@@ -24,6 +24,7 @@ examples:
   unshardfs stats /mnt/fafb                        # cache use, backing reads, errors
   unshardfs mount /data/em.zarr /mnt/em            # Zarr v3: every shard's inner chunks as files
   unshardfs mount --view zarr2 /data/em.zarr /mnt/em2   # the same as Zarr v2, for v2-only readers
+  unshardfs mount --info spec.json /data/dvid-export /mnt/seg  # DVID export-shards as precomputed
   unshardfs unmount /mnt/fafb
   unshardfs inspect /data/fafb-seg                 # shards, chunks, sizes (indexes only)
   unshardfs check /data/fafb-seg                   # verify every index and payload
@@ -32,15 +33,26 @@ examples:
 
 
 def _view_option(parser: argparse.ArgumentParser) -> None:
+    """Options that choose how a format is shown (shared by mount, check and export)."""
     parser.add_argument("--view", choices=("zarr3", "zarr2"), default=None,
                         help="Zarr stores: show unsharded Zarr v3 (default) or Zarr v2 for legacy readers")
+    parser.add_argument("--info", dest="info_path", metavar="SPEC.json",
+                        help="DVID exports: the Neuroglancer volume spec the export was made against "
+                             "(default: an info file in SOURCE)")
+    parser.add_argument("--supervoxels", action="store_true",
+                        help="DVID exports: show supervoxel ids instead of agglomerated labels")
+
+
+def format_options(args: argparse.Namespace) -> dict:
+    return {"view": args.view, "info_path": args.info_path and os.path.abspath(args.info_path),
+            "supervoxels": args.supervoxels}
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="unshardfs",
-        description="Mount a sharded dataset (Neuroglancer precomputed, Zarr v3) as its unsharded directory tree "
-                    "(read-only).",
+        description="Mount a sharded dataset (Neuroglancer precomputed, Zarr v3, DVID Arrow export) as its "
+                    "unsharded directory tree (read-only).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -146,7 +158,7 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
     counted: list[CountingSource] = []
 
     async def build():
-        source, options = resolve(args.source, args.view)
+        source, options = resolve(args.source, **format_options(args))
         counted.append(CountingSource(source))
         return (await open_tree(counted[0], caches, options))[1]
 

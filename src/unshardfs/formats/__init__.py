@@ -15,7 +15,7 @@ from ..sources.base import ByteSource
 from ..vtree import DirNode
 
 PREFIXES = {"precomputed://": "precomputed", "zarr3://": "zarr", "zarr://": "zarr"}
-FORMATS = ("precomputed", "zarr")
+FORMATS = ("precomputed", "zarr", "dvid")
 
 
 def split_format(url: str) -> tuple[str | None, str]:
@@ -30,13 +30,24 @@ def split_format(url: str) -> tuple[str | None, str]:
 class FormatOptions:
     format: str | None = None  # None: detect
     view: str | None = None  # zarr only: "zarr3" (default) or "zarr2"
+    info_path: str | None = None  # dvid only: the volume spec the export was made against
+    supervoxels: bool = False  # dvid only: raw supervoxel ids instead of agglomerated labels
 
 
-async def detect(source: ByteSource) -> str:
+async def detect(source: ByteSource, options: "FormatOptions") -> str:
+    if options.info_path is not None:
+        return "dvid"
+    from .dvid import looks_like_export
+
     for key, name in (("zarr.json", "zarr"), ("info", "precomputed")):
         st = await source.stat(key)
         if st is not None and not st.is_dir:
+            if name == "precomputed" and await looks_like_export(source):
+                return "dvid"
             return name
+    if await looks_like_export(source):
+        raise ConfigError(f"{source.description} looks like a DVID export (s0/*.arrow) but has no info file; "
+                          "give the volume spec it was exported against with --info SPEC.json")
     raise ConfigError(f"{source.description} has neither an info file (precomputed) nor a zarr.json (Zarr v3)")
 
 
@@ -44,14 +55,21 @@ async def open_tree(source: ByteSource, caches: Caches, options: FormatOptions |
                     ) -> tuple[object, DirNode]:
     """(the format's dataset object, for `inspect`; the root of its virtual tree)."""
     options = options or FormatOptions()
-    name = options.format or await detect(source)
+    name = options.format or await detect(source, options)
     if options.view not in (None, "zarr3") and name != "zarr":
         raise ConfigError(f"--view {options.view} applies to Zarr stores only; this is {name}")
+    if (options.info_path is not None or options.supervoxels) and name != "dvid":
+        raise ConfigError(f"--info and --supervoxels apply to DVID exports only; this is {name}")
     if name == "zarr":
         from .zarr import ZarrHierarchy
 
         hierarchy = ZarrHierarchy(source, caches, options.view or "zarr3")
         return hierarchy, await hierarchy.build()
+    if name == "dvid":
+        from .dvid import DvidExport
+
+        export = DvidExport(source, caches, options.info_path, options.supervoxels)
+        return export, await export.build()
     if name == "precomputed":
         from .precomputed import open_dataset
 
@@ -59,9 +77,10 @@ async def open_tree(source: ByteSource, caches: Caches, options: FormatOptions |
     raise ConfigError(f"unknown format {name!r} (choose from {', '.join(FORMATS)})")
 
 
-def resolve(url: str, view: str | None = None) -> tuple[ByteSource, FormatOptions]:
+def resolve(url: str, view: str | None = None, info_path: str | None = None,
+            supervoxels: bool = False) -> tuple[ByteSource, FormatOptions]:
     """The byte source and format options a user-given SOURCE stands for."""
     from ..sources import open_source
 
     name, rest = split_format(url)
-    return open_source(rest), FormatOptions(name, view)
+    return open_source(rest), FormatOptions(name, view, info_path, supervoxels)

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from ..caches import Caches
 from ..errors import ConfigError
+from ..cli import format_options
 from ..formats import open_tree, resolve
 from ..formats.precomputed import PrecomputedDataset
 from ..logonce import collect_problems
@@ -52,10 +53,10 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _check_part(source_url: str, view: str | None, part: int, parts: int, quiet: bool
+async def _check_part(source_url: str, formats: dict, part: int, parts: int, quiet: bool
                       ) -> tuple[list[str], WalkSummary, int]:
     """Check the files whose path hashes to `part` (all of them when parts == 1)."""
-    raw, options = resolve(source_url, view)
+    raw, options = resolve(source_url, **formats)
     source = CountingSource(raw)
     _dataset, tree = await open_tree(source, Caches(), options)
 
@@ -68,7 +69,7 @@ async def _check_part(source_url: str, view: str | None, part: int, parts: int, 
     return problems, summary, source.counters.reads
 
 
-def _check_worker(job: tuple[str, str | None, int, int]) -> tuple[list[str], WalkSummary, int]:
+def _check_worker(job: tuple[str, dict, int, int]) -> tuple[list[str], WalkSummary, int]:
     return trio.run(_check_part, *job, True)
 
 
@@ -79,9 +80,9 @@ def _check(args: argparse.Namespace) -> int:
         # splits the files (not the indexes, which every worker reads) over
         # processes, each with its own tree and caches.
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            results = pool.map(_check_worker, [(args.source, args.view, i, args.jobs) for i in range(args.jobs)])
+            results = pool.map(_check_worker, [(args.source, format_options(args), i, args.jobs) for i in range(args.jobs)])
     else:
-        results = [trio.run(_check_part, args.source, args.view, 0, 1, args.quiet)]
+        results = [trio.run(_check_part, args.source, format_options(args), 0, 1, args.quiet)]
     problems = list(dict.fromkeys(line for found, _, _ in results for line in found))
     failures = [f for _, summary, _ in results for f in summary.failures]
     for line in problems:
@@ -100,7 +101,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    source, options = resolve(args.source, args.view)
+    source, options = resolve(args.source, **format_options(args))
     _dataset, tree = await open_tree(source, Caches(), options)
     with collect_problems() as problems, _bar(args, "file") as bar:
         summary = await export(tree, Path(args.dest), args.jobs, _progress(bar))

@@ -17,6 +17,8 @@ Every length is checked against the buffer before use: damaged blocks raise
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 SUB = 8
@@ -40,8 +42,12 @@ def block_shape(data: bytes) -> tuple[int, int, int]:
     return gz * SUB, gy * SUB, gx * SUB
 
 
-def decode_block(data: bytes) -> np.ndarray:
-    """The block's labels as a C-order (nz, ny, nx) uint64 array (x fastest)."""
+def decode_block(data: bytes, relabel: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """The block's labels as a C-order (nz, ny, nx) uint64 array (x fastest).
+
+    `relabel` maps the block's label list (a few entries) before expansion,
+    which is how supervoxel ids become agglomerated labels at no per-voxel cost.
+    """
     nz, ny, nx = block_shape(data)
     gz, gy, gx = nz // SUB, ny // SUB, nx // SUB
     if not (0 < gx <= 128 and 0 < gy <= 128 and 0 < gz <= 128):
@@ -50,7 +56,9 @@ def decode_block(data: bytes) -> np.ndarray:
     pos = HEADER + 8 * n_labels
     if len(data) < pos:
         raise ValueError(f"block declares {n_labels} labels but has only {len(data)} bytes")
-    labels = np.frombuffer(data, dtype="<u8", count=n_labels, offset=HEADER)
+    labels = np.frombuffer(data, dtype="<u8", count=n_labels, offset=HEADER).astype(np.uint64)
+    if relabel is not None:
+        labels = relabel(labels).astype(np.uint64)
     if n_labels <= 1:
         if len(data) != pos:
             raise ValueError(f"solid block has {len(data) - pos} trailing bytes")

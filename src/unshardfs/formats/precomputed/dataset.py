@@ -38,7 +38,7 @@ class ShardedPart:
     details: dict
 
 
-def _vec3(obj: dict, name: str, where: str, default: list | None = None, positive: bool = False) -> tuple[int, int, int]:
+def vec3(obj: dict, name: str, where: str, default: list | None = None, positive: bool = False) -> tuple[int, int, int]:
     value = obj.get(name, default)
     if (not isinstance(value, list) or len(value) != 3
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
@@ -103,9 +103,9 @@ class PrecomputedDataset:
         chunk_sizes = scale.get("chunk_sizes")
         if not isinstance(chunk_sizes, list) or len(chunk_sizes) != 1:
             raise ConfigError(f"{where}: a sharded scale must have exactly one chunk size, got {chunk_sizes!r}")
-        chunk_size = _vec3({"chunk_sizes": chunk_sizes[0]}, "chunk_sizes", where, positive=True)
-        size = _vec3(scale, "size", where)
-        voxel_offset = _vec3(scale, "voxel_offset", where, default=[0, 0, 0])
+        chunk_size = vec3({"chunk_sizes": chunk_sizes[0]}, "chunk_sizes", where, positive=True)
+        size = vec3(scale, "size", where)
+        voxel_offset = vec3(scale, "voxel_offset", where, default=[0, 0, 0])
         dir_key = normalize_key(key)
         if not dir_key:
             raise ConfigError(f"{where}: a scale key must name a subdirectory")

@@ -1,0 +1,260 @@
+"""One exported shard file: its chunk index, in any of DVID's variants, and its records.
+
+DVID has written the chunk index three ways: a JSON footer after the Arrow
+data (`...[JSON]["<u64 length>"]["CHUNKIDX"]`, keys "x_y_z" -> record
+number), a `<origin>.json` sidecar (the same mapping), and a `<origin>.csv`
+sidecar (`x,y,z,offset,size,batch_idx` after a `# schema_size=N` comment)
+that gives each record batch's byte range directly. The Arrow data is an IPC
+file or an IPC stream, whatever the documentation of the day said; record
+numbers are turned into byte ranges from the file footer or by walking the
+stream's message headers once.
+
+Index keys have been written both as block coordinates and as voxel
+coordinates. Which one a file uses is decided from the data: a key is only
+accepted if, read as a chunk cell, it belongs to this very shard under the
+volume's sharding spec; the records' own chunk_x/y/z are checked again
+when a block is read.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from ...errors import DataError
+from ...logonce import log_once
+from ...sources.base import ByteSource
+from ...sources.blob import Blob
+from .ipc import FILE_MAGIC, RECORD_BATCH, IpcError, footer_batches, message_header, message_prefix
+
+log = logging.getLogger(__name__)
+
+FOOTER_MAGIC = b"CHUNKIDX"
+SCAN_WINDOW = 1 << 16
+Cell = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRef:
+    offset: int  # of the record batch message in the file
+    length: int
+    row: int  # within the batch
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    coords: Cell
+    labels: np.ndarray
+    supervoxels: np.ndarray
+    block: bytes
+    uncompressed_size: int | None
+    zstd: bool
+
+
+@dataclass
+class ShardIndex:
+    blob: Blob
+    schema: pa.Schema
+    records: dict[Cell, RecordRef]  # by chunk grid cell
+    units: str  # how the file's keys were written: "block" or "voxel"
+
+    @property
+    def nbytes(self) -> int:
+        return 96 * len(self.records) + 4096
+
+
+def _parse_key(key: object, where: str) -> Cell:
+    try:
+        x, y, z = (int(v) for v in str(key).split("_"))
+    except ValueError as e:
+        raise DataError(where, f"chunk index key {key!r} is not x_y_z") from e
+    return (x, y, z)
+
+
+def parse_csv_index(text: str, where: str) -> dict[Cell, RecordRef]:
+    lines = text.splitlines()
+    if lines and lines[0].startswith("#"):
+        lines = lines[1:]
+    out: dict[Cell, RecordRef] = {}
+    try:
+        for row in csv.DictReader(io.StringIO("\n".join(lines))):
+            cell = (int(row["x"]), int(row["y"]), int(row["z"]))
+            out.setdefault(cell, RecordRef(int(row["offset"]), int(row["size"]), int(row["batch_idx"])))
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(where, f"malformed CSV chunk index: {e}") from e
+    return out
+
+
+def parse_json_index(raw: bytes, where: str) -> dict[Cell, int]:
+    try:
+        mapping = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(where, f"chunk index is not valid JSON: {e}") from e
+    if not isinstance(mapping, dict) or not all(isinstance(v, int) and v >= 0 for v in mapping.values()):
+        raise DataError(where, "JSON chunk index must map 'x_y_z' keys to record numbers")
+    out: dict[Cell, int] = {}
+    for key, value in mapping.items():
+        out.setdefault(_parse_key(key, where), value)
+    return out
+
+
+class ArrowShardReader:
+    """Reads the index and records of shard files of one scale."""
+
+    def __init__(self, source: ByteSource, chunk_size: Cell, owned: Callable[[np.ndarray, int], np.ndarray]) -> None:
+        self.source = source
+        self.chunk_size = chunk_size
+        # owned(cells, shard) -> bool mask: cell inside the grid and hashed to `shard`.
+        self.owned = owned
+
+    async def _read(self, blob: Blob, offset: int, size: int) -> bytes:
+        return await blob.read(self.source, offset, size)
+
+    async def load(self, blob: Blob, stem: str, shard: int) -> ShardIndex:
+        where = blob.label
+        if blob.size < 16:
+            raise DataError(where, f"file of {blob.size} bytes is too short for Arrow data")
+        tail = await self._read(blob, blob.size - 16, 16)
+        by_number: dict[Cell, int] | None = None
+        by_range: dict[Cell, RecordRef] | None = None
+        arrow_end = blob.size
+        if tail[8:] == FOOTER_MAGIC:
+            (length,) = struct.unpack("<Q", tail[:8])
+            if length > blob.size - 16:
+                raise DataError(where, f"JSON chunk index length {length} exceeds the file")
+            arrow_end = blob.size - 16 - length
+            by_number = parse_json_index(await self._read(blob, arrow_end, length), where)
+        else:
+            by_range, by_number = await self._sidecar(stem, where)
+        stream_start = 8 if (await self._read(blob, 0, 8))[:6] == FILE_MAGIC else 0
+        schema = await self._schema(blob, stream_start, arrow_end, where)
+        if by_number is not None:
+            batches = await self._batches(blob, stream_start, arrow_end, where)
+            by_range = {}
+            for cell, number in by_number.items():
+                if number >= len(batches):
+                    log_once(log, f"rec:{where}:{cell}", "%s: chunk index names record %d of %d", where, number,
+                             len(batches))
+                    continue
+                by_range[cell] = RecordRef(batches[number][0], batches[number][1], 0)
+        assert by_range is not None
+        for cell, ref in by_range.items():
+            if ref.offset < 0 or ref.length <= 0 or ref.offset + ref.length > arrow_end:
+                raise DataError(where, f"record of chunk {cell} at [{ref.offset}, +{ref.length}) lies outside "
+                                       "the Arrow data")
+        records, units = self._resolve_units(by_range, shard, where)
+        return ShardIndex(blob, schema, records, units)
+
+    async def _sidecar(self, stem: str, where: str) -> tuple[dict[Cell, RecordRef] | None, dict[Cell, int] | None]:
+        for ext in (".csv", ".json"):
+            st = await self.source.stat(stem + ext)
+            if st is None or st.is_dir:
+                continue
+            raw = await Blob.of(stem + ext, st).read(self.source, 0, st.size)
+            if ext == ".csv":
+                try:
+                    return parse_csv_index(raw.decode(), stem + ext), None
+                except UnicodeDecodeError as e:
+                    raise DataError(stem + ext, "CSV chunk index is not text") from e
+            return None, parse_json_index(raw, stem + ext)
+        raise DataError(where, "no chunk index: neither a CHUNKIDX footer nor a .csv/.json sidecar")
+
+    async def _schema(self, blob: Blob, start: int, end: int, where: str) -> pa.Schema:
+        try:
+            head = message_prefix(await self._read(blob, start, 8))
+            if head is None:
+                raise IpcError("stream ends before its schema")
+            raw = await self._read(blob, start, head[0] + head[1])
+            return pa.ipc.read_schema(pa.py_buffer(raw))
+        except (IpcError, pa.ArrowException) as e:
+            raise DataError(where, f"cannot read the Arrow schema: {e}") from e
+
+    async def _batches(self, blob: Blob, stream_start: int, end: int, where: str) -> list[tuple[int, int]]:
+        """(offset, length) of every record batch, in order."""
+        try:
+            if stream_start == 8:  # IPC file: the footer lists them
+                trailer = await self._read(blob, end - 10, 10)
+                if trailer[4:] != FILE_MAGIC:
+                    raise IpcError("Arrow file has no footer magic")
+                (length,) = struct.unpack("<i", trailer[:4])
+                if length <= 0 or length > end - 10:
+                    raise IpcError(f"Arrow footer length {length} is invalid")
+                return footer_batches(await self._read(blob, end - 10 - length, length))
+            return await self._scan(blob, stream_start, end)
+        except IpcError as e:
+            raise DataError(where, f"cannot locate record batches: {e}") from e
+
+    async def _scan(self, blob: Blob, pos: int, end: int) -> list[tuple[int, int]]:
+        """Walk a stream's message headers (reading in windows, not message by message)."""
+        window_at, window = pos, b""
+
+        async def get(at: int, n: int) -> bytes:
+            nonlocal window_at, window
+            if at < window_at or at + n > window_at + len(window):
+                window_at, window = at, await self._read(blob, at, min(max(n, SCAN_WINDOW), end - at))
+            if at + n > window_at + len(window):
+                raise IpcError("stream is truncated")
+            return window[at - window_at: at - window_at + n]
+
+        batches = []
+        while pos + 8 <= end:
+            head = message_prefix(await get(pos, 8))
+            if head is None:
+                break
+            prefix, meta_len = head
+            header_type, body = message_header(await get(pos + prefix, meta_len))
+            length = prefix + meta_len + body
+            if header_type == RECORD_BATCH:
+                batches.append((pos, length))
+            pos += length
+        return batches
+
+    def _resolve_units(self, by_key: dict[Cell, RecordRef], shard: int, where: str) -> tuple[dict[Cell, RecordRef], str]:
+        if not by_key:
+            return {}, "block"
+        keys = np.array(list(by_key), dtype=np.int64)
+        chunk = np.array(self.chunk_size, dtype=np.int64)
+        as_blocks = self.owned(keys, shard)
+        aligned = (keys % chunk == 0).all(axis=1)
+        as_voxels = aligned & self.owned(keys // chunk, shard)
+        # Both readings can fit only in degenerate cases (e.g. one shard and
+        # every key a multiple of the chunk size); block coordinates win ties.
+        # A wrong guess cannot serve wrong labels: each record's own chunk
+        # coordinates are compared with the cell when its block is read.
+        units = "block" if as_blocks.sum() >= as_voxels.sum() else "voxel"
+        mask = as_blocks if units == "block" else as_voxels
+        cells = keys if units == "block" else keys // chunk
+        if not mask.all():
+            log_once(log, f"own:{where}", "%s: %d chunk index keys lie outside this shard or the volume; not shown",
+                     where, int((~mask).sum()))
+        refs = list(by_key.values())
+        return {tuple(c): refs[i] for i, c in zip(np.nonzero(mask)[0].tolist(), cells[mask].tolist())}, units
+
+    async def record(self, index: ShardIndex, ref: RecordRef, where: str) -> Record:
+        raw = await self._read(index.blob, ref.offset, ref.length)
+        try:
+            batch = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(raw)), index.schema)
+            if ref.row >= batch.num_rows:
+                raise DataError(where, f"record batch has {batch.num_rows} rows, index names row {ref.row}")
+            row = ref.row
+            coords = tuple(int(batch.column(name)[row].as_py()) for name in ("chunk_x", "chunk_y", "chunk_z"))
+            labels = batch.column("labels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
+            supervoxels = batch.column("supervoxels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
+            block = batch.column("dvid_compressed_block")[row].as_py()
+            size = (int(batch.column("uncompressed_size")[row].as_py())
+                    if "uncompressed_size" in batch.schema.names else None)
+            meta = index.schema.field("dvid_compressed_block").metadata or {}
+        except (pa.ArrowException, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataError(where, f"cannot decode the Arrow record: {e}") from e
+        if block is None or len(labels) != len(supervoxels):
+            raise DataError(where, f"record has {len(labels)} labels for {len(supervoxels)} supervoxels")
+        return Record(coords, labels, supervoxels, block, size, meta.get(b"codec") == b"zstd")  # type: ignore[arg-type]
+
