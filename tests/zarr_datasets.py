@@ -81,13 +81,27 @@ def case_data(case: ZCase, seed: int) -> np.ndarray:
     return data
 
 
+class _Epoch:
+    """Stands in for the `time` module inside `gzip`: gzip stamps the current
+    time into every member, so two writes of the same data a second apart
+    (and any crc32c over them) would differ."""
+
+    @staticmethod
+    def time() -> float:
+        return 0.0
+
+
 def _write_zarr(path: Path, meta: dict, data: np.ndarray) -> None:
+    import gzip
+    from unittest import mock
+
     import zarr
 
     path.mkdir(parents=True)
     (path / "zarr.json").write_text(json.dumps(meta))
     array = zarr.open_array(str(path), mode="r+")
-    array[...] = data
+    with mock.patch.object(gzip, "time", _Epoch):
+        array[...] = data
 
 
 def _write_tensorstore(path: Path, meta: dict, data: np.ndarray) -> None:
