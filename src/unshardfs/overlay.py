@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from .passthrough import HIDDEN, PassthroughDir
+from .passthrough import HIDDEN, Declared, PassthroughDir
 from .sources.base import ByteSource, ObjectStat
 from .vtree import DirNode, Entry, Node
 
@@ -22,15 +22,15 @@ class OverlayDir(DirNode):
     __slots__ = ("source", "key", "fixed", "stable_key", "rest")
 
     def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node],
-                 stable_key: str) -> None:
+                 stable_key: str, declared: Declared | None = None) -> None:
         super().__init__(st.mtime_ns)
         self.source = source
         self.key = key
         self.fixed = fixed
         self.stable_key = stable_key
-        self.rest = PassthroughDir(source, key, st, self._override)
+        self.rest = PassthroughDir(source, key, st, self._override, declared)
 
-    async def _override(self, key: str, st: ObjectStat) -> object:
+    async def _override(self, key: str, st: ObjectStat | None) -> object:
         parent, _, name = key.rpartition("/")
         if parent != self.key:
             return None  # deeper levels pass through untouched
@@ -48,8 +48,9 @@ class OverlayDir(DirNode):
         """Source entries replaced by the computed view (shard files, old metadata)."""
         return False
 
-    async def source_child(self, key: str, st: ObjectStat) -> object:
-        """What to show for a remaining source entry: a node, HIDDEN, or None (as it is)."""
+    async def source_child(self, key: str, st: ObjectStat | None) -> object:
+        """What to show for a remaining source entry (`st` None: not known to the source):
+        a node, HIDDEN, or None (as it is, or absent)."""
         return None
 
     async def virtual_lookup(self, name: str) -> object:

@@ -9,7 +9,7 @@ passes through unchanged.
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from .errors import DataError, SourceError
 from .sources.base import ByteSource, ObjectStat, join_key
@@ -17,9 +17,14 @@ from .vtree import DirNode, Entry, FileNode, Node
 
 log = logging.getLogger(__name__)
 
-# Given the source key of a child and its stat, return the node to show
-# instead of a plain passthrough node, `HIDDEN` to hide it, or None.
-Override = Callable[[str, ObjectStat], Awaitable["Node | object | None"]]
+# Given the source key of a child and its stat (None when the source has no
+# such object, or cannot tell, as for a directory on a plain HTTP server),
+# return the node to show instead of a plain passthrough node, `HIDDEN` to
+# hide it, or None.
+Override = Callable[[str, "ObjectStat | None"], Awaitable["Node | object | None"]]
+# Names a format knows to exist in a directory key: the listing of sources
+# that cannot list.
+Declared = Callable[[str], Iterable[str]]
 HIDDEN = object()
 LIST_BATCH = 1024
 
@@ -45,15 +50,17 @@ class PassthroughFile(FileNode):
 class PassthroughDir(DirNode):
     """A source directory; `override` lets a format replace or hide children."""
 
-    __slots__ = ("source", "key", "override")
+    __slots__ = ("source", "key", "override", "declared")
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, override: Override | None = None) -> None:
+    def __init__(self, source: ByteSource, key: str, st: ObjectStat, override: Override | None = None,
+                 declared: Declared | None = None) -> None:
         super().__init__(st.mtime_ns)
         self.source = source
         self.key = key
         self.override = override
+        self.declared = declared
 
-    async def _child(self, name: str, st: ObjectStat) -> Node | None:
+    async def _child(self, name: str, st: ObjectStat | None) -> Node | None:
         key = join_key(self.key, name)
         if self.override is not None:
             replaced = await self.override(key, st)
@@ -61,17 +68,30 @@ class PassthroughDir(DirNode):
                 return None
             if replaced is not None:
                 return replaced  # type: ignore[return-value]
+        if st is None:
+            return None
         if st.is_dir:
-            return PassthroughDir(self.source, key, st, self.override)
+            return PassthroughDir(self.source, key, st, self.override, self.declared)
         return PassthroughFile(self.source, key, st)
 
     async def lookup(self, name: str) -> Node | None:
-        st = await self.source.stat(join_key(self.key, name))
+        key = join_key(self.key, name)
+        st = await self.source.stat(key)
         if st is None:
-            return None
+            st = await self.source.stat_dir(key)
         return await self._child(name, st)
 
     async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
+        if not self.source.listable:
+            # Only what the format's metadata names can be shown.
+            known: list[Entry] = []
+            for name in (self.declared(self.key) if self.declared else ()):
+                node = await self.lookup(name)
+                if node is not None:
+                    known.append((name, node))
+            if known:
+                yield known
+            return
         # Streamed in the source's own order: an unchanged local directory
         # lists in the same order every time, which keeps readdir cookies
         # stable without holding a huge unsharded scale's names in memory.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..caches import Caches
 from ..errors import ConfigError
+from ..sources import RemoteOptions
 from ..sources.base import ByteSource
 from ..vtree import DirNode
 
@@ -77,10 +78,10 @@ async def open_tree(source: ByteSource, caches: Caches, options: FormatOptions |
     raise ConfigError(f"unknown format {name!r} (choose from {', '.join(FORMATS)})")
 
 
-def resolve(url: str, view: str | None = None, info_path: str | None = None,
-            supervoxels: bool = False) -> tuple[ByteSource, FormatOptions]:
+def resolve(url: str, view: str | None = None, info_path: str | None = None, supervoxels: bool = False,
+            remote: "RemoteOptions | None" = None) -> tuple[ByteSource, FormatOptions]:
     """The byte source and format options a user-given SOURCE stands for."""
     from ..sources import open_source
 
     name, rest = split_format(url)
-    return open_source(rest), FormatOptions(name, view, info_path, supervoxels)
+    return open_source(rest, remote), FormatOptions(name, view, info_path, supervoxels)

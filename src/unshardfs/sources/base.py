@@ -25,9 +25,17 @@ class ObjectStat:
 
 
 class ByteSource(Protocol):
-    """Bytes by key. Keys are relative, '/'-separated, '' is the root."""
+    """Bytes by key. Keys are relative, '/'-separated, '' is the root.
+
+    `listable` is False for stores that cannot enumerate keys (a plain HTTP
+    server): formats then work from their metadata alone. `remote` says each
+    request costs a network round trip, so formats fetch small payloads
+    whole rather than in the kernel's 128 KiB pieces.
+    """
 
     description: str
+    listable: bool
+    remote: bool
 
     async def stat(self, key: str) -> ObjectStat | None:
         """None when the object does not exist."""
@@ -41,6 +49,15 @@ class ByteSource(Protocol):
 
     def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         """Direct children of a directory-like key, as (name, stat)."""
+
+    async def stat_dir(self, key: str) -> ObjectStat | None:
+        """A directory (object-store prefix) at `key`, or None when there is none or it cannot be known."""
+
+    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        """`read`, for index structures: a disk cache may keep these across mounts."""
+
+    async def aclose(self) -> None:
+        """Release connections (called when the mount ends)."""
 
 
 def join_key(parent: str, name: str) -> str:

@@ -34,8 +34,11 @@ class Blob:
     def label(self) -> str:
         return "+".join(key for key, _, _ in self.parts)
 
-    async def read(self, source: ByteSource, offset: int, size: int) -> bytes:
-        """Bytes [offset, offset+size) exactly, or DataError."""
+    async def read(self, source: ByteSource, offset: int, size: int, index: bool = False) -> bytes:
+        """Bytes [offset, offset+size) exactly, or DataError.
+
+        `index` marks index structures, which a disk cache may keep across mounts.
+        """
         out = []
         base = 0
         want_end = offset + size
@@ -43,7 +46,8 @@ class Blob:
             lo, hi = max(offset, base), min(want_end, base + part_size)
             if lo < hi:
                 try:
-                    data = await source.read(key, lo - base, hi - lo, version)
+                    reader = source.read_index if index else source.read
+                    data = await reader(key, lo - base, hi - lo, version)
                 except SourceError as e:
                     raise DataError(self.label, str(e)) from e
                 if len(data) != hi - lo:

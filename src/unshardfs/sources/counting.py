@@ -28,6 +28,8 @@ class CountingSource:
     def __init__(self, inner: ByteSource) -> None:
         self.inner = inner
         self.description = inner.description
+        self.listable = inner.listable
+        self.remote = inner.remote
         self.counters = SourceCounters()
 
     async def stat(self, key: str) -> ObjectStat | None:
@@ -39,6 +41,19 @@ class CountingSource:
         self.counters.reads += 1
         self.counters.read_bytes += len(data)
         return data
+
+    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        data = await self.inner.read_index(key, offset, size, version)
+        self.counters.reads += 1
+        self.counters.read_bytes += len(data)
+        return data
+
+    async def stat_dir(self, key: str) -> ObjectStat | None:
+        self.counters.stats += 1
+        return await self.inner.stat_dir(key)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
     async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
         self.counters.lists += 1

@@ -30,6 +30,9 @@ class _FdCache(LRUCache):
 
 
 class LocalSource:
+    listable = True
+    remote = False
+
     def __init__(self, root: str, max_open_files: int = 256) -> None:
         if not os.path.exists(root):
             raise ConfigError(f"source {root} does not exist")
@@ -154,6 +157,16 @@ class LocalSource:
                     continue
                 if st is not None:
                     yield entry.name, st
+
+    async def stat_dir(self, key: str) -> ObjectStat | None:
+        st = await self.stat(key)
+        return st if st is not None and st.is_dir else None
+
+    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.read(key, offset, size, version)
+
+    async def aclose(self) -> None:
+        self.close()
 
     def close(self) -> None:
         for fd, _ in list(self._fds.values()):

@@ -40,7 +40,7 @@ def _progress(bar: tqdm):
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    source, options = resolve(args.source)
+    source, options = resolve(args.source, **format_options(args))
     dataset, _tree = await open_tree(source, Caches(), options)
     if not isinstance(dataset, PrecomputedDataset):
         raise ConfigError("inspect supports precomputed datasets only so far (use check or export for Zarr)")

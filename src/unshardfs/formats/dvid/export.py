@@ -259,6 +259,9 @@ class DvidExport:
         return loaded[0], loaded[1].mtime_ns  # type: ignore[return-value]
 
     async def build(self) -> DirNode:
+        if not self.source.listable:
+            raise ConfigError(f"{self.source.description}: DVID exports name shard files by origin, so they need a "
+                              "source that can list (a local directory, gs:// or s3://)")
         info, mtime_ns = await self._info()
         if not isinstance(info, dict) or not isinstance(info.get("scales"), list) or not info["scales"]:
             raise ConfigError("the DVID volume spec must be a precomputed info object with a non-empty scales list")

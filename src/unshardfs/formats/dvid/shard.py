@@ -116,7 +116,7 @@ class ArrowShardReader:
         self.owned = owned
 
     async def _read(self, blob: Blob, offset: int, size: int) -> bytes:
-        return await blob.read(self.source, offset, size)
+        return await blob.read(self.source, offset, size, index=True)
 
     async def load(self, blob: Blob, stem: str, shard: int) -> ShardIndex:
         where = blob.label
@@ -158,7 +158,7 @@ class ArrowShardReader:
             st = await self.source.stat(stem + ext)
             if st is None or st.is_dir:
                 continue
-            raw = await Blob.of(stem + ext, st).read(self.source, 0, st.size)
+            raw = await Blob.of(stem + ext, st).read(self.source, 0, st.size, index=True)
             if ext == ".csv":
                 try:
                     return parse_csv_index(raw.decode(), stem + ext), None
@@ -239,7 +239,7 @@ class ArrowShardReader:
         return {tuple(c): refs[i] for i, c in zip(np.nonzero(mask)[0].tolist(), cells[mask].tolist())}, units
 
     async def record(self, index: ShardIndex, ref: RecordRef, where: str) -> Record:
-        raw = await self._read(index.blob, ref.offset, ref.length)
+        raw = await index.blob.read(self.source, ref.offset, ref.length)
         try:
             batch = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(raw)), index.schema)
             if ref.row >= batch.num_rows:

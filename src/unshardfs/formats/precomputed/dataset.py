@@ -56,6 +56,10 @@ class PrecomputedDataset:
         self.source = source
         self.caches = caches
         self.special: dict[str, DirFactory] = {}
+        # Every directory the info files name (scales, mesh and skeleton
+        # directories, and their parents): what a source that cannot list
+        # (plain HTTP) shows, and what its lookups trust without a stat.
+        self.known_dirs: set[str] = set()
         self.root_info: BytesFile | None = None
         # What `unshardfs inspect` reports: one entry per sharded directory.
         self.sharded: list[ShardedPart] = []
@@ -78,20 +82,37 @@ class PrecomputedDataset:
                 if "sharding" in scale:
                     self._add_scale(scale, f"info: scales[{i}]")
                     del shown["scales"][i]["sharding"]
+                elif isinstance(scale.get("key"), str):
+                    try:
+                        self._know(normalize_key(scale["key"]))
+                    except ConfigError:
+                        pass  # an unsharded scale is not ours to validate; it passes through or not
         for member, kind in (("mesh", "mesh"), ("skeletons", "skeletons")):
             if member in info:
                 await self._add_object_dir(info[member], kind)
         self.root_info = BytesFile(encode_json(shown), info_st.mtime_ns)
         root_st = await self.source.stat("")
         assert root_st is not None
-        return PassthroughDir(self.source, "", root_st, self._override)
+        self.dir_stat = ObjectStat(0, info_st.mtime_ns, True)
+        return PassthroughDir(self.source, "", root_st, self._override, self._declared)
 
-    async def _override(self, key: str, st: ObjectStat) -> Node | None:
+    def _know(self, dir_key: str) -> None:
+        while dir_key:
+            self.known_dirs.add(dir_key)
+            dir_key = dir_key.rpartition("/")[0]
+
+    def _declared(self, dir_key: str) -> list[str]:
+        names = {key.rpartition("/")[2] for key in self.known_dirs if key.rpartition("/")[0] == dir_key}
+        return sorted(names) + (["info"] if dir_key == "" else [])
+
+    async def _override(self, key: str, st: ObjectStat | None) -> Node | None:
         if key == "info" and self.root_info is not None:
             return self.root_info
         factory = self.special.get(key)
-        if factory is not None and st.is_dir:
-            return factory(st)
+        if factory is not None and (st is None or st.is_dir):
+            return factory(st or self.dir_stat)
+        if st is None and key in self.known_dirs:
+            return PassthroughDir(self.source, key, self.dir_stat, self._override, self._declared)
         return None
 
     def _add_scale(self, scale: dict, where: str) -> None:
@@ -110,6 +131,7 @@ class PrecomputedDataset:
         if not dir_key:
             raise ConfigError(f"{where}: a scale key must name a subdirectory")
         store = ShardedStore(self.source, dir_key, spec, self.caches)
+        self._know(dir_key)
         self.special[dir_key] = lambda st: VolumeScaleDir(
             self.source, dir_key, st, store, size, chunk_size, voxel_offset)
         grid = [-(-s // c) for s, c in zip(size, chunk_size)]
@@ -123,6 +145,7 @@ class PrecomputedDataset:
         dir_key = normalize_key(value)
         if not dir_key:
             raise ConfigError(f"info: {kind} must name a subdirectory")
+        self._know(dir_key)
         loaded = await read_json(self.source, join_key(dir_key, "info"))
         if loaded is None:
             return  # nothing to rewrite; the directory (if any) passes through

@@ -14,6 +14,7 @@ from typing import AsyncIterator
 
 import numpy as np
 
+from ...concurrency import gather
 from ...errors import DataError
 from ...logonce import log_once
 from ...overlay import NOT_VIRTUAL, OverlayDir
@@ -62,6 +63,14 @@ class ShardedDir(OverlayDir):
         return await ChunkFile.open(self.store, shard, start, length, self.gzipped, chunk_id,
                                     self.ident_of(chunk_id), prefetch=True)
 
+    async def _sized(self, shard: Shard, row: tuple) -> ChunkFile | None:
+        _name, cid, ident, start, size = row
+        try:
+            return await ChunkFile.open(self.store, shard, start, size, True, cid, ident)
+        except DataError as e:
+            log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+            return None
+
     def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
         """File names of a minishard's ids (None: not listable); segment ids by default."""
         return [str(cid) for cid in mini.ids.tolist()]
@@ -79,14 +88,13 @@ class ShardedDir(OverlayDir):
                 batch = [(name, ChunkFile(store, shard, start, size, False, size, cid, ident))
                          for name, cid, ident, start, size in rows if name is not None]
             else:
-                batch = []
-                for name, cid, ident, start, size in rows:
-                    if name is None:
-                        continue
-                    try:
-                        batch.append((name, await ChunkFile.open(store, shard, start, size, True, cid, ident)))
-                    except DataError as e:
-                        log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+                # Sizing gzip payloads costs a small read each: remotely, many at once.
+                named = [row for row in rows if row[0] is not None]
+                if store.source.remote:
+                    opened = await gather([lambda r=r: self._sized(shard, r) for r in named], limit=64)
+                else:
+                    opened = [await self._sized(shard, r) for r in named]
+                batch = [(row[0], node) for row, node in zip(named, opened) if node is not None]
             if batch:
                 yield batch
 

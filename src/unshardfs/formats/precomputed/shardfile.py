@@ -21,11 +21,13 @@ from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import ByteSource, join_key
 from ...sources.blob import Blob
+from ...concurrency import gather
 from .sharding import ShardingSpec
 
 log = logging.getLogger(__name__)
 
 U64 = np.uint64
+PROBE_BATCH = 256  # shard existence probes in flight at once, on sources that cannot list
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +171,17 @@ class ShardedStore:
         return self.shard_file(name) is not None
 
     async def shard_numbers(self) -> AsyncIterator[int]:
-        """Existing shards in ascending order, found by listing the directory."""
+        """Existing shards in ascending order, found by listing the directory
+        (or, on a source that cannot list, by probing every shard number)."""
+        if not self.source.listable:
+            total = 1 << self.spec.shard_bits
+            for at in range(0, total, PROBE_BATCH):
+                numbers = range(at, min(at + PROBE_BATCH, total))
+                found = await gather([lambda n=n: self._exists(n) for n in numbers])
+                for n, ok in zip(numbers, found):
+                    if ok:
+                        yield n
+            return
         numbers = set()
         async for name, st in self.source.list(self.dir_key):
             parsed = None if st.is_dir else self.shard_file(name)
@@ -177,6 +189,12 @@ class ShardedStore:
                 numbers.add(parsed[0])
         for number in sorted(numbers):
             yield number
+
+    async def _exists(self, number: int) -> bool:
+        try:
+            return await self.shard(number) is not None
+        except DataError:
+            return True  # damaged, but there: listing will report it
 
     # -- indexes ------------------------------------------------------------
 
@@ -189,7 +207,7 @@ class ShardedStore:
         size = self.spec.shard_index_size
         if shard.size < size:
             raise DataError(shard.label, f"file has {shard.size} bytes, shorter than its {size}-byte shard index")
-        raw = await shard.read(self.source, 0, size)
+        raw = await shard.read(self.source, 0, size, index=True)
         index = np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(U64)
         self.caches.put(self.caches.shard_index, key, index)
         return index
@@ -208,7 +226,7 @@ class ShardedStore:
         elif start > end or base + end > shard.size:
             raise DataError(where, f"minishard index range [{start}, {end}) lies outside the file ({shard.size} bytes)")
         else:
-            raw = await shard.read(self.source, base + start, end - start)
+            raw = await shard.read(self.source, base + start, end - start, index=True)
             if self.spec.minishard_index_encoding == "gzip":
                 raw = gunzip(raw, where)
             result = decode_minishard(raw, base, shard.size, where)

@@ -13,6 +13,7 @@ each with a logged reason.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -103,7 +104,7 @@ class ArrayChunks:
         if length < level.index_size:
             raise DataError(where, f"{length} bytes cannot hold the {level.index_size}-byte shard index")
         at = base if level.at_start else base + length - level.index_size
-        raw = level.decode_index(await blob.read(self.source, at, level.index_size), where)
+        raw = level.decode_index(await blob.read(self.source, at, level.index_size, index=True), where)
         table = validate(raw, base, length, level)
         bad = int((table.state == BAD).sum())
         if bad:
@@ -146,6 +147,13 @@ class ArrayChunks:
     async def _existing(self, fixed: tuple[int, ...]) -> AsyncIterator[tuple[int, ...]]:
         """Grid indices of the shard objects that exist, those starting with `fixed` only, in order."""
         layout, ndim = self.source_keys, len(self.shard_grid)
+        if not self.source.listable:
+            # Nothing to list: every shard position of the slab is a candidate
+            # (a missing one reads as absent when its shard is looked up).
+            ranges = [range(f, f + 1) for f in fixed] + [range(g) for g in self.shard_grid[len(fixed):]]
+            for outer in itertools.product(*ranges):
+                yield outer
+            return
         if not layout.nested:
             found = []
             async for name, st in self.source.list(self.key):

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 VIEWS = ("zarr3", "zarr2")
 
 
+def _children(entries: dict | None) -> tuple[str, ...]:
+    """Direct children named by consolidated metadata (paths are relative to the group)."""
+    return tuple(sorted({path.split("/")[0] for path in entries or {} if path}))
+
+
 def _json_file(obj: object, mtime_ns: int) -> BytesFile:
     return BytesFile(encode_json(obj, indent=2), mtime_ns)
 
@@ -57,8 +62,12 @@ class ZarrHierarchy:
         assert isinstance(node, DirNode)
         return node
 
-    async def resolve(self, key: str, st: ObjectStat, strict: bool = False) -> object:
-        """The node for directory `key`: a zarr node, None (plain directory), or HIDDEN."""
+    async def resolve(self, key: str, st: ObjectStat | None, strict: bool = False) -> object:
+        """The node for directory `key`: a zarr node, None (plain directory, or nothing), or HIDDEN.
+
+        `st` is None when the source cannot tell directories exist (plain
+        HTTP): the directory is then shown if it holds a zarr.json.
+        """
         meta_key = join_key(key, "zarr.json")
         try:
             loaded = await read_json(self.source, meta_key)
@@ -67,6 +76,8 @@ class ZarrHierarchy:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
                 return None
             raw, meta_st = loaded
+            if st is None:
+                st = ObjectStat(0, meta_st.mtime_ns, True)
             if node_type(raw, meta_key) == "group":
                 return self._group(key, st, raw, meta_st)  # type: ignore[arg-type]
             return self._array(key, st, raw, meta_st)  # type: ignore[arg-type]
@@ -121,7 +132,7 @@ class ZarrHierarchy:
                 shown["consolidated_metadata"]["metadata"] = {
                     path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
                 fixed["zarr.json"] = _json_file(shown, meta_st.mtime_ns)
-            return GroupDir(self.source, key, st, fixed, self.resolve)
+            return GroupDir(self.source, key, st, fixed, self.resolve, children=_children(entries))
         fixed[".zgroup"] = _json_file({"zarr_format": 2}, meta_st.mtime_ns)
         attrs = attrs_v2(raw)
         if attrs:
@@ -129,7 +140,7 @@ class ZarrHierarchy:
         if entries is not None:
             fixed[".zmetadata"] = _json_file(self._zmetadata(key, raw, entries), meta_st.mtime_ns)
         return GroupDir(self.source, key, st, fixed, self.resolve,
-                        frozenset({"zarr.json", ".zgroup", ".zattrs", ".zmetadata"}))
+                        frozenset({"zarr.json", ".zgroup", ".zattrs", ".zmetadata"}), _children(entries))
 
     def _consolidated_v3(self, key: str, node: object) -> object:
         """A consolidated entry, rewritten like the array's own zarr.json would be."""

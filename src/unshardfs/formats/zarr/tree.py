@@ -170,7 +170,7 @@ class ArrayDir(OverlayDir):
         elif layout.lead:
             # Listed when the source has shards at all (an array never
             # written has no "c" directory, sharded or not).
-            if await self.source.stat(join_key(self.key, layout.lead)) is not None:
+            if not self.source.listable or await self.source.stat_dir(join_key(self.key, layout.lead)):
                 yield [(layout.lead, ChunkDir(self.view, ()))]
         else:
             async for batch in self.view.entries_at(()):
@@ -188,13 +188,16 @@ class GroupDir(OverlayDir):
     __slots__ = ("resolve", "hidden")
 
     def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node], resolve,
-                 hidden: frozenset[str] = frozenset()) -> None:
-        super().__init__(source, key, st, fixed, f"zarr-group:{key}")
+                 hidden: frozenset[str] = frozenset(), children: tuple[str, ...] = ()) -> None:
+        # `children`: names known from consolidated metadata, listed when the source cannot list.
+        super().__init__(source, key, st, fixed, f"zarr-group:{key}", lambda _key: children)
         self.resolve = resolve
         self.hidden = hidden
 
     def hides(self, name: str) -> bool:
         return name in self.hidden
 
-    async def source_child(self, key: str, st: ObjectStat) -> object:
-        return await self.resolve(key, st) if st.is_dir else None
+    async def source_child(self, key: str, st: ObjectStat | None) -> object:
+        if st is not None and not st.is_dir:
+            return None
+        return await self.resolve(key, st)

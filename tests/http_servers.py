@@ -1,0 +1,191 @@
+"""Real HTTP servers on 127.0.0.1 for the remote-source tests.
+
+`DatasetServer` serves a directory with Range, HEAD, ETag/Last-Modified and
+If-Match support, logs every request, and injects faults on demand: slow
+responses, 500s, 429s, dropped connections, no Range support, 404s. It can
+also answer the GCS JSON API's `objects.list` (with small pages, so page
+tokens are exercised), standing in for storage.googleapis.com.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+@dataclass
+class Faults:
+    delay: float = 0.0  # seconds before every response
+    error_every: int = 0  # every Nth request answers `error_status` (0: never)
+    error_status: int = 500
+    drop_every: int = 0  # every Nth GET sends half its body, then closes the connection
+    no_range: bool = False  # ignore Range headers (200 with the whole object)
+    missing: set[str] = field(default_factory=set)  # paths answered with 404
+    no_head: bool = False  # answer HEAD with 405
+
+
+@dataclass
+class Logged:
+    method: str
+    path: str
+    range: str | None
+    status: int
+    sent: int
+
+
+class DatasetServer:
+    def __init__(self, root: Path, gcs_bucket: str | None = None, page_size: int = 3) -> None:
+        self.root = root
+        self.faults = Faults()
+        self.log: list[Logged] = []
+        self.gcs_bucket = gcs_bucket  # serve <root> as gs://<bucket>/ (media and list API)
+        self.page_size = page_size
+        self._count = 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                server.handle(self, head=True)
+
+            def do_GET(self) -> None:
+                server.handle(self, head=False)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_port}"
+
+    def __enter__(self) -> "DatasetServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def reset_log(self) -> None:
+        with self._lock:
+            self.log.clear()
+
+    def requests(self, method: str | None = None) -> list[Logged]:
+        with self._lock:
+            return [r for r in self.log if method is None or r.method == method]
+
+    # -- request handling ------------------------------------------------------
+
+    def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str],
+               head: bool, rng: str | None, drop: bool = False) -> None:
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        sent = 0
+        if not head:
+            if drop and len(body) > 1:
+                h.wfile.write(body[: len(body) // 2])
+                h.wfile.flush()
+                h.close_connection = True
+                sent = len(body) // 2
+            else:
+                h.wfile.write(body)
+                sent = len(body)
+        with self._lock:
+            self.log.append(Logged("HEAD" if head else "GET", h.path, rng, status, sent))
+
+    def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        f = self.faults
+        with self._lock:
+            self._count += 1
+            n = self._count
+        if f.delay:
+            time.sleep(f.delay)
+        rng = h.headers.get("Range")
+        url = urllib.parse.urlsplit(h.path)
+        if f.error_every and n % f.error_every == 0:
+            return self._reply(h, f.error_status, b"injected", {"Retry-After": "0"}, head, rng)
+        if head and f.no_head:
+            return self._reply(h, 405, b"", {}, head, rng)
+        path = urllib.parse.unquote(url.path)
+        if self.gcs_bucket is not None:
+            listing = f"/storage/v1/b/{self.gcs_bucket}/o"
+            if path == listing:
+                return self._gcs_list(h, urllib.parse.parse_qs(url.query), head, rng)
+            prefix = f"/{self.gcs_bucket}/"
+            if not path.startswith(prefix):
+                return self._reply(h, 404, b"no such bucket", {}, head, rng)
+            path = "/" + path[len(prefix):]
+        target = (self.root / path.lstrip("/")).resolve()
+        if path in f.missing or not target.is_file() or self.root.resolve() not in target.parents:
+            return self._reply(h, 404, b"not found", {}, head, rng)
+        st = target.stat()
+        etag = '"' + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest() + '"'
+        headers = {"ETag": etag, "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
+                   "Accept-Ranges": "none" if f.no_range else "bytes"}
+        match = h.headers.get("If-Match")
+        if match and match != etag:
+            return self._reply(h, 412, b"precondition failed", {}, head, rng)
+        data = target.read_bytes()
+        drop = bool(f.drop_every) and not head and n % f.drop_every == 0
+        if rng and not f.no_range and rng.startswith("bytes="):
+            first, _, last = rng[6:].partition("-")
+            start = int(first)
+            end = min(int(last) if last else len(data) - 1, len(data) - 1)
+            if start >= len(data):
+                return self._reply(h, 416, b"", {"Content-Range": f"bytes */{len(data)}"}, head, rng)
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            return self._reply(h, 206, data[start:end + 1], headers, head, rng, drop)
+        return self._reply(h, 200, data, headers, head, rng, drop)
+
+    def _gcs_list(self, h, query: dict, head: bool, rng: str | None) -> None:
+        prefix = query.get("prefix", [""])[0]
+        delimiter = query.get("delimiter", [""])[0]
+        limit = min(int(query.get("maxResults", [self.page_size])[0]), self.page_size)
+        start = int(query.get("pageToken", ["0"])[0])
+        entries: list[tuple[str, dict | None]] = []
+        seen = set()
+        for p in sorted(self.root.rglob("*")):
+            if not p.is_file():
+                continue
+            name = str(p.relative_to(self.root))
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix):]
+            if delimiter and delimiter in rest:
+                sub = prefix + rest.split(delimiter)[0] + delimiter
+                if sub not in seen:
+                    seen.add(sub)
+                    entries.append((sub, None))
+                continue
+            st = p.stat()
+            entries.append((name, {"name": name, "size": str(st.st_size),
+                                   "updated": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime)),
+                                   "etag": hashlib.md5(name.encode()).hexdigest()}))
+        page = entries[start:start + limit]
+        body: dict = {"kind": "storage#objects"}
+        items = [item for _, item in page if item is not None]
+        prefixes = [name for name, item in page if item is None]
+        if items:
+            body["items"] = items
+        if prefixes:
+            body["prefixes"] = prefixes
+        if start + limit < len(entries):
+            body["nextPageToken"] = str(start + limit)
+        self._reply(h, 200, json.dumps(body).encode(), {"Content-Type": "application/json"}, head, rng)
