@@ -367,6 +367,7 @@ def run(args: argparse.Namespace) -> dict:
     shutil.rmtree(shm, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     decode_rows(row)
+    http_rows(row, small, work)
     results["_rows"] = rows
     results["_machine"] = {"cpus": os.cpu_count(), "kernel": platform.release(),
                            "python": platform.python_version(), "n_small_chunks": n}
@@ -397,6 +398,35 @@ def decode_rows(row: Callable[..., None]) -> None:
           f"average): {1e3 / ours:.2f} ms per block, {ours * 2:.0f} MiB/s of uint64 labels", file=sys.stderr)
 
 
+def http_rows(row: Callable[..., None], small: dict, work: Path) -> None:
+    """9. First read through a local HTTP server (Python's threaded http.server, Range support)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from http_servers import DatasetServer
+
+    key = "1_1_1"
+    files = rel_files(small["plain"], key)
+    warm_page_cache(small["sharded"])
+
+    def first_read(source: str) -> float:
+        with mounted("unshardfs", source, work) as m:  # type: ignore[arg-type]
+            return len(files) / parallel_read([str(m / f) for f in files], 8)
+
+    local = max(first_read(str(small["sharded"])) for _ in range(2))
+    with DatasetServer(small["sharded"]) as server:
+        remote = 0.0
+        for _ in range(2):
+            server.reset_log()
+            remote = max(remote, first_read(server.url))
+            requests = len(server.requests())
+    row("first read over HTTP, 8 readers", remote, "files/s", "same, local shards", local)
+    per_chunk = requests / len(files)
+    # The small scale has 8 shards of 64 minishards: a HEAD and a shard index per shard, each
+    # minishard index once, then one GET per chunk is the least any ranged reader can do.
+    least = (8 * 2 + 8 * 64 + len(files)) / len(files)
+    row("HTTP requests per chunk (first read)", per_chunk, "req", "HEAD + indexes + 1 per chunk", least)
+    print(f"http: {requests} requests for {len(files)} chunks of {key}", file=sys.stderr)
+
+
 def print_table(results: dict) -> None:
     m = results["_machine"]
     print(f"\nunshardfs benchmark - {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}\n")
@@ -414,14 +444,20 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="also list a 10,000,000-chunk scale")
     parser.add_argument("--json", help="write the numbers to this file")
     parser.add_argument("--data", default=str(REPO / "bench-data"), help="where datasets are built and reused")
-    parser.add_argument("--only", choices=("decode",), help="run one section only (decode: DVID block decoding)")
+    parser.add_argument("--only", choices=("decode", "http"),
+                        help="run one section only (decode: DVID block decoding; http: reads through HTTP)")
     args = parser.parse_args()
-    if args.only == "decode":
+    if args.only:
         rows: list = []
 
         def row(metric, ours, unit, baseline_name, baseline, target=""):
             rows.append((metric, f"{ours:,.1f} {unit}", ours / baseline, baseline_name, baseline, target))
-        decode_rows(row)
+        if args.only == "decode":
+            decode_rows(row)
+        else:
+            work = Path(tempfile.mkdtemp(prefix="unshardfs-bench-"))
+            http_rows(row, build_datasets(Path(args.data).resolve(), False)["small"], work)
+            shutil.rmtree(work, ignore_errors=True)
         results = {"_rows": rows, "_machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                                                "python": platform.python_version()}}
     else:

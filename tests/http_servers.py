@@ -48,6 +48,8 @@ class DatasetServer:
         self.gcs_bucket = gcs_bucket  # serve <root> as gs://<bucket>/ (media and list API)
         self.page_size = page_size
         self._count = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._lock = threading.Lock()
         server = self
 
@@ -64,7 +66,11 @@ class DatasetServer:
             def do_GET(self) -> None:
                 server.handle(self, head=False)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                pass  # clients hanging up early (a dropped fallback download) are expected here
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -111,6 +117,16 @@ class DatasetServer:
             self.log.append(Logged("HEAD" if head else "GET", h.path, rng, status, sent))
 
     def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self._handle(h, head)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         f = self.faults
         with self._lock:
             self._count += 1

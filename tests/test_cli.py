@@ -73,7 +73,10 @@ def test_source_and_mountpoint_errors(dataset, tmp_path, mount):
     assert_clean_error(run_cli("mount", str(no_info), str(mnt)), "neither an info file")
     assert_clean_error(run_cli("mount", str(dataset), str(tmp_path / "missing")), "does not exist")
     assert_clean_error(run_cli("mount", "--view", "zarr2", str(dataset), str(mnt)), "applies to Zarr stores only")
-    assert_clean_error(run_cli("mount", "s3://bucket/x", str(mnt)), "unsupported source")
+    assert_clean_error(run_cli("mount", "ftp://host/x", str(mnt)), "unsupported source")
+    # A store that cannot be reached: a clean one-line error once the retries are spent.
+    assert_clean_error(run_cli("mount", "--retries", "1", "--backoff", "0", "http://127.0.0.1:9/ds", str(mnt)),
+                       "cannot read")
     full = tmp_path / "full"
     full.mkdir()
     (full / "x").write_text("x")

@@ -12,7 +12,7 @@ import sys
 from . import __version__
 from .caches import Caches, CacheSizes, MiB
 from .daemon import MountRequest, detach, serve, unmount
-from .errors import ConfigError
+from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import STATS_XATTR, MountOptions
 from .sources import RemoteOptions
 from .sources.http import HttpOptions
@@ -54,6 +54,8 @@ def _format_options(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--retries", type=int, default=defaults.retries, metavar="N",
                         help="retries after a connection error, timeout, 429 or 5xx, with backoff (default "
                              "%(default)s)")
+    remote.add_argument("--backoff", type=float, default=defaults.backoff, metavar="SECONDS",
+                        help="first retry delay, doubling each retry (default %(default)s)")
     remote.add_argument("--stat-ttl", type=float, default=defaults.stat_ttl, metavar="SECONDS",
                         help="how long object sizes and absences are trusted (default %(default)s)")
     remote.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint (default: AWS)")
@@ -67,7 +69,7 @@ def _format_options(parser: argparse.ArgumentParser) -> None:
 def format_options(args: argparse.Namespace) -> dict:
     """Keyword arguments of `formats.resolve` from the command line (picklable, for workers)."""
     http = HttpOptions(concurrency=max(1, args.concurrency), timeout=args.timeout, retries=max(0, args.retries),
-                       stat_ttl=args.stat_ttl)
+                       backoff=max(0.0, args.backoff), stat_ttl=args.stat_ttl)
     remote = RemoteOptions(http, args.s3_endpoint, args.gcs_endpoint,
                            args.cache_dir and os.path.abspath(os.path.expanduser(args.cache_dir)),
                            args.cache_dir_size * MiB)
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_tool(args)
         return unmount(args.mountpoint, args.lazy)
-    except ConfigError as e:
+    except (ConfigError, SourceError, DataError) as e:
         print(f"unshardfs: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -20,7 +20,7 @@ from typing import Awaitable, Callable
 import pyfuse3
 import trio
 
-from .errors import ConfigError
+from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import MountOptions, TreeOperations
 from .vtree import DirNode
 
@@ -83,6 +83,9 @@ def serve(request: MountRequest, build: TreeBuilder, ready: Callable[[str | None
         except ConfigError as e:
             ready(str(e))
             raise
+        except (SourceError, DataError) as e:  # e.g. a remote store unreachable at mount time
+            ready(f"cannot read {request.fsname.removeprefix('unshardfs:')}: {e}")
+            raise ConfigError(str(e)) from e
         except RuntimeError as e:  # pyfuse3.init failing to mount
             ready(f"cannot mount on {request.mountpoint}: {e}")
             raise ConfigError(str(e)) from e

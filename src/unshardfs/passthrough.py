@@ -76,6 +76,14 @@ class PassthroughDir(DirNode):
 
     async def lookup(self, name: str) -> Node | None:
         key = join_key(self.key, name)
+        if not self.source.listable and self.override is not None:
+            # Such a source cannot tell a directory exists (and asking costs a
+            # round trip): what the format knows comes first.
+            known = await self.override(key, None)
+            if known is HIDDEN:
+                return None
+            if known is not None:
+                return known  # type: ignore[return-value]
         st = await self.source.stat(key)
         if st is None:
             st = await self.source.stat_dir(key)

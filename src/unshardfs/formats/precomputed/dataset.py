@@ -90,6 +90,11 @@ class PrecomputedDataset:
         for member, kind in (("mesh", "mesh"), ("skeletons", "skeletons")):
             if member in info:
                 await self._add_object_dir(info[member], kind)
+        if isinstance(info.get("segment_properties"), str):
+            try:
+                self._know(normalize_key(info["segment_properties"]))
+            except ConfigError:
+                pass
         self.root_info = BytesFile(encode_json(shown), info_st.mtime_ns)
         root_st = await self.source.stat("")
         assert root_st is not None
@@ -103,7 +108,8 @@ class PrecomputedDataset:
 
     def _declared(self, dir_key: str) -> list[str]:
         names = {key.rpartition("/")[2] for key in self.known_dirs if key.rpartition("/")[0] == dir_key}
-        return sorted(names) + (["info"] if dir_key == "" else [])
+        # `provenance` is the one standard file the info does not name.
+        return sorted(names) + (["info", "provenance"] if dir_key == "" else [])
 
     async def _override(self, key: str, st: ObjectStat | None) -> Node | None:
         if key == "info" and self.root_info is not None:
