@@ -398,6 +398,25 @@ def decode_rows(row: Callable[..., None]) -> None:
           f"average): {1e3 / ours:.2f} ms per block, {ours * 2:.0f} MiB/s of uint64 labels", file=sys.stderr)
 
 
+def _bare_client(base: str, shards: list[str], n: int, queue) -> None:
+    import httpx
+    import trio
+
+    async def main() -> float:
+        limiter = trio.CapacityLimiter(8)
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=8)) as client:
+            async def one(i: int) -> None:
+                async with limiter:
+                    at = (i // len(shards)) * 16384
+                    await client.get(f"{base}/{shards[i % len(shards)]}", headers={"Range": f"bytes={at}-{at + 16383}"})
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, i)
+            return n / (time.perf_counter() - start)
+    queue.put(trio.run(main))
+
+
 def http_rows(row: Callable[..., None], small: dict, work: Path) -> None:
     """9. First read through a local HTTP server (Python's threaded http.server, Range support)."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -412,12 +431,22 @@ def http_rows(row: Callable[..., None], small: dict, work: Path) -> None:
             return len(files) / parallel_read([str(m / f) for f in files], 8)
 
     local = max(first_read(str(small["sharded"])) for _ in range(2))
+    shards = sorted(p.name for p in (small["sharded"] / key).glob("*.shard"))
     with DatasetServer(small["sharded"]) as server:
         remote = 0.0
         for _ in range(2):
             server.reset_log()
             remote = max(remote, first_read(server.url))
             requests = len(server.requests())
+        # What the server itself sustains: the same number of 16 KiB ranged GETs from a bare
+        # httpx client (8 in flight), in a process of its own like the daemon.
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_bare_client, args=(f"{server.url}/{key}", shards, len(files), queue))
+        proc.start()
+        bare = queue.get()
+        proc.join()
+    row("first read over HTTP, 8 readers", remote, "files/s", "bare httpx client, same server", bare)
     row("first read over HTTP, 8 readers", remote, "files/s", "same, local shards", local)
     per_chunk = requests / len(files)
     # The small scale has 8 shards of 64 minishards: a HEAD and a shard index per shard, each

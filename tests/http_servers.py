@@ -97,11 +97,11 @@ class DatasetServer:
     # -- request handling ------------------------------------------------------
 
     def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str],
-               head: bool, rng: str | None, drop: bool = False) -> None:
+               head: bool, rng: str | None, drop: bool = False, length: int | None = None) -> None:
         h.send_response(status)
         for k, v in headers.items():
             h.send_header(k, v)
-        h.send_header("Content-Length", str(len(body)))
+        h.send_header("Content-Length", str(len(body) if length is None else length))
         h.end_headers()
         sent = 0
         if not head:
@@ -158,17 +158,21 @@ class DatasetServer:
         match = h.headers.get("If-Match")
         if match and match != etag:
             return self._reply(h, 412, b"precondition failed", {}, head, rng)
-        data = target.read_bytes()
         drop = bool(f.drop_every) and not head and n % f.drop_every == 0
+        size = st.st_size
         if rng and not f.no_range and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
             start = int(first)
-            end = min(int(last) if last else len(data) - 1, len(data) - 1)
-            if start >= len(data):
-                return self._reply(h, 416, b"", {"Content-Range": f"bytes */{len(data)}"}, head, rng)
-            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            return self._reply(h, 206, data[start:end + 1], headers, head, rng, drop)
-        return self._reply(h, 200, data, headers, head, rng, drop)
+            end = min(int(last) if last else size - 1, size - 1)
+            if start >= size:
+                return self._reply(h, 416, b"", {"Content-Range": f"bytes */{size}"}, head, rng)
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            with open(target, "rb") as fh:
+                fh.seek(start)
+                part = fh.read(end + 1 - start)
+            return self._reply(h, 206, part, headers, head, rng, drop)
+        return self._reply(h, 200, b"" if head else target.read_bytes(), headers, head, rng, drop,
+                           length=size)
 
     def _gcs_list(self, h, query: dict, head: bool, rng: str | None) -> None:
         prefix = query.get("prefix", [""])[0]
