@@ -270,3 +270,38 @@ def test_whole_object_fallback_has_a_limit(site, server):
     assert trio.run(read, 1 << 30) == shard.read_bytes()[10:30]
     with pytest.raises(SourceError, match="ignores Range requests"):
         trio.run(read, 100)
+
+
+def test_timeouts_end_in_eio(site, server, mount):
+    root, volume, _ = site
+    m = mount(f"{server.url}/volume/sharded", "--timeout", "0.2", "--retries", "1", "--backoff", "0")
+    name = sorted(os.listdir(volume["plain"] / "2_2_2"))[0]
+    server.faults.delay = 0.5
+    with pytest.raises(OSError) as e:
+        (m.path / "2_2_2" / name).read_bytes()
+    assert e.value.errno == errno.EIO
+    assert "Timeout" in m.log_text()
+    server.faults.delay = 0
+    assert (m.path / "2_2_2" / name).read_bytes() == (volume["plain"] / "2_2_2" / name).read_bytes()
+
+
+def test_dvid_export_over_gcs(tmp_path, mount):
+    """DVID exports need listing: over gs:// they mount like local ones; plain HTTP is refused clearly."""
+    from conftest import run_cli
+    from dvid_export import BLOCK, agglomerate, encode_volume, info_for, sample_volume, write_scale
+    from test_dvid import SHARDING, VARIANTS, read_tensorstore
+
+    size = (128, 128, 64)
+    vol = sample_volume(size, 2)
+    site = tmp_path / "site"  # served; the mounts live outside it
+    write_scale(site / "export" / "s0", encode_volume(vol), tuple(-(-s // BLOCK) for s in size), SHARDING,
+                VARIANTS["csv-stream-zstd"])
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(info_for([size], SHARDING)))
+    with DatasetServer(site, gcs_bucket="b") as gcs:
+        m = mount("gs://b/export", "--gcs-endpoint", gcs.url, "--info", str(spec))
+        np.testing.assert_array_equal(read_tensorstore(m.path, 0), agglomerate(vol))
+        mnt = tmp_path / "mnt-http"
+        mnt.mkdir()
+        result = run_cli("mount", "--info", str(spec), f"{gcs.url}/b/export", str(mnt))
+        assert result.returncode == 1 and "need a source that can list" in result.stderr

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pyfuse3
 
-from .errors import DataError, StaleError
+from .errors import DataError, SourceError, StaleError
 from .logonce import log_once
 from .vtree import CHILD_ID_BITS, DirNode, Entry, FileNode, Node
 
@@ -41,9 +41,9 @@ def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except DataError as e:
+        except (DataError, SourceError) as e:  # damaged data, or a backend that failed (after retries)
             args[0].counters["eio"] += 1
-            log_once(log, f"eio:{e}", "EIO: %s", e)
+            log_once(log, f"eio:{e}", "EIO in %s: %s", handler.__name__, e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:
             args[0].counters["eio"] += 1
