@@ -8,6 +8,7 @@ bounded by configuration, not by the number of scales or shards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 from cachetools import LRUCache
 
@@ -66,6 +67,15 @@ class Caches:
         self.minishard_index = CountedLRU(self.sizes.minishard_index_bytes)
         self.decoded_chunk = CountedLRU(self.sizes.decoded_chunk_bytes)
         self.encoded_chunk = CountedLRU(self.sizes.encoded_chunk_bytes)
+
+    @classmethod
+    async def through(cls, cache: CountedLRU, key: object, fetch: Callable[[], Awaitable[bytes]]) -> bytes:
+        """The cached value, or fetch it and keep it."""
+        value = cache.get(key)
+        if value is None:
+            value = await fetch()
+            cls.put(cache, key, value)
+        return value
 
     @staticmethod
     def put(cache: CountedLRU, key: object, value: object) -> None:

@@ -56,10 +56,20 @@ class _PrefixListing(HttpSource):
     def object_url(self, key: str) -> str:
         return f"{self.base_url}/{quote(self.full_key(key))}"
 
-    async def pages(self, prefix: str, limit: int | None) -> AsyncIterator[tuple[list[tuple[str, ObjectStat]], list[str]]]:
-        """(objects, sub-prefixes) directly under `prefix` (ending in '/'), page by page."""
+    async def page(self, prefix: str, limit: int | None, token: str | None
+                   ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
+        """One page of the listing: (objects, sub-prefixes, token of the next page or None)."""
         raise NotImplementedError
-        yield
+
+    async def pages(self, prefix: str, limit: int | None
+                    ) -> AsyncIterator[tuple[list[tuple[str, ObjectStat]], list[str]]]:
+        """(objects, sub-prefixes) directly under `prefix` (ending in '/'), page by page."""
+        token = None
+        while True:
+            objects, prefixes, token = await self.page(prefix, limit, token)
+            yield objects, prefixes
+            if not token or limit:
+                return
 
     async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
         full = self.full_key(key)
@@ -104,30 +114,25 @@ class GcsSource(_PrefixListing):
             await trio.to_thread.run_sync(creds.refresh, google.auth.transport.requests.Request())
         request.headers["Authorization"] = f"Bearer {creds.token}"
 
-    async def pages(self, prefix: str, limit: int | None):  # type: ignore[override]
-        token = None
-        while True:
-            query = {"prefix": prefix, "delimiter": "/", "fields": "items(name,size,updated,etag),prefixes,"
-                     "nextPageToken"}
-            if limit:
-                query["maxResults"] = str(limit)
-            if token:
-                query["pageToken"] = token
-            url = f"{self.endpoint}/storage/v1/b/{quote(self.bucket)}/o?{urlencode(query)}"
-            response = await self.request("GET", url)
-            if response.status_code >= 400:
-                raise SourceError(f"listing gs://{self.bucket}/{prefix}: HTTP {response.status_code}")
-            try:
-                page = json.loads(response.content)
-                objects = [(item["name"], ObjectStat(int(item["size"]), _iso_ns(item.get("updated")), False,
-                                                     (item.get("etag", ""), int(item["size"]))))
-                           for item in page.get("items", [])]
-            except (ValueError, KeyError, TypeError) as e:
-                raise SourceError(f"listing gs://{self.bucket}/{prefix}: malformed response ({e})") from e
-            yield objects, list(page.get("prefixes", []))
-            token = page.get("nextPageToken")
-            if not token or limit:
-                return
+    async def page(self, prefix: str, limit: int | None, token: str | None
+                   ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
+        query = {"prefix": prefix, "delimiter": "/", "fields": "items(name,size,updated,etag),prefixes,nextPageToken"}
+        if limit:
+            query["maxResults"] = str(limit)
+        if token:
+            query["pageToken"] = token
+        url = f"{self.endpoint}/storage/v1/b/{quote(self.bucket)}/o?{urlencode(query)}"
+        response = await self.request("GET", url)
+        if response.status_code >= 400:
+            raise SourceError(f"listing gs://{self.bucket}/{prefix}: HTTP {response.status_code}")
+        try:
+            page = json.loads(response.content)
+            objects = [(item["name"], ObjectStat(int(item["size"]), _iso_ns(item.get("updated")), False,
+                                                 (item.get("etag", ""), int(item["size"]))))
+                       for item in page.get("items", [])]
+        except (ValueError, KeyError, TypeError) as e:
+            raise SourceError(f"listing gs://{self.bucket}/{prefix}: malformed response ({e})") from e
+        return objects, list(page.get("prefixes", [])), page.get("nextPageToken")
 
 
 def _google_credentials():
@@ -167,35 +172,32 @@ class S3Source(_PrefixListing):
         if self._signer is not None:
             self._signer(request)
 
-    async def pages(self, prefix: str, limit: int | None):  # type: ignore[override]
-        token = None
-        while True:
-            query = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
-            if limit:
-                query["max-keys"] = str(limit)
-            if token:
-                query["continuation-token"] = token
-            url = f"{self.base_url}/?{urlencode(sorted(query.items()))}"
-            response = await self.request("GET", url)
-            if response.status_code >= 400:
-                raise SourceError(f"listing s3://{self.bucket}/{prefix}: HTTP {response.status_code}")
-            try:
-                root = ET.fromstring(response.content)
-                ns = S3_NS if root.tag.startswith(S3_NS) else ""
-                objects = []
-                for item in root.iter(f"{ns}Contents"):
-                    size = int(item.findtext(f"{ns}Size", "0"))
-                    objects.append((item.findtext(f"{ns}Key", ""), ObjectStat(
-                        size, _iso_ns(item.findtext(f"{ns}LastModified")), False,
-                        (item.findtext(f"{ns}ETag", ""), size))))
-                prefixes = [p.findtext(f"{ns}Prefix", "") for p in root.iter(f"{ns}CommonPrefixes")]
-                truncated = root.findtext(f"{ns}IsTruncated", "false") == "true"
-                token = root.findtext(f"{ns}NextContinuationToken")
-            except (ET.ParseError, ValueError) as e:
-                raise SourceError(f"listing s3://{self.bucket}/{prefix}: malformed response ({e})") from e
-            yield objects, prefixes
-            if not truncated or not token or limit:
-                return
+    async def page(self, prefix: str, limit: int | None, token: str | None
+                   ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
+        query = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
+        if limit:
+            query["max-keys"] = str(limit)
+        if token:
+            query["continuation-token"] = token
+        url = f"{self.base_url}/?{urlencode(sorted(query.items()))}"
+        response = await self.request("GET", url)
+        if response.status_code >= 400:
+            raise SourceError(f"listing s3://{self.bucket}/{prefix}: HTTP {response.status_code}")
+        try:
+            root = ET.fromstring(response.content)
+            ns = S3_NS if root.tag.startswith(S3_NS) else ""
+            objects = []
+            for item in root.iter(f"{ns}Contents"):
+                size = int(item.findtext(f"{ns}Size", "0"))
+                objects.append((item.findtext(f"{ns}Key", ""), ObjectStat(
+                    size, _iso_ns(item.findtext(f"{ns}LastModified")), False,
+                    (item.findtext(f"{ns}ETag", ""), size))))
+            prefixes = [p.findtext(f"{ns}Prefix", "") for p in root.iter(f"{ns}CommonPrefixes")]
+            truncated = root.findtext(f"{ns}IsTruncated", "false") == "true"
+            following = root.findtext(f"{ns}NextContinuationToken") if truncated else None
+        except (ET.ParseError, ValueError) as e:
+            raise SourceError(f"listing s3://{self.bucket}/{prefix}: malformed response ({e})") from e
+        return objects, prefixes, following
 
 
 def _aws_signer(region: str):

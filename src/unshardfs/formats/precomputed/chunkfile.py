@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+from ...caches import Caches
 from ...errors import DataError
 from ...vtree import FileNode
 from .shardfile import Shard, ShardedStore, gunzip
@@ -102,11 +103,8 @@ class ChunkFile(FileNode):
         if self.gzipped:
             return (await self.decoded())[offset:offset + size]
         if self.store.source.remote and self.length <= PREFETCH_MAX:
-            key = self._key(self.shard, self.start, self.length)
-            payload = self.store.caches.encoded_chunk.get(key)
-            if payload is None:
-                payload = await self.shard.read(self.store.source, self.start, self.length)
-                self.store.caches.put(self.store.caches.encoded_chunk, key, payload)
+            payload = await Caches.through(self.store.caches.encoded_chunk, self._key(self.shard, self.start, self.length),
+                                           lambda: self.shard.read(self.store.source, self.start, self.length))
             return payload[offset:offset + size]
         return await self.shard.read(self.store.source, self.start + offset, size)
 

@@ -54,11 +54,9 @@ class ZarrChunkFile(FileNode):
             return (await self._verified())[offset:offset + size]
         if self.source.remote and self.ref.length <= WHOLE_READ_MAX:
             # One request for the whole chunk, not one per 128 KiB piece the kernel asks for.
-            key = (self.ref.blob.label, self.ref.blob.version, self.ref.start)
-            data = self.caches.encoded_chunk.get(key)
-            if data is None:
-                data = await self.ref.blob.read(self.source, self.ref.start, self.ref.length)
-                self.caches.put(self.caches.encoded_chunk, key, data)
+            ref = self.ref
+            data = await Caches.through(self.caches.encoded_chunk, (ref.blob.label, ref.blob.version, ref.start),
+                                        lambda: ref.blob.read(self.source, ref.start, ref.length))
             return data[offset:offset + size]
         return await self.ref.blob.read(self.source, self.ref.start + offset, size)
 
