@@ -41,6 +41,12 @@ class FileNode(Node):
     async def read(self, offset: int, size: int) -> bytes:
         raise NotImplementedError
 
+    def span(self, offset: int, size: int) -> int:
+        """How many bytes a read at `offset` of up to `size` returns (0 at or past the end)."""
+        if offset >= self.size or size <= 0:
+            return 0
+        return min(size, self.size - offset)
+
 
 Entry = tuple[str, Node]
 

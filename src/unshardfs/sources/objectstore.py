@@ -61,6 +61,12 @@ class _PrefixListing(HttpSource):
         """One page of the listing: (objects, sub-prefixes, token of the next page or None)."""
         raise NotImplementedError
 
+    async def listing(self, url: str, prefix: str) -> httpx.Response:
+        response = await self.request("GET", url)
+        if response.status_code >= 400:
+            raise SourceError(f"listing {self.description}/{prefix}: HTTP {response.status_code}")
+        return response
+
     async def pages(self, prefix: str, limit: int | None
                     ) -> AsyncIterator[tuple[list[tuple[str, ObjectStat]], list[str]]]:
         """(objects, sub-prefixes) directly under `prefix` (ending in '/'), page by page."""
@@ -121,10 +127,8 @@ class GcsSource(_PrefixListing):
             query["maxResults"] = str(limit)
         if token:
             query["pageToken"] = token
-        url = f"{self.endpoint}/storage/v1/b/{quote(self.bucket)}/o?{urlencode(query)}"
-        response = await self.request("GET", url)
-        if response.status_code >= 400:
-            raise SourceError(f"listing gs://{self.bucket}/{prefix}: HTTP {response.status_code}")
+        response = await self.listing(f"{self.endpoint}/storage/v1/b/{quote(self.bucket)}/o?{urlencode(query)}",
+                                      prefix)
         try:
             page = json.loads(response.content)
             objects = [(item["name"], ObjectStat(int(item["size"]), _iso_ns(item.get("updated")), False,
@@ -179,10 +183,7 @@ class S3Source(_PrefixListing):
             query["max-keys"] = str(limit)
         if token:
             query["continuation-token"] = token
-        url = f"{self.base_url}/?{urlencode(sorted(query.items()))}"
-        response = await self.request("GET", url)
-        if response.status_code >= 400:
-            raise SourceError(f"listing s3://{self.bucket}/{prefix}: HTTP {response.status_code}")
+        response = await self.listing(f"{self.base_url}/?{urlencode(sorted(query.items()))}", prefix)
         try:
             root = ET.fromstring(response.content)
             ns = S3_NS if root.tag.startswith(S3_NS) else ""

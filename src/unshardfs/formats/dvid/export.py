@@ -165,7 +165,7 @@ class DvidChunkFile(FileNode):
         self.ref = ref
 
     async def read(self, offset: int, size: int) -> bytes:
-        if offset >= self.size or size <= 0:
+        if not self.span(offset, size):
             return b""
         return (await self.scale.decoded(self.index, self.cell, self.ref))[offset:offset + size]
 

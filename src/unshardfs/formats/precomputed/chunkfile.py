@@ -97,9 +97,9 @@ class ChunkFile(FileNode):
         return data
 
     async def read(self, offset: int, size: int) -> bytes:
-        if offset >= self.size or size <= 0:
+        size = self.span(offset, size)
+        if not size:
             return b""
-        size = min(size, self.size - offset)
         if self.gzipped:
             return (await self.decoded())[offset:offset + size]
         if self.store.source.remote and self.length <= PREFETCH_MAX:

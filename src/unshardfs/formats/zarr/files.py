@@ -47,9 +47,9 @@ class ZarrChunkFile(FileNode):
         return data
 
     async def read(self, offset: int, size: int) -> bytes:
-        if offset >= self.size or size <= 0:
+        size = self.span(offset, size)
+        if not size:
             return b""
-        size = min(size, self.size - offset)
         if self.checksum:
             return (await self._verified())[offset:offset + size]
         if self.source.remote and self.ref.length <= WHOLE_READ_MAX:
