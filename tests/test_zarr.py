@@ -240,3 +240,20 @@ def test_backing_reads_per_chunk(store, mount):
     for name in names[1:]:
         (arr / name).read_bytes()
     assert reads() - before == len(names) - 1
+
+
+def test_inspect_reports_every_sharded_array(store):
+    """`inspect --json` on a Zarr store: one report per sharded array, chunk counts equal to the
+    number of chunk files the unsharded writer produced."""
+    from conftest import run_cli
+
+    root, _ = store
+    result = run_cli("inspect", "--json", "-q", str(root / "sharded"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    reports = {r["key"]: r for r in json.loads(result.stdout)}
+    assert sorted(reports) == sorted(case_path(name) for name in CASES)
+    for name in CASES:
+        plain = [rel for rel in walk_files(root / "plain" / case_path(name)) if rel != "zarr.json"]
+        report = reports[case_path(name)]
+        assert report["chunks"] == len(plain), name
+        assert 0 < report["shards_present"] < report["shards_expected"], name  # holes: a missing shard

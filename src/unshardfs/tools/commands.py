@@ -18,9 +18,10 @@ from ..errors import ConfigError
 from ..cli import format_options
 from ..formats import open_tree, resolve
 from ..formats.precomputed import PrecomputedDataset
+from ..formats.zarr import ZarrHierarchy
 from ..logonce import collect_problems
 from ..sources import CountingSource
-from .inspect import format_report, inspect_part
+from .inspect import format_report, inspect_part, inspect_zarr_array, zarr_arrays
 from .walk import WalkSummary, check, export
 
 
@@ -41,14 +42,19 @@ def _progress(bar: tqdm):
 
 async def _inspect(args: argparse.Namespace) -> int:
     source, options = resolve(args.source, **format_options(args))
-    dataset, _tree = await open_tree(source, Caches(), options)
-    if not isinstance(dataset, PrecomputedDataset):
-        raise ConfigError("inspect supports precomputed datasets only so far (use check or export for Zarr)")
+    dataset, tree = await open_tree(source, Caches(), options)
     reports = []
     with _bar(args, "chunk") as bar:
-        for part in dataset.sharded:
-            bar.set_description(part.key)
-            reports.append(await inspect_part(part, bar.update))
+        if isinstance(dataset, PrecomputedDataset):
+            for part in dataset.sharded:
+                bar.set_description(part.key)
+                reports.append(await inspect_part(part, bar.update))
+        elif isinstance(dataset, ZarrHierarchy):
+            for key, chunks in await zarr_arrays(tree, dataset):
+                bar.set_description(key or ".")
+                reports.append(await inspect_zarr_array(key, chunks, bar.update))
+        else:
+            raise ConfigError("inspect summarises precomputed datasets and Zarr stores (use check or export here)")
     print(json.dumps(reports, indent=2) if args.json else format_report(reports, args.source))
     return 0
 

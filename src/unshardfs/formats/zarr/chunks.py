@@ -144,7 +144,7 @@ class ArrayChunks:
 
     # -- all chunks -----------------------------------------------------------
 
-    async def _existing(self, fixed: tuple[int, ...]) -> AsyncIterator[tuple[int, ...]]:
+    async def existing_shards(self, fixed: tuple[int, ...]) -> AsyncIterator[tuple[int, ...]]:
         """Grid indices of the shard objects that exist, those starting with `fixed` only, in order."""
         layout, ndim = self.source_keys, len(self.shard_grid)
         if not self.source.listable:
@@ -224,7 +224,7 @@ class ArrayChunks:
         everything else (their chunks then fail with EIO when looked up).
         """
         outer_fixed = tuple(i // p for i, p in zip(fixed, self.per_shard))
-        async for outer in self._existing(outer_fixed):
+        async for outer in self.existing_shards(outer_fixed):
             try:
                 found = await self.shard_chunks(outer)
             except DataError as e:
