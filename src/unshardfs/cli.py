@@ -214,8 +214,13 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         debug=args.debug,
         options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
         stats=stats,
+        close=lambda: counted[0].aclose() if counted else trio_noop(),
     )
     return serve(request, build, ready)
+
+
+async def trio_noop() -> None:
+    return None
 
 
 def _stats(mountpoint: str) -> int:

@@ -38,6 +38,8 @@ class MountRequest:
     debug: bool = False
     options: MountOptions = field(default_factory=MountOptions)
     stats: StatsSource | None = None
+    # Releases the source (HTTP connections) once unmounted, inside the trio run.
+    close: Callable[[], Awaitable[None]] | None = None
 
 
 def check_mountpoint(path: str) -> None:
@@ -99,6 +101,9 @@ def serve(request: MountRequest, build: TreeBuilder, ready: Callable[[str | None
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", request.mountpoint)
+            if request.close is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await request.close()
 
     try:
         trio.run(main)
