@@ -29,6 +29,7 @@ class Faults:
     no_range: bool = False  # ignore Range headers (200 with the whole object)
     missing: set[str] = field(default_factory=set)  # paths answered with 404
     no_head: bool = False  # answer HEAD with 405
+    moved: str | None = None  # paths under this prefix answer 301 to the same path without it
 
 
 @dataclass
@@ -140,6 +141,8 @@ class DatasetServer:
         if head and f.no_head:
             return self._reply(h, 405, b"", {}, head, rng)
         path = urllib.parse.unquote(url.path)
+        if f.moved and path.startswith(f.moved + "/"):
+            return self._reply(h, 301, b"", {"Location": url.path[len(f.moved):]}, head, rng)
         if self.gcs_bucket is not None:
             listing = f"/storage/v1/b/{self.gcs_bucket}/o"
             if path == listing:

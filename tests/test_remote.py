@@ -305,3 +305,11 @@ def test_dvid_export_over_gcs(tmp_path, mount):
         mnt.mkdir()
         result = run_cli("mount", "--info", str(spec), f"{gcs.url}/b/export", str(mnt))
         assert result.returncode == 1 and "need a source that can list" in result.stderr
+
+
+def test_redirects_are_followed(site, server, mount):
+    root, volume, _ = site
+    server.faults.moved = "/old"
+    m = mount(f"{server.url}/old/volume/sharded")
+    assert_same_tree(m.path, volume["plain"], ("info",))
+    assert any(r.status == 301 for r in server.requests())
