@@ -14,8 +14,7 @@ from .caches import Caches, CacheSizes, MiB
 from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import STATS_XATTR, MountOptions
-from .sources import RemoteOptions
-from .sources.http import HttpOptions
+from .options import add_format_options, format_options
 
 EXAMPLES = """\
 examples:
@@ -27,54 +26,12 @@ examples:
   unshardfs mount /data/em.zarr /mnt/em            # Zarr v3: every shard's inner chunks as files
   unshardfs mount --view zarr2 /data/em.zarr /mnt/em2   # the same as Zarr v2, for v2-only readers
   unshardfs mount --info spec.json /data/dvid-export /mnt/seg  # DVID export-shards as precomputed
+  unshardfs mount precomputed://gs://bucket/seg /mnt/seg    # straight from object storage (also s3://, https://)
   unshardfs unmount /mnt/fafb
   unshardfs inspect /data/fafb-seg                 # shards, chunks, sizes (indexes only)
   unshardfs check /data/fafb-seg                   # verify every index and payload
   unshardfs export /data/fafb-seg /data/unsharded  # write the unsharded tree (resumable)
 """
-
-
-def _format_options(parser: argparse.ArgumentParser) -> None:
-    """Options that choose how a format is shown (shared by mount, check and export)."""
-    parser.add_argument("--view", choices=("zarr3", "zarr2"), default=None,
-                        help="Zarr stores: show unsharded Zarr v3 (default) or Zarr v2 for legacy readers")
-    parser.add_argument("--info", dest="info_path", metavar="SPEC.json",
-                        help="DVID exports: the Neuroglancer volume spec the export was made against "
-                             "(default: an info file in SOURCE)")
-    parser.add_argument("--supervoxels", action="store_true",
-                        help="DVID exports: show supervoxel ids instead of agglomerated labels")
-
-
-    remote = parser.add_argument_group("remote sources (http(s)://, gs://, s3://)")
-    defaults = HttpOptions()
-    remote.add_argument("--concurrency", type=int, default=defaults.concurrency, metavar="N",
-                        help="requests in flight at once (default %(default)s)")
-    remote.add_argument("--timeout", type=float, default=defaults.timeout, metavar="SECONDS",
-                        help="per request attempt (default %(default)s)")
-    remote.add_argument("--retries", type=int, default=defaults.retries, metavar="N",
-                        help="retries after a connection error, timeout, 429 or 5xx, with backoff (default "
-                             "%(default)s)")
-    remote.add_argument("--backoff", type=float, default=defaults.backoff, metavar="SECONDS",
-                        help="first retry delay, doubling each retry (default %(default)s)")
-    remote.add_argument("--stat-ttl", type=float, default=defaults.stat_ttl, metavar="SECONDS",
-                        help="how long object sizes and absences are trusted (default %(default)s)")
-    remote.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint (default: AWS)")
-    remote.add_argument("--gcs-endpoint", metavar="URL", help="GCS endpoint (default: storage.googleapis.com)")
-    remote.add_argument("--cache-dir", metavar="DIR",
-                        help="keep shard/minishard indexes on disk, so a remount does not fetch them again")
-    remote.add_argument("--cache-dir-size", type=int, default=1024, metavar="MiB",
-                        help="budget of --cache-dir (default %(default)s)")
-
-
-def format_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments of `formats.resolve` from the command line (picklable, for workers)."""
-    http = HttpOptions(concurrency=max(1, args.concurrency), timeout=args.timeout, retries=max(0, args.retries),
-                       backoff=max(0.0, args.backoff), stat_ttl=args.stat_ttl)
-    remote = RemoteOptions(http, args.s3_endpoint, args.gcs_endpoint,
-                           args.cache_dir and os.path.abspath(os.path.expanduser(args.cache_dir)),
-                           args.cache_dir_size * MiB)
-    return {"view": args.view, "info_path": args.info_path and os.path.abspath(args.info_path),
-            "supervoxels": args.supervoxels, "remote": remote}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
                    help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
                         "compressed payloads fetched at lookup)")
-    _format_options(m)
+    add_format_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     s = sub.add_parser("stats", help="print a mount's live statistics (JSON)",
@@ -122,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("source", metavar="SOURCE")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _format_options(i)
+    add_format_options(i)
 
     c = sub.add_parser("check", help="verify every shard index, minishard index and payload of SOURCE",
                        epilog="exit status: 0 intact, 1 damaged (each problem printed with its shard and chunk id)\n"
@@ -131,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("source", metavar="SOURCE")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
-    _format_options(c)
+    add_format_options(c)
 
     e = sub.add_parser("export", help="write SOURCE's unsharded tree to DEST (resumable)",
                        epilog="Files already complete in DEST (same size and mtime) are skipped, so a\n"
@@ -142,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("dest", metavar="DEST")
     e.add_argument("-j", "--jobs", type=int, default=4, help="concurrent file writes (default 4)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _format_options(e)
+    add_format_options(e)
 
     u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
                        epilog="example:\n  unshardfs unmount /mnt/ds",

@@ -15,11 +15,11 @@ from tqdm import tqdm
 
 from ..caches import Caches
 from ..errors import ConfigError
-from ..cli import format_options
 from ..formats import open_tree, resolve
 from ..formats.precomputed import PrecomputedDataset
 from ..formats.zarr import ZarrHierarchy
 from ..logonce import collect_problems
+from ..options import format_options
 from ..sources import CountingSource
 from .inspect import format_report, inspect_part, inspect_zarr_array, zarr_arrays
 from .walk import WalkSummary, check, export

@@ -80,7 +80,7 @@ async def zarr_arrays(tree: DirNode, hierarchy) -> list:
 
     if isinstance(tree, GroupDir):
         await visit(tree)
-    return sorted(hierarchy.sharded, key=lambda item: item[0])
+    return sorted(hierarchy.sharded.items())
 
 
 async def inspect_zarr_array(key: str, chunks, progress: Progress | None = None) -> dict:

@@ -50,8 +50,9 @@ class ZarrHierarchy:
         self.source = source
         self.caches = caches
         self.view = view
-        # What `inspect` reports: (key, ArrayChunks) of the sharded arrays resolved so far.
-        self.sharded: list[tuple[str, ArrayChunks]] = []
+        # What `inspect` reports: the sharded arrays resolved so far, by key (a
+        # dict: directories are resolved again whenever the kernel forgets them).
+        self.sharded: dict[str, ArrayChunks] = {}
 
     async def build(self) -> DirNode:
         root_st = await self.source.stat("")
@@ -102,7 +103,7 @@ class ZarrHierarchy:
             return None
         chunks = ArrayChunks(self.source, key, meta, flat, self.caches)
         if flat.levels:
-            self.sharded.append((key, chunks))
+            self.sharded[key] = chunks
         if self.view == "zarr3":
             if not flat.levels:
                 return None  # an unsharded array is already what we would show
