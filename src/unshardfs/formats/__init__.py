@@ -49,7 +49,9 @@ async def detect(source: ByteSource, options: "FormatOptions") -> str:
     if await looks_like_export(source):
         raise ConfigError(f"{source.description} looks like a DVID export (s0/*.arrow) but has no info file; "
                           "give the volume spec it was exported against with --info SPEC.json")
-    raise ConfigError(f"{source.description} has neither an info file (precomputed) nor a zarr.json (Zarr v3)")
+    hint = " (or the store refuses to let us read them: check the URL and credentials)" if source.remote else ""
+    raise ConfigError(f"{source.description} has neither an info file (precomputed) nor a zarr.json (Zarr v3)"
+                      + hint)
 
 
 async def open_tree(source: ByteSource, caches: Caches, options: FormatOptions | None = None
