@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..caches import Caches, CountedLRU
 from ..errors import DataError, SourceError
 from .base import ByteSource, ObjectStat
+
+# Over the network, payloads up to this size are fetched whole in one request
+# instead of in the kernel's 128 KiB pieces, each a round trip.
+WHOLE_READ_MAX = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +62,20 @@ class Blob:
         if want_end > base:
             raise DataError(self.label, f"range [{offset}, {want_end}) lies beyond the end ({base} bytes)")
         return b"".join(out)
+
+    def payload_key(self, start: int, length: int) -> tuple:
+        """Cache key of the payload at [start, start+length) of this version of the blob."""
+        return (self.label, self.version, start, length)
+
+    async def read_payload(self, source: ByteSource, start: int, length: int, offset: int, size: int,
+                           cache: CountedLRU) -> bytes:
+        """Bytes [offset, offset+size) of the payload at [start, start+length).
+
+        From a remote source a small payload is fetched whole once and kept
+        in `cache`, so the reads that follow cost no further requests.
+        """
+        if source.remote and length <= WHOLE_READ_MAX:
+            whole = await Caches.through(cache, self.payload_key(start, length),
+                                         lambda: self.read(source, start, length))
+            return whole[offset:offset + size]
+        return await self.read(source, start + offset, size)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from ...caches import Caches
 from ...errors import DataError
+from ...sources.blob import WHOLE_READ_MAX
 from ...vtree import FileNode
 from .shardfile import Shard, ShardedStore, gunzip
 
@@ -49,7 +49,7 @@ class ChunkFile(FileNode):
         gzip payload is read whole instead of just its trailer.
         """
         size = length
-        if prefetch and not gzipped and store.source.remote and length <= PREFETCH_MAX:
+        if prefetch and not gzipped and store.source.remote and length <= WHOLE_READ_MAX:
             # Over the network one request for the whole payload beats the
             # kernel's 128 KiB pieces, each a round trip.
             payload = await shard.read(store.source, start, length)
@@ -68,7 +68,7 @@ class ChunkFile(FileNode):
 
     @staticmethod
     def _key(shard: Shard, start: int, length: int) -> tuple:
-        return (shard.label, shard.version, start, length)
+        return shard.payload_key(start, length)
 
     @staticmethod
     def _where(shard: Shard, chunk_id: int) -> str:
@@ -102,11 +102,8 @@ class ChunkFile(FileNode):
             return b""
         if self.gzipped:
             return (await self.decoded())[offset:offset + size]
-        if self.store.source.remote and self.length <= PREFETCH_MAX:
-            payload = await Caches.through(self.store.caches.encoded_chunk, self._key(self.shard, self.start, self.length),
-                                           lambda: self.shard.read(self.store.source, self.start, self.length))
-            return payload[offset:offset + size]
-        return await self.shard.read(self.store.source, self.start + offset, size)
+        return await self.shard.read_payload(self.store.source, self.start, self.length, offset, size,
+                                             self.store.caches.encoded_chunk)
 
     def xattrs(self) -> dict[str, bytes]:
         return {

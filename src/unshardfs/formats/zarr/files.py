@@ -16,9 +16,6 @@ from ...vtree import FileNode
 from .chunks import ChunkRef
 
 
-WHOLE_READ_MAX = 1 << 20
-
-
 class ZarrChunkFile(FileNode):
     __slots__ = ("source", "ref", "checksum", "caches", "where")
 
@@ -52,13 +49,8 @@ class ZarrChunkFile(FileNode):
             return b""
         if self.checksum:
             return (await self._verified())[offset:offset + size]
-        if self.source.remote and self.ref.length <= WHOLE_READ_MAX:
-            # One request for the whole chunk, not one per 128 KiB piece the kernel asks for.
-            ref = self.ref
-            data = await Caches.through(self.caches.encoded_chunk, (ref.blob.label, ref.blob.version, ref.start),
-                                        lambda: ref.blob.read(self.source, ref.start, ref.length))
-            return data[offset:offset + size]
-        return await self.ref.blob.read(self.source, self.ref.start + offset, size)
+        ref = self.ref
+        return await ref.blob.read_payload(self.source, ref.start, ref.length, offset, size, self.caches.encoded_chunk)
 
     def xattrs(self) -> dict[str, bytes]:
         return {
