@@ -28,7 +28,6 @@ from typing import Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(HERE))
 
 PY = sys.executable
@@ -152,7 +151,7 @@ def rel_files(root: Path, sub: str) -> list[str]:
 # -- datasets ----------------------------------------------------------------
 
 def build_datasets(data: Path, full: bool) -> dict:
-    from datasets import Scale, sharding, write_volume
+    from unshardfs.testing.precomputed import Scale, sharding, write_volume
     import bench_data
 
     data.mkdir(parents=True, exist_ok=True)
@@ -378,8 +377,7 @@ def decode_rows(row: Callable[..., None]) -> None:
     """8. DVID label block decoding, per 64^3 block, vs gunzip of the same labels as a raw chunk."""
     import zlib
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from dvid_export import encode_volume, sample_volume
+    from unshardfs.testing.dvid import encode_volume, sample_volume
 
     from unshardfs.formats.dvid.block import decode_block
 
@@ -419,8 +417,7 @@ def _bare_client(base: str, shards: list[str], n: int, queue) -> None:
 
 def http_rows(row: Callable[..., None], small: dict, work: Path) -> None:
     """9. First read through a local HTTP server (Python's threaded http.server, Range support)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from http_servers import DatasetServer
+    from unshardfs.testing.http_servers import DatasetServer
 
     key = "1_1_1"
     files = rel_files(small["plain"], key)

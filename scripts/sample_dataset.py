@@ -10,9 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from datasets import Scale, sharding, write_objects, write_volume  # noqa: E402
+from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
 
 
 def main(dest: Path) -> None:

@@ -6,9 +6,8 @@ Usage: sample_zarr.py DEST  ->  DEST/{sharded,plain}/em (+ group zarr.json, cons
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from zarr_datasets import BYTES_LE, CRC, ZCase, codec, consolidate, sharding, write_case, write_group  # noqa: E402
+from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, consolidate, sharding, write_case, write_group
 
 
 def main(dest: Path) -> None:

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from conftest import assert_same_tree
-from datasets import Scale, sharding, write_volume
+from tests.support.trees import assert_same_tree
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 MINISHARD_BITS = 2
 

@@ -12,8 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import run_cli
-from dvid_export import (BLOCK, Variant, agglomerate, encode_block, encode_volume, info_for, sample_volume,
+from tests.support.mounts import run_cli
+from unshardfs.testing.dvid import (BLOCK, Variant, agglomerate, encode_block, encode_volume, info_for, sample_volume,
                          write_scale, zero_subblock_block)
 
 SIZES = [(200, 130, 70), (100, 65, 35)]  # edge chunks clipped; scale 1 is a single shard

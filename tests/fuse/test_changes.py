@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from datasets import Scale, sharding, write_volume
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 KEY = "1_1_1"
 

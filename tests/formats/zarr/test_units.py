@@ -9,7 +9,7 @@ from unshardfs.formats.zarr.keys import KeyLayout
 from unshardfs.formats.zarr.metadata import ArrayMeta
 from unshardfs.formats.zarr.sharding import Unsupported, unshard
 from unshardfs.formats.zarr.v2 import array_v2, fill_value
-from zarr_datasets import BYTES_LE, CRC, codec, sharding
+from unshardfs.testing.zarr import BYTES_LE, CRC, codec, sharding
 
 GZ = codec("gzip", level=1)
 

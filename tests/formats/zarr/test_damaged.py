@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli, unstamped, walk_files
-from zarr_datasets import BYTES_LE, CRC, ZCase, codec, sharding, write_case, write_group
+from tests.support.mounts import run_cli
+from tests.support.trees import unstamped, walk_files
+from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case, write_group
 
 GZ = codec("gzip", level=1)
 SHARD = (16, 16)

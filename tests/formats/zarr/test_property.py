@@ -18,7 +18,7 @@ from unshardfs.caches import Caches
 from unshardfs.errors import DataError
 from unshardfs.formats.zarr import ZarrHierarchy
 from unshardfs.sources import LocalSource
-from zarr_datasets import BYTES_LE, CRC, ZCase, codec, sharding, write_case
+from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case
 
 SHARD = "arr/c/0/0"
 INNER = [(i, j) for i in range(4) for j in range(4)]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from datasets import Scale, sharding, write_volume
+from tests.support.precomputed import chunk_locations
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 KEY = "1_1_1"
 SIZE, CHUNK = (96, 64, 48), (8, 8, 8)  # 12*8*6 = 576 chunks of 1 KiB (uint16)
@@ -34,27 +34,10 @@ def source_reads(mnt: Path) -> int:
     return stats(mnt)["source"]["reads"]
 
 
-def chunk_locations(spec: dict) -> dict[tuple, list[str]]:
-    """(shard, minishard) -> chunk names, computed with CloudVolume's code."""
-    from cloudvolume.datasource.precomputed.common import compressed_morton_code
-    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
-
-    cv_spec = ShardingSpecification.from_dict(dict(spec))
-    grid = [s // c for s, c in zip(SIZE, CHUNK)]
-    groups = defaultdict(list)
-    for x in range(grid[0]):
-        for y in range(grid[1]):
-            for z in range(grid[2]):
-                loc = cv_spec.compute_shard_location(int(compressed_morton_code((x, y, z), grid)))
-                name = "_".join(f"{g * c}-{(g + 1) * c}" for g, c in zip((x, y, z), CHUNK))
-                groups[(loc.shard_number, int(loc.minishard_number))].append(name)
-    return groups
-
-
 def test_one_backing_read_per_further_chunk(volume, mount):
     paths, spec = volume
     m = mount(paths["sharded"])
-    group = max(chunk_locations(spec).values(), key=len)
+    group = max(chunk_locations(spec, SIZE, CHUNK).values(), key=len)
     assert len(group) >= 4
     first, *rest = group
     assert (m.path / KEY / first).read_bytes() == (paths["plain"] / KEY / first).read_bytes()

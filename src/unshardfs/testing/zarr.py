@@ -17,7 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-ZARR2_PYTHON = Path(__file__).resolve().parent.parent / ".venv-zarr2" / "bin" / "python"
+import os
+
+# zarr-python 2 lives in a venv of its own (scripts/setup makes it at the
+# repository root); UNSHARDFS_ZARR2_PYTHON points elsewhere.
+ZARR2_PYTHON = Path(os.environ.get("UNSHARDFS_ZARR2_PYTHON")
+                    or Path(__file__).resolve().parents[3] / ".venv-zarr2" / "bin" / "python")
 
 
 def codec(name: str, **config) -> dict:

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from conftest import UNSHARDFS, run_cli, walk_files
-from datasets import Scale, sharding, write_objects, write_volume
-from test_damaged import DAMAGES, SCALE_KEY, damage_delete, damage_gzip_payload
+from tests.support.mounts import UNSHARDFS, run_cli
+from tests.support.trees import walk_files
+from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
+from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete, damage_gzip_payload
 
 MINISHARD_BITS = 1  # as the damage planters assume
 

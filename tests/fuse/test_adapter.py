@@ -11,7 +11,7 @@ import pyfuse3
 import pytest
 import trio
 
-from datasets import Scale, sharding, write_volume
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.caches import Caches
 from unshardfs.formats.precomputed import build_tree
 from unshardfs.fuse_adapter import TreeOperations

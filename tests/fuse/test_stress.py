@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import daemon_pids, force_unmount, run_cli
-from datasets import Scale, sharding, write_volume
+from tests.support.mounts import daemon_pids, force_unmount, run_cli
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 
 @pytest.fixture(scope="module")

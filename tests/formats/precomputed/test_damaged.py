@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datasets import Scale, sharding, write_volume
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 SCALE_KEY = "1_1_1"
 MINISHARD_BITS = 1

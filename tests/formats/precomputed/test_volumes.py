@@ -11,8 +11,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import assert_same_tree
-from datasets import Scale, read_all, sharding, write_volume
+from tests.support.trees import assert_same_tree
+from unshardfs.testing.precomputed import Scale, read_all, sharding, write_volume
 
 CASES = {
     # name: (scales, data_type, num_channels, volume type)

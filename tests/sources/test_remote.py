@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import assert_same_tree, walk_files
-from datasets import Scale, sharding, write_objects, write_volume
-from http_servers import DatasetServer
+from tests.support.trees import assert_same_tree, walk_files
+from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
+from unshardfs.testing.http_servers import DatasetServer
 
 SCALES = [Scale((96, 64, 48), (16, 16, 16), sharding(preshift=1, minishard=2, shard=2, data_enc="gzip",
                                                       index_enc="gzip")),
@@ -54,19 +54,12 @@ def test_plain_http_equals_local_mount(site, server, mount):
 def test_reads_are_ranged_and_few(site, server, mount):
     """First chunk of a shard: one HEAD, then shard index, minishard index and chunk; each further chunk
     of that minishard: one GET of exactly its bytes. Never a whole shard."""
-    from test_counts import chunk_locations  # chunk -> (shard, minishard), computed with CloudVolume
+    from tests.support.precomputed import chunk_locations  # chunk -> (shard, minishard), computed with CloudVolume
 
     root, volume, _ = site
     m = mount(f"{server.url}/volume/sharded")
     spec = SCALES[0].sharding
-    import test_counts
-
-    saved = test_counts.SIZE, test_counts.CHUNK
-    test_counts.SIZE, test_counts.CHUNK = SCALES[0].size, SCALES[0].chunk
-    try:
-        group = max(chunk_locations(spec).values(), key=len)
-    finally:
-        test_counts.SIZE, test_counts.CHUNK = saved
+    group = max(chunk_locations(spec, SCALES[0].size, SCALES[0].chunk).values(), key=len)
     key = "1_1_1"
     server.reset_log()
     first, *rest = group
@@ -168,7 +161,7 @@ def test_gcs_listing_and_reads(site, mount):
 def test_zarr_over_http(tmp_path, mount):
     """A Zarr v3 store: the v3 view over HTTP equals the local one, and zarr-python reads it."""
     import zarr
-    from zarr_datasets import BYTES_LE, ZCase, codec, consolidate, sharding as zsharding, write_case, write_group
+    from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, consolidate, sharding as zsharding, write_case, write_group
 
     case = ZCase((40, 30), "uint16", (20, 15), [zsharding((10, 5), [BYTES_LE, codec("zstd", level=1)])], (10, 5),
                  [BYTES_LE, codec("zstd", level=1)])
@@ -287,9 +280,9 @@ def test_timeouts_end_in_eio(site, server, mount):
 
 def test_dvid_export_over_gcs(tmp_path, mount):
     """DVID exports need listing: over gs:// they mount like local ones; plain HTTP is refused clearly."""
-    from conftest import run_cli
-    from dvid_export import BLOCK, agglomerate, encode_volume, info_for, sample_volume, write_scale
-    from test_dvid import SHARDING, VARIANTS, read_tensorstore
+    from tests.support.mounts import run_cli
+    from unshardfs.testing.dvid import BLOCK, agglomerate, encode_volume, info_for, sample_volume, write_scale
+    from tests.formats.dvid.test_mount import SHARDING, VARIANTS, read_tensorstore
 
     size = (128, 128, 64)
     vol = sample_volume(size, 2)

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from conftest import assert_same_tree
-from datasets import sharding, write_objects
+from tests.support.trees import assert_same_tree
+from unshardfs.testing.precomputed import sharding, write_objects
 
 SPECS = {
     "murmur-raw": sharding(minishard=2, shard=2),

@@ -1,0 +1,38 @@
+"""Comparing a mounted (or exported) tree with the unsharded reference, file by file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def walk_files(root: Path) -> dict[str, Path]:
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def unstamped(data: bytes) -> bytes:
+    """`data` with a gzip member's MTIME zeroed: writers stamp the current time
+    there, so two writes of the same chunk a second apart differ only in it."""
+    if data[:3] == b"\x1f\x8b\x08" and len(data) >= 18:
+        return data[:4] + bytes(4) + data[8:]
+    return data
+
+
+def assert_same_tree(mounted: Path, reference: Path, json_files: tuple[str, ...] = (),
+                     ignore_gzip_mtime: bool = False) -> int:
+    """Same file names and same bytes; `json_files` are compared as parsed JSON.
+
+    Returns the number of files compared, so callers can check they compared
+    something at all.
+    """
+    got, want = walk_files(mounted), walk_files(reference)
+    assert sorted(got) == sorted(want), (
+        f"missing: {sorted(set(want) - set(got))[:10]} extra: {sorted(set(got) - set(want))[:10]}")
+    for rel, path in want.items():
+        if rel in json_files or rel.endswith("/info") or rel == "info":
+            assert json.loads(got[rel].read_bytes()) == json.loads(path.read_bytes()), rel
+        elif ignore_gzip_mtime:
+            assert unstamped(got[rel].read_bytes()) == unstamped(path.read_bytes()), rel
+        else:
+            assert got[rel].read_bytes() == path.read_bytes(), rel
+    return len(want)
