@@ -139,30 +139,11 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
             os.close(ready_fd)
             ready_fd = None
 
-    from .formats import open_tree, resolve
-    from .sources import CountingSource
+    from .session import Session
 
     chunk_bytes = args.chunk_cache * MiB
     caches = Caches(CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, chunk_bytes,
                                encoded_chunk_bytes=chunk_bytes // 8))
-    counted: list[CountingSource] = []
-
-    async def build():
-        source, options = resolve(args.source, **format_options(args))
-        counted.append(CountingSource(source))
-        return (await open_tree(counted[0], caches, options))[1]
-
-    def stats() -> dict:
-        out = {"source": counted[0].counters.as_dict() if counted else {}, "caches": caches.usage()}
-        backend = counted[0].inner if counted else None
-        if hasattr(backend, "usage"):
-            out["index_disk_cache"] = backend.usage()  # type: ignore[union-attr]
-            backend = backend.inner  # type: ignore[union-attr]
-        http = getattr(backend, "counters", None)
-        if http is not None:
-            out["http"] = http.as_dict()
-        return out
-
     request = MountRequest(
         mountpoint=args.mountpoint,
         fsname=f"unshardfs:{args.source}",
@@ -170,14 +151,8 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o and o != "rw"],
         debug=args.debug,
         options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
-        stats=stats,
-        close=lambda: counted[0].aclose() if counted else trio_noop(),
     )
-    return serve(request, build, ready)
-
-
-async def trio_noop() -> None:
-    return None
+    return serve(request, lambda: Session.open(args.source, format_options(args), caches), ready)
 
 
 def _stats(mountpoint: str) -> int:

@@ -22,12 +22,11 @@ import trio
 
 from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import MountOptions, TreeOperations
-from .vtree import DirNode
+from .session import Session
 
 log = logging.getLogger(__name__)
 
-TreeBuilder = Callable[[], Awaitable[DirNode]]
-StatsSource = Callable[[], dict]
+SessionOpener = Callable[[], Awaitable[Session]]
 
 
 @dataclass
@@ -37,9 +36,6 @@ class MountRequest:
     fuse_options: list[str] = field(default_factory=list)
     debug: bool = False
     options: MountOptions = field(default_factory=MountOptions)
-    stats: StatsSource | None = None
-    # Releases the source (HTTP connections) once unmounted, inside the trio run.
-    close: Callable[[], Awaitable[None]] | None = None
 
 
 def check_mountpoint(path: str) -> None:
@@ -73,24 +69,29 @@ def fuse_option_set(request: MountRequest) -> set[str]:
     return opts
 
 
-def serve(request: MountRequest, build: TreeBuilder, ready: Callable[[str | None], None]) -> int:
-    """Build the tree, mount, report readiness, serve until unmounted or signalled."""
+def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[str | None], None]) -> int:
+    """Open the source, mount, report readiness, serve until unmounted or signalled."""
 
     async def main() -> None:
+        session: Session | None = None
         try:
             check_mountpoint(request.mountpoint)
-            tree = await build()
-            ops = TreeOperations(tree, request.options, request.stats)
+            session = await open_session()
+            ops = TreeOperations(session.tree, request.options, session.stats)
             pyfuse3.init(ops, request.mountpoint, fuse_option_set(request))
-        except ConfigError as e:
-            ready(str(e))
+        except BaseException as e:
+            if session is not None:
+                await _release(session)
+            if isinstance(e, ConfigError):
+                ready(str(e))
+                raise
+            if isinstance(e, (SourceError, DataError)):  # e.g. a remote store unreachable at mount time
+                ready(f"cannot read {request.fsname.removeprefix('unshardfs:')}: {e}")
+                raise ConfigError(str(e)) from e
+            if isinstance(e, RuntimeError):  # pyfuse3.init failing to mount
+                ready(f"cannot mount on {request.mountpoint}: {e}")
+                raise ConfigError(str(e)) from e
             raise
-        except (SourceError, DataError) as e:  # e.g. a remote store unreachable at mount time
-            ready(f"cannot read {request.fsname.removeprefix('unshardfs:')}: {e}")
-            raise ConfigError(str(e)) from e
-        except RuntimeError as e:  # pyfuse3.init failing to mount
-            ready(f"cannot mount on {request.mountpoint}: {e}")
-            raise ConfigError(str(e)) from e
         ready(None)
         log.info("mounted %s on %s", request.fsname, request.mountpoint)
         try:
@@ -101,15 +102,19 @@ def serve(request: MountRequest, build: TreeBuilder, ready: Callable[[str | None
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", request.mountpoint)
-            if request.close is not None:
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await request.close()
+            await _release(session)
 
     try:
         trio.run(main)
     except ConfigError:
         return 1
     return 0
+
+
+async def _release(session: Session) -> None:
+    """Close the source (HTTP connections), even while being cancelled, within a bound."""
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        await session.aclose()
 
 
 async def _stop_on_signal(scope: trio.CancelScope) -> None:

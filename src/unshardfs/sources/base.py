@@ -59,6 +59,46 @@ class ByteSource(Protocol):
     async def aclose(self) -> None:
         """Release connections (called when the mount ends)."""
 
+    def stats(self) -> dict[str, object]:
+        """Live counters of this source and the layers below it, by section (for `unshardfs stats`)."""
+
+
+class SourceLayer:
+    """A byte source layered over another (counting, disk cache): everything not
+    overridden goes to `inner`, and `stats` merges this layer's section with the
+    ones below, so no caller needs to know how deep the stack is."""
+
+    def __init__(self, inner: ByteSource) -> None:
+        self.inner = inner
+        self.description = inner.description
+        self.listable = inner.listable
+        self.remote = inner.remote
+
+    async def stat(self, key: str) -> ObjectStat | None:
+        return await self.inner.stat(key)
+
+    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.inner.read(key, offset, size, version)
+
+    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.inner.read_index(key, offset, size, version)
+
+    def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+        return self.inner.list(key)
+
+    async def stat_dir(self, key: str) -> ObjectStat | None:
+        return await self.inner.stat_dir(key)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def own_stats(self) -> dict[str, object]:
+        """This layer's sections of `stats` (none by default)."""
+        return {}
+
+    def stats(self) -> dict[str, object]:
+        return {**self.inner.stats(), **self.own_stats()}
+
 
 def join_key(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import AsyncIterator
 
-from .base import ByteSource, ObjectStat
+from .base import ByteSource, ObjectStat, SourceLayer
 
 
 @dataclass
@@ -24,12 +24,9 @@ class SourceCounters:
         return asdict(self)
 
 
-class CountingSource:
+class CountingSource(SourceLayer):
     def __init__(self, inner: ByteSource) -> None:
-        self.inner = inner
-        self.description = inner.description
-        self.listable = inner.listable
-        self.remote = inner.remote
+        super().__init__(inner)
         self.counters = SourceCounters()
 
     async def stat(self, key: str) -> ObjectStat | None:
@@ -52,10 +49,10 @@ class CountingSource:
         self.counters.stats += 1
         return await self.inner.stat_dir(key)
 
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
     async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
         self.counters.lists += 1
         async for item in self.inner.list(key):
             yield item
+
+    def own_stats(self) -> dict[str, object]:
+        return {"source": self.counters.as_dict()}

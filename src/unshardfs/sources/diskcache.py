@@ -16,26 +16,20 @@ import os
 import tempfile
 from pathlib import Path
 
-from .base import ByteSource
+from .base import ByteSource, SourceLayer
 
 log = logging.getLogger(__name__)
 
 
-class DiskCachedSource:
+class DiskCachedSource(SourceLayer):
     def __init__(self, inner: ByteSource, directory: str, max_bytes: int = 1 << 30) -> None:
-        self.inner = inner
-        self.description = inner.description
-        self.listable = inner.listable
-        self.remote = inner.remote
+        super().__init__(inner)
         self.directory = Path(directory).expanduser()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
         self._written = 0
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)  # stat, read, list, stat_dir, aclose, counters
 
     def _path(self, key: str, offset: int, size: int, version: tuple | None) -> Path:
         digest = hashlib.sha256(repr((self.inner.description, key, version, offset, size)).encode()).hexdigest()
@@ -84,5 +78,5 @@ class DiskCachedSource:
             f.unlink(missing_ok=True)
             total -= size
 
-    def usage(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses}
+    def own_stats(self) -> dict[str, object]:
+        return {"index_disk_cache": {"hits": self.hits, "misses": self.misses}}

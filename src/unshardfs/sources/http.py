@@ -254,6 +254,9 @@ class HttpSource:
     async def stat_dir(self, key: str) -> ObjectStat | None:
         return ObjectStat(0, 0, True) if not key else None
 
+    def stats(self) -> dict[str, object]:
+        return {"http": self.counters.as_dict()}
+
 
 _MISSING = object()
 

@@ -168,6 +168,9 @@ class LocalSource:
     async def aclose(self) -> None:
         self.close()
 
+    def stats(self) -> dict[str, object]:
+        return {}
+
     def close(self) -> None:
         for fd, _ in list(self._fds.values()):
             os.close(fd)

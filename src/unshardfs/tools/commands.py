@@ -13,14 +13,12 @@ from pathlib import Path
 import trio
 from tqdm import tqdm
 
-from ..caches import Caches
 from ..errors import ConfigError
-from ..formats import open_tree, resolve
 from ..formats.precomputed import PrecomputedDataset
 from ..formats.zarr import ZarrHierarchy
 from ..logonce import collect_problems
 from ..options import format_options
-from ..sources import CountingSource
+from ..session import Session
 from .inspect import format_report, inspect_part, inspect_zarr_array, zarr_arrays
 from .walk import WalkSummary, check, export
 
@@ -41,8 +39,8 @@ def _progress(bar: tqdm):
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    source, options = resolve(args.source, **format_options(args))
-    dataset, tree = await open_tree(source, Caches(), options)
+    session = await Session.open(args.source, format_options(args))
+    dataset, tree = session.dataset, session.tree
     reports = []
     with _bar(args, "chunk") as bar:
         if isinstance(dataset, PrecomputedDataset):
@@ -62,17 +60,16 @@ async def _inspect(args: argparse.Namespace) -> int:
 async def _check_part(source_url: str, formats: dict, part: int, parts: int, quiet: bool
                       ) -> tuple[list[str], WalkSummary, int]:
     """Check the files whose path hashes to `part` (all of them when parts == 1)."""
-    raw, options = resolve(source_url, **formats)
-    source = CountingSource(raw)
-    _dataset, tree = await open_tree(source, Caches(), options)
+    session = await Session.open(source_url, formats)
 
     def mine(rel: str) -> bool:
         return zlib.crc32(rel.encode()) % parts == part
 
     with collect_problems() as problems, tqdm(unit="file", disable=True if quiet else None,
                                                file=sys.stderr, dynamic_ncols=True) as bar:
-        summary = await check(tree, _progress(bar), mine if parts > 1 else None)
-    return problems, summary, source.counters.reads
+        summary = await check(session.tree, _progress(bar), mine if parts > 1 else None)
+    await session.aclose()
+    return problems, summary, session.source.counters.reads
 
 
 def _check_worker(job: tuple[str, dict, int, int]) -> tuple[list[str], WalkSummary, int]:
@@ -107,10 +104,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    source, options = resolve(args.source, **format_options(args))
-    _dataset, tree = await open_tree(source, Caches(), options)
+    session = await Session.open(args.source, format_options(args))
     with collect_problems() as problems, _bar(args, "file") as bar:
-        summary = await export(tree, Path(args.dest), args.jobs, _progress(bar))
+        summary = await export(session.tree, Path(args.dest), args.jobs, _progress(bar))
+    await session.aclose()
     for line in problems + summary.failures:
         print(f"not exported: {line}", file=sys.stderr)
     print(f"exported {summary.files:,} files ({summary.written:,} written, {summary.skipped:,} already complete, "
