@@ -8,8 +8,6 @@ bounded by configuration, not by the number of scales or shards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
-
 from cachetools import LRUCache
 
 MiB = 1 << 20
@@ -43,6 +41,13 @@ class CountedLRU(LRUCache):
     def pop(self, key, default=None):  # type: ignore[override]
         return self._counted(super().pop(key, _MISSING), default)
 
+    def put(self, key: object, value: object) -> None:
+        """Insert unless the value alone exceeds the whole budget (then just skip it)."""
+        try:
+            self[key] = value
+        except ValueError:
+            pass
+
 
 _MISSING = object()
 
@@ -67,23 +72,6 @@ class Caches:
         self.minishard_index = CountedLRU(self.sizes.minishard_index_bytes)
         self.decoded_chunk = CountedLRU(self.sizes.decoded_chunk_bytes)
         self.encoded_chunk = CountedLRU(self.sizes.encoded_chunk_bytes)
-
-    @classmethod
-    async def through(cls, cache: CountedLRU, key: object, fetch: Callable[[], Awaitable[bytes]]) -> bytes:
-        """The cached value, or fetch it and keep it."""
-        value = cache.get(key)
-        if value is None:
-            value = await fetch()
-            cls.put(cache, key, value)
-        return value
-
-    @staticmethod
-    def put(cache: CountedLRU, key: object, value: object) -> None:
-        """Insert unless the value alone exceeds the whole budget (then just skip)."""
-        try:
-            cache[key] = value
-        except ValueError:
-            pass
 
     def usage(self) -> dict[str, dict[str, int]]:
         return {name: {"bytes": int(cache.currsize), "limit": int(cache.maxsize), "entries": len(cache),

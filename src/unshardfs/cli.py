@@ -10,11 +10,10 @@ import os
 import sys
 
 from . import __version__
-from .caches import Caches, CacheSizes, MiB
 from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import STATS_XATTR, MountOptions
-from .options import add_format_options, format_options
+from .options import add_cache_options, add_source_options, cache_sizes, format_options
 
 EXAMPLES = """\
 examples:
@@ -57,15 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", help="log file when detached (default: ~/.cache/unshardfs/<mountpoint>.log)")
     m.add_argument("--cache-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="how long the kernel may cache names and attributes (default 3600)")
-    sizes = CacheSizes()
-    m.add_argument("--shard-index-cache", type=int, default=sizes.shard_index_bytes // MiB, metavar="MiB",
-                   help="shard index cache (default %(default)s)")
-    m.add_argument("--minishard-index-cache", type=int, default=sizes.minishard_index_bytes // MiB, metavar="MiB",
-                   help="decoded minishard index cache (default %(default)s)")
-    m.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
-                   help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
-                        "compressed payloads fetched at lookup)")
-    add_format_options(m)
+    add_cache_options(m)
+    add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     s = sub.add_parser("stats", help="print a mount's live statistics (JSON)",
@@ -79,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("source", metavar="SOURCE")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    add_format_options(i)
+    add_source_options(i)
 
     c = sub.add_parser("check", help="verify every shard index, minishard index and payload of SOURCE",
                        epilog="exit status: 0 intact, 1 damaged (each problem printed with its shard and chunk id)\n"
@@ -88,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("source", metavar="SOURCE")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
-    add_format_options(c)
+    add_source_options(c)
 
     e = sub.add_parser("export", help="write SOURCE's unsharded tree to DEST (resumable)",
                        epilog="Files already complete in DEST (same size and mtime) are skipped, so a\n"
@@ -99,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("dest", metavar="DEST")
     e.add_argument("-j", "--jobs", type=int, default=4, help="concurrent file writes (default 4)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    add_format_options(e)
+    add_source_options(e)
 
     u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
                        epilog="example:\n  unshardfs unmount /mnt/ds",
@@ -139,11 +131,10 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
             os.close(ready_fd)
             ready_fd = None
 
+    from .caches import Caches
     from .session import Session
 
-    chunk_bytes = args.chunk_cache * MiB
-    caches = Caches(CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, chunk_bytes,
-                               encoded_chunk_bytes=chunk_bytes // 8))
+    caches = Caches(cache_sizes(args))
     request = MountRequest(
         mountpoint=args.mountpoint,
         fsname=f"unshardfs:{args.source}",

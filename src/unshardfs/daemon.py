@@ -95,7 +95,7 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
         ready(None)
         log.info("mounted %s on %s", request.fsname, request.mountpoint)
         try:
-            async with trio.open_nursery() as nursery:
+            async with session.running(), trio.open_nursery() as nursery:
                 nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
                 await pyfuse3.main()
                 nursery.cancel_scope.cancel()

@@ -22,7 +22,7 @@ import pyfuse3
 
 from .errors import DataError, SourceError, StaleError
 from .logonce import log_once
-from .vtree import CHILD_ID_BITS, DirNode, Entry, FileNode, Node
+from .vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FileNode, Node
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +217,9 @@ class _Listing:
 
     ino: int
     node: DirNode
-    iterator: AsyncIterator[list[Entry]] | None = None
+    iterator: AsyncIterator[Batch] | None = None
     position: int = 0
-    batch: list[Entry] = field(default_factory=list)
+    batch: Batch = field(default_factory=list)
     index: int = 0
 
 
@@ -277,6 +277,20 @@ class TreeOperations(pyfuse3.Operations):
             attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = node.mtime_ns
         return attr
 
+    def file_attributes(self, mtime_ns: int) -> pyfuse3.EntryAttributes:
+        """Attributes shared by the files of a lazy listing batch (size and inode set per entry)."""
+        attr = pyfuse3.EntryAttributes()
+        attr.generation = 0
+        attr.entry_timeout = self.options.entry_timeout
+        attr.attr_timeout = self.options.attr_timeout
+        attr.st_blksize = 1 << 17
+        attr.st_uid = self.uid
+        attr.st_gid = self.gid
+        attr.st_mode = FILE_MODE
+        attr.st_nlink = 1
+        attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = mtime_ns
+        return attr
+
     async def _dir(self, ino: int) -> DirNode:
         node = await self.inodes.get(ino)
         if not isinstance(node, DirNode):
@@ -326,10 +340,7 @@ class TreeOperations(pyfuse3.Operations):
         listing = self.listings[fh]
         if start_id != listing.position or listing.iterator is None:
             await self._rewind(listing, start_id)
-        attr = None
-        inodes = self.inodes
-        slot = inodes.slot_of(listing.ino)
-        slot_bits = slot << CHILD_ID_BITS
+        slot = self.inodes.slot_of(listing.ino)
         while True:
             if listing.index >= len(listing.batch):
                 try:
@@ -340,22 +351,70 @@ class TreeOperations(pyfuse3.Operations):
                 finally:
                     listing.index = 0
                 continue
-            name, node = listing.batch[listing.index]
+            batch = listing.batch
+            full = (self._reply_lazy(listing, batch, token, slot) if isinstance(batch, EntryBatch)
+                    else self._reply_nodes(listing, batch, token, slot))
+            if full:
+                return
+
+    def _reply_nodes(self, listing: _Listing, batch: list, token: Any, slot: int) -> bool:
+        """Send entries of a batch of (name, node); True when the kernel's buffer is full."""
+        inodes = self.inodes
+        attr = None
+        while listing.index < len(batch):
+            name, node = batch[listing.index]
             bname = name.encode("utf-8", "surrogateescape")  # os.fsencode, minus its overhead
-            if slot and node.ident is not None:
-                ino = slot_bits | node.ident  # InodeTable.add's computed case, inlined for big listings
-                inodes.recent.put(ino, node)
-            else:
-                ino = inodes.add(listing.ino, bname, node, slot)
+            ino = inodes.add(listing.ino, bname, node, slot)
             # readdir_reply copies the attributes out at once, so one object
             # serves the whole call.
             attr = self.attributes(ino, node, attr)
             if not pyfuse3.readdir_reply(token, bname, attr, listing.position + 1):
-                self.inodes.drop_if_unreferenced(ino)
-                return
-            self.inodes.ref(ino)  # READDIRPLUS counts as a lookup
+                inodes.drop_if_unreferenced(ino)
+                return True
+            inodes.ref(ino)  # READDIRPLUS counts as a lookup
             listing.index += 1
             listing.position += 1
+        return False
+
+    def _reply_lazy(self, listing: _Listing, batch: EntryBatch, token: Any, slot: int) -> bool:
+        """Send entries of a lazy batch: names, sizes and idents straight from its lists.
+
+        Files with a computed inode need no node at all (one is rebuilt from
+        the directory if the kernel later asks for it), which keeps a
+        million-entry listing from building a million objects.
+        """
+        inodes = self.inodes
+        names, sizes, idents = batch.names, batch.sizes, batch.idents
+        attr = self.file_attributes(batch.mtime_ns)
+        slot_bits = slot << CHILD_ID_BITS
+        i = listing.index
+        position = listing.position
+        try:
+            while i < len(names):
+                bname = names[i].encode("utf-8", "surrogateescape")
+                ident = idents[i]
+                if slot and ident is not None:
+                    ino = slot_bits | ident
+                    tabled = False
+                else:
+                    ino = inodes.add(listing.ino, bname, batch.node(i), slot)
+                    tabled = True
+                size = sizes[i]
+                attr.st_ino = ino
+                attr.st_size = size
+                attr.st_blocks = (size + 511) >> 9
+                if not pyfuse3.readdir_reply(token, bname, attr, position + 1):
+                    if tabled:
+                        inodes.drop_if_unreferenced(ino)
+                    return True
+                if tabled:
+                    inodes.ref(ino)
+                i += 1
+                position += 1
+            return False
+        finally:
+            listing.index = i
+            listing.position = position
 
     async def _rewind(self, listing: _Listing, start_id: int) -> None:
         """Restart the stream and skip to `start_id` (rare: seekdir, or an NFS-style re-read)."""

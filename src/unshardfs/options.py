@@ -1,24 +1,21 @@
-"""Command-line options shared by mount and the offline tools: how a SOURCE is read and shown."""
+"""Command-line options shared by mount, serve and the offline tools: how a SOURCE is read and shown."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from .caches import MiB
+from .caches import CacheSizes, MiB
+from .core.fetch import FetchPolicy
+from .core.limits import Limits
+from .formats.registry import add_format_options, given_options
 from .sources import RemoteOptions
 from .sources.http import HttpOptions
 
 
-def add_format_options(parser: argparse.ArgumentParser) -> None:
-    """How a SOURCE is read (remote options) and shown (format options); mount and the tools share them."""
-    parser.add_argument("--view", choices=("zarr3", "zarr2"), default=None,
-                        help="Zarr stores: show unsharded Zarr v3 (default) or Zarr v2 for legacy readers")
-    parser.add_argument("--info", dest="info_path", metavar="SPEC.json",
-                        help="DVID exports: the Neuroglancer volume spec the export was made against "
-                             "(default: an info file in SOURCE)")
-    parser.add_argument("--supervoxels", action="store_true",
-                        help="DVID exports: show supervoxel ids instead of agglomerated labels")
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    """How a SOURCE is read (remote, read path, bounds) and shown (each format's own options)."""
+    add_format_options(parser)
     remote = parser.add_argument_group("remote sources (http(s)://, gs://, s3://)")
     defaults = HttpOptions()
     remote.add_argument("--concurrency", type=int, default=defaults.concurrency, metavar="N",
@@ -38,14 +35,49 @@ def add_format_options(parser: argparse.ArgumentParser) -> None:
                         help="keep shard/minishard indexes on disk, so a remount does not fetch them again")
     remote.add_argument("--cache-dir-size", type=int, default=1024, metavar="MiB",
                         help="budget of --cache-dir (default %(default)s)")
+    fetch = FetchPolicy()
+    remote.add_argument("--no-read-ahead", dest="read_ahead", action="store_false",
+                        help="do not prefetch the next chunks of a recognised scan")
+    remote.add_argument("--prefetch-cache", type=int, default=fetch.prefetch_bytes // MiB, metavar="MiB",
+                        help="budget of prefetched chunks waiting for their reader (default %(default)s)")
+    remote.add_argument("--coalesce-gap", type=int, default=fetch.max_gap // 1024, metavar="KiB",
+                        help="chunks at most this far apart in a shard are read in one request (default "
+                             "%(default)s)")
+    limits = Limits()
+    bounds = parser.add_argument_group("bounds on untrusted data")
+    bounds.add_argument("--max-index-size", type=int, default=limits.index_bytes // MiB, metavar="MiB",
+                        help="largest shard/minishard/chunk index read in one piece (default %(default)s)")
+    bounds.add_argument("--max-payload-size", type=int, default=limits.payload_bytes // MiB, metavar="MiB",
+                        help="largest decoded file whose size the format does not fix: meshes, skeletons, "
+                             "non-raw chunks beyond their geometry's bound (default %(default)s)")
+
+
+def add_cache_options(parser: argparse.ArgumentParser) -> None:
+    """The daemon's cache budgets (mount and serve)."""
+    sizes = CacheSizes()
+    parser.add_argument("--shard-index-cache", type=int, default=sizes.shard_index_bytes // MiB, metavar="MiB",
+                        help="shard index cache (default %(default)s)")
+    parser.add_argument("--minishard-index-cache", type=int, default=sizes.minishard_index_bytes // MiB,
+                        metavar="MiB", help="decoded minishard index cache (default %(default)s)")
+    parser.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
+                        help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
+                             "compressed payloads fetched at lookup)")
+
+
+def cache_sizes(args: argparse.Namespace) -> CacheSizes:
+    chunk = args.chunk_cache * MiB
+    return CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, chunk,
+                      encoded_chunk_bytes=chunk // 8)
 
 
 def format_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments of `formats.resolve` from the command line (picklable, for workers)."""
+    """Keyword arguments of `Session.open` from the command line (picklable, for workers)."""
     http = HttpOptions(concurrency=max(1, args.concurrency), timeout=args.timeout, retries=max(0, args.retries),
                        backoff=max(0.0, args.backoff), stat_ttl=args.stat_ttl)
     remote = RemoteOptions(http, args.s3_endpoint, args.gcs_endpoint,
                            args.cache_dir and os.path.abspath(os.path.expanduser(args.cache_dir)),
                            args.cache_dir_size * MiB)
-    return {"view": args.view, "info_path": args.info_path and os.path.abspath(args.info_path),
-            "supervoxels": args.supervoxels, "remote": remote}
+    policy = FetchPolicy(max_gap=max(0, args.coalesce_gap) * 1024, concurrency=max(1, args.concurrency),
+                         prefetch_bytes=max(0, args.prefetch_cache) * MiB, read_ahead=args.read_ahead)
+    limits = Limits(index_bytes=max(1, args.max_index_size) * MiB, payload_bytes=max(1, args.max_payload_size) * MiB)
+    return {"remote": remote, "policy": policy, "limits": limits, "formats": given_options(args)}

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from .passthrough import HIDDEN, Declared, PassthroughDir
+from .passthrough import Declared, PassthroughDir
 from .sources.base import ByteSource, ObjectStat
-from .vtree import DirNode, Entry, Node
-
-NOT_VIRTUAL = object()  # the name is not of this directory's computed form
+from .vtree import Batch, DirNode, Node, Verdict
 
 
 class OverlayDir(DirNode):
@@ -30,12 +28,12 @@ class OverlayDir(DirNode):
         self.stable_key = stable_key
         self.rest = PassthroughDir(source, key, st, self._override, declared)
 
-    async def _override(self, key: str, st: ObjectStat | None) -> object:
+    async def _override(self, key: str, st: ObjectStat | None) -> Node | Verdict:
         parent, _, name = key.rpartition("/")
         if parent != self.key:
-            return None  # deeper levels pass through untouched
+            return Verdict.PASS  # deeper levels pass through untouched
         if name in self.fixed or self.claims(name) or self.hides(name):
-            return HIDDEN
+            return Verdict.HIDE
         return await self.source_child(key, st)
 
     # -- what subclasses define ---------------------------------------------
@@ -48,16 +46,16 @@ class OverlayDir(DirNode):
         """Source entries replaced by the computed view (shard files, old metadata)."""
         return False
 
-    async def source_child(self, key: str, st: ObjectStat | None) -> object:
+    async def source_child(self, key: str, st: ObjectStat | None) -> Node | Verdict:
         """What to show for a remaining source entry (`st` None: not known to the source):
-        a node, HIDDEN, or None (as it is, or absent)."""
-        return None
+        a node, Verdict.HIDE, or Verdict.PASS (as it is, or absent)."""
+        return Verdict.PASS
 
-    async def virtual_lookup(self, name: str) -> object:
-        """The computed child, None if absent, or NOT_VIRTUAL for other names."""
-        return NOT_VIRTUAL
+    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+        """The computed child, None if absent, or Verdict.PASS for names not of the computed form."""
+        return Verdict.PASS
 
-    async def virtual_entries(self) -> AsyncIterator[list[Entry]]:
+    async def virtual_entries(self) -> AsyncIterator[Batch]:
         return
         yield
 
@@ -68,11 +66,11 @@ class OverlayDir(DirNode):
         if node is not None:
             return node
         found = await self.virtual_lookup(name)
-        if found is not NOT_VIRTUAL:
+        if found is not Verdict.PASS:
             return found  # type: ignore[return-value]
         return await self.rest.lookup(name)
 
-    async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
+    async def entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
         if self.fixed:
             yield list(self.fixed.items())
         async for batch in self.virtual_entries():

@@ -13,19 +13,18 @@ from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from .errors import DataError, SourceError
 from .sources.base import ByteSource, ObjectStat, join_key
-from .vtree import DirNode, Entry, FileNode, Node
+from .vtree import Batch, DirNode, Entry, FileNode, Node, Verdict
 
 log = logging.getLogger(__name__)
 
 # Given the source key of a child and its stat (None when the source has no
 # such object, or cannot tell, as for a directory on a plain HTTP server),
-# return the node to show instead of a plain passthrough node, `HIDDEN` to
-# hide it, or None.
-Override = Callable[[str, "ObjectStat | None"], Awaitable["Node | object | None"]]
+# return the node to show instead of a plain passthrough node, Verdict.HIDE
+# to hide it, or Verdict.PASS to show the source entry as it is.
+Override = Callable[[str, "ObjectStat | None"], Awaitable["Node | Verdict"]]
 # Names a format knows to exist in a directory key: the listing of sources
 # that cannot list.
 Declared = Callable[[str], Iterable[str]]
-HIDDEN = object()
 LIST_BATCH = 1024
 
 
@@ -64,10 +63,10 @@ class PassthroughDir(DirNode):
         key = join_key(self.key, name)
         if self.override is not None:
             replaced = await self.override(key, st)
-            if replaced is HIDDEN:
+            if replaced is Verdict.HIDE:
                 return None
-            if replaced is not None:
-                return replaced  # type: ignore[return-value]
+            if replaced is not Verdict.PASS:
+                return replaced
         if st is None:
             return None
         if st.is_dir:
@@ -80,16 +79,16 @@ class PassthroughDir(DirNode):
             # Such a source cannot tell a directory exists (and asking costs a
             # round trip): what the format knows comes first.
             known = await self.override(key, None)
-            if known is HIDDEN:
+            if known is Verdict.HIDE:
                 return None
-            if known is not None:
-                return known  # type: ignore[return-value]
+            if known is not Verdict.PASS:
+                return known
         st = await self.source.stat(key)
         if st is None:
             st = await self.source.stat_dir(key)
         return await self._child(name, st)
 
-    async def entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
+    async def entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
         if not self.source.listable:
             # Only what the format's metadata names can be shown.
             known: list[Entry] = []

@@ -7,7 +7,8 @@ remote byte source can sit underneath without changing the contract.
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+import enum
+from typing import AsyncIterator, Iterator, Union
 
 
 class Node:
@@ -50,6 +51,47 @@ class FileNode(Node):
 
 Entry = tuple[str, Node]
 
+
+class EntryBatch:
+    """Directory entries produced together, whose nodes are built only on demand.
+
+    A listing of a million chunks needs names, sizes and inode idents, not
+    a million objects: the FUSE adapter reads those three lists directly,
+    and calls `node(i)` only where it must keep a node. Iterating a batch
+    yields (name, node) pairs like a plain list of entries, so walkers need
+    not know the difference. All entries of a batch are files sharing one
+    mtime.
+    """
+
+    __slots__ = ("names", "sizes", "idents", "mtime_ns")
+
+    def __init__(self, names: list[str], sizes: list[int], idents: list[int | None], mtime_ns: int) -> None:
+        self.names = names
+        self.sizes = sizes
+        self.idents = idents
+        self.mtime_ns = mtime_ns
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def node(self, i: int) -> "FileNode":
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Entry]:
+        for i, name in enumerate(self.names):
+            yield name, self.node(i)
+
+
+# What `DirNode.entries` yields: plain (name, node) lists or lazy batches.
+Batch = Union[list[Entry], EntryBatch]
+
+
+class Verdict(enum.Enum):
+    """Lookup answers other than a node or None (absent), for layered directories."""
+
+    PASS = "pass"  # not this layer's name: the layer below decides
+    HIDE = "hide"  # the name exists below but is hidden from the view
+
 # Ids of computed children must fit in this many bits, leaving the rest of a
 # 64-bit inode number to say which directory they belong to.
 CHILD_ID_BITS = 56
@@ -63,7 +105,7 @@ class DirNode(Node):
         """The child called `name`, or None when it does not exist."""
         raise NotImplementedError
 
-    def entries(self) -> AsyncIterator[list[Entry]]:
+    def entries(self) -> AsyncIterator[Batch]:
         """Children in a stable order, produced lazily in batches.
 
         Implementations must stream: a scale directory can hold a billion

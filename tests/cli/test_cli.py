@@ -50,7 +50,7 @@ def broken_copy(dataset: Path, tmp_path: Path, mutate) -> Path:
     (lambda i: i["scales"][0].update({"size": [1, 2]}), "size"),
     (lambda i: i["scales"][0].update({"key": "../../etc"}), "outside the source"),
     (lambda i: i["scales"][0].update({"key": "/etc"}), "absolute"),
-    (lambda i: i.update({"scales": {"a": 1}}), "scales must be a list"),
+    (lambda i: i.update({"scales": {"a": 1}}), "info.scales: must be a list"),
     (lambda i: i.update({"mesh": 3}), "mesh"),
 ])
 def test_bad_info_is_a_clean_error(dataset, tmp_path, mutate, fragment):
@@ -72,7 +72,7 @@ def test_source_and_mountpoint_errors(dataset, tmp_path, mount):
     no_info.mkdir()
     assert_clean_error(run_cli("mount", str(no_info), str(mnt)), "neither an info file")
     assert_clean_error(run_cli("mount", str(dataset), str(tmp_path / "missing")), "does not exist")
-    assert_clean_error(run_cli("mount", "--view", "zarr2", str(dataset), str(mnt)), "applies to Zarr stores only")
+    assert_clean_error(run_cli("mount", "--view", "zarr2", str(dataset), str(mnt)), "applies to Zarr v3 stores only")
     assert_clean_error(run_cli("mount", "ftp://host/x", str(mnt)), "unsupported source")
     # A store that cannot be reached: a clean one-line error once the retries are spent.
     assert_clean_error(run_cli("mount", "--retries", "1", "--backoff", "0", "http://127.0.0.1:9/ds", str(mnt)),

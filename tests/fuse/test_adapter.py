@@ -12,10 +12,8 @@ import pytest
 import trio
 
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
-from unshardfs.caches import Caches
-from unshardfs.formats.precomputed import build_tree
 from unshardfs.fuse_adapter import TreeOperations
-from unshardfs.sources import LocalSource
+from unshardfs.session import Session
 
 KEY = "1_1_1"
 
@@ -28,7 +26,7 @@ def volume(tmp_path_factory):
 
 
 async def _ops(source) -> TreeOperations:
-    ops = TreeOperations(await build_tree(LocalSource(str(source)), Caches()))
+    ops = TreeOperations((await Session.open(str(source))).tree)
     ops.inodes.recent.maxsize = 4  # far fewer than the chunks looked up below
     return ops
 

@@ -53,11 +53,12 @@ def test_plain_http_equals_local_mount(site, server, mount):
 
 def test_reads_are_ranged_and_few(site, server, mount):
     """First chunk of a shard: one HEAD, then shard index, minishard index and chunk; each further chunk
-    of that minishard: one GET of exactly its bytes. Never a whole shard."""
+    of that minishard: one GET of exactly its bytes. Never a whole shard. (Without read-ahead: with it,
+    reading a minishard's chunks in order is a scan and later chunks arrive prefetched.)"""
     from tests.support.precomputed import chunk_locations  # chunk -> (shard, minishard), computed with CloudVolume
 
     root, volume, _ = site
-    m = mount(f"{server.url}/volume/sharded")
+    m = mount(f"{server.url}/volume/sharded", "--no-read-ahead")
     spec = SCALES[0].sharding
     group = max(chunk_locations(spec, SCALES[0].size, SCALES[0].chunk).values(), key=len)
     key = "1_1_1"

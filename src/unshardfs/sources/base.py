@@ -24,6 +24,14 @@ class ObjectStat:
     version: tuple = ()
 
 
+class IndexCache(Protocol):
+    """Index bytes kept across mounts, by what identifies them (object, version, offset, length)."""
+
+    def get(self, ident: tuple) -> bytes | None: ...
+
+    def put(self, ident: tuple, data: bytes) -> None: ...
+
+
 class ByteSource(Protocol):
     """Bytes by key. Keys are relative, '/'-separated, '' is the root.
 
@@ -36,6 +44,8 @@ class ByteSource(Protocol):
     description: str
     listable: bool
     remote: bool
+    # Where index reads may be kept across mounts (`--cache-dir`); None without one.
+    index_cache: IndexCache | None
 
     async def stat(self, key: str) -> ObjectStat | None:
         """None when the object does not exist."""
@@ -73,6 +83,7 @@ class SourceLayer:
         self.description = inner.description
         self.listable = inner.listable
         self.remote = inner.remote
+        self.index_cache: IndexCache | None = inner.index_cache
 
     async def stat(self, key: str) -> ObjectStat | None:
         return await self.inner.stat(key)

@@ -1,11 +1,13 @@
 """An on-disk cache of index reads, so remounting a remote dataset starts warm.
 
-Only `read_index` goes through it (shard indexes, minishard indexes, Zarr
+Only index structures go through it (shard indexes, minishard indexes, Zarr
 shard indexes, DVID chunk indexes): small, reused on every lookup, and
-expensive to fetch again one request per shard after a remount. Entries are
-keyed by object, version (ETag or local inode/mtime), offset and size, so a
-changed object is simply a miss. Files are written atomically; the
-directory is trimmed to its byte budget, oldest first, as it grows.
+expensive to fetch again one request per shard after a remount. The fetcher
+asks it per index *extent* (object, version, offset, length), whatever
+coalesced read later brought the bytes, so a remount whose reads are grouped
+differently still hits. A changed object is simply a miss (the version is
+part of the key). Files are written atomically; the directory is trimmed to
+its byte budget, oldest first, as it grows.
 """
 
 from __future__ import annotations
@@ -30,36 +32,36 @@ class DiskCachedSource(SourceLayer):
         self.hits = 0
         self.misses = 0
         self._written = 0
+        self.index_cache = self
 
-    def _path(self, key: str, offset: int, size: int, version: tuple | None) -> Path:
-        digest = hashlib.sha256(repr((self.inner.description, key, version, offset, size)).encode()).hexdigest()
+    def _path(self, ident: tuple) -> Path:
+        digest = hashlib.sha256(repr((self.inner.description, ident)).encode()).hexdigest()
         return self.directory / digest[:2] / digest
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        if not version:  # without a version a cached copy could be stale
-            return await self.inner.read_index(key, offset, size, version)
-        path = self._path(key, offset, size, version)
+    def get(self, ident: tuple) -> bytes | None:
         try:
-            data = path.read_bytes()
-            self.hits += 1
-            return data
+            data = self._path(ident).read_bytes()
         except OSError:
-            pass
-        self.misses += 1
-        data = await self.inner.read_index(key, offset, size, version)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return data
+
+    def put(self, ident: tuple, data: bytes) -> None:
+        path = self._path(ident)
         try:
             path.parent.mkdir(exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
-            self._written += len(data)
-            if self._written > self.max_bytes // 16:
-                self._written = 0
-                self.trim()
         except OSError as e:
             log.warning("index cache %s: cannot write (%s); continuing without it", self.directory, e)
-        return data
+            return
+        self._written += len(data)
+        if self._written > self.max_bytes // 16:
+            self._written = 0
+            self.trim()
 
     def trim(self) -> None:
         entries = []

@@ -85,6 +85,7 @@ class HttpSource:
 
     listable = False
     remote = True
+    index_cache = None
 
     def __init__(self, base_url: str, options: HttpOptions | None = None, description: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")

@@ -32,6 +32,7 @@ class _FdCache(LRUCache):
 class LocalSource:
     listable = True
     remote = False
+    index_cache = None
 
     def __init__(self, root: str, max_open_files: int = 256) -> None:
         if not os.path.exists(root):

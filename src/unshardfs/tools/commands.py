@@ -13,13 +13,10 @@ from pathlib import Path
 import trio
 from tqdm import tqdm
 
-from ..errors import ConfigError
-from ..formats.precomputed import PrecomputedDataset
-from ..formats.zarr import ZarrHierarchy
 from ..logonce import collect_problems
 from ..options import format_options
 from ..session import Session
-from .inspect import format_report, inspect_part, inspect_zarr_array, zarr_arrays
+from .inspect import format_report
 from .walk import WalkSummary, check, export
 
 
@@ -40,19 +37,12 @@ def _progress(bar: tqdm):
 
 async def _inspect(args: argparse.Namespace) -> int:
     session = await Session.open(args.source, format_options(args))
-    dataset, tree = session.dataset, session.tree
     reports = []
     with _bar(args, "chunk") as bar:
-        if isinstance(dataset, PrecomputedDataset):
-            for part in dataset.sharded:
-                bar.set_description(part.key)
-                reports.append(await inspect_part(part, bar.update))
-        elif isinstance(dataset, ZarrHierarchy):
-            for key, chunks in await zarr_arrays(tree, dataset):
-                bar.set_description(key or ".")
-                reports.append(await inspect_zarr_array(key, chunks, bar.update))
-        else:
-            raise ConfigError("inspect summarises precomputed datasets and Zarr stores (use check or export here)")
+        async for part in session.dataset.inventory():
+            bar.set_description(part.key or ".")
+            reports.append(await part.report(bar.update))
+    await session.aclose()
     print(json.dumps(reports, indent=2) if args.json else format_report(reports, args.source))
     return 0
 
@@ -67,7 +57,8 @@ async def _check_part(source_url: str, formats: dict, part: int, parts: int, qui
 
     with collect_problems() as problems, tqdm(unit="file", disable=True if quiet else None,
                                                file=sys.stderr, dynamic_ncols=True) as bar:
-        summary = await check(session.tree, _progress(bar), mine if parts > 1 else None)
+        async with session.running():
+            summary = await check(session.tree, _progress(bar), mine if parts > 1 else None)
     await session.aclose()
     return problems, summary, session.source.counters.reads
 
@@ -106,7 +97,8 @@ def _check(args: argparse.Namespace) -> int:
 async def _export(args: argparse.Namespace) -> int:
     session = await Session.open(args.source, format_options(args))
     with collect_problems() as problems, _bar(args, "file") as bar:
-        summary = await export(session.tree, Path(args.dest), args.jobs, _progress(bar))
+        async with session.running():
+            summary = await export(session.tree, Path(args.dest), args.jobs, _progress(bar))
     await session.aclose()
     for line in problems + summary.failures:
         print(f"not exported: {line}", file=sys.stderr)

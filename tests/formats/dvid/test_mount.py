@@ -215,5 +215,5 @@ def test_block_codec_roundtrip_and_damage():
     many = encode_block(rng.integers(0, 3, (64, 64, 64)).astype(np.uint64))
     with pytest.raises(ValueError):
         decode_block(many + b"\0")
-    relabeled = decode_block(encode_block(np.array([[[1, 2] * 4] * 8] * 8, np.uint64)), lambda ids: ids * 10)
+    relabeled = decode_block(encode_block(np.array([[[1, 2] * 4] * 8] * 8, np.uint64)), relabel=lambda ids: ids * 10)
     assert set(np.unique(relabeled).tolist()) == {10, 20}

@@ -15,9 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unshardfs.caches import Caches, CacheSizes
+from unshardfs.core.chunks import ChunkContext
+from unshardfs.core.codecs import codec
+from unshardfs.core.runtime import Runtime
 from unshardfs.errors import DataError
-from unshardfs.formats.precomputed.chunkfile import ChunkFile
-from unshardfs.formats.precomputed.shardfile import ShardedStore
+from unshardfs.formats.precomputed.dirs import SegmentNaming
+from unshardfs.formats.precomputed.shards import PrecomputedStore
 from unshardfs.formats.precomputed.sharding import ShardingSpec
 from unshardfs.sources import LocalSource
 
@@ -62,12 +65,16 @@ def protected_ranges(blob: bytes, spec: dict) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in ranges if hi > lo]
 
 
-async def read_chunk(store: ShardedStore, chunk_id: int) -> bytes | None:
-    found = await store.locate(chunk_id)
-    if found is None:
+def chunks_of(root: str, spec: dict, caches: Caches | None = None) -> ChunkContext:
+    """The format layer's view of the shards in `root`: files by chunk id."""
+    store = PrecomputedStore(Runtime(LocalSource(root), caches or Caches()), "", ShardingSpec.from_json(spec))
+    return ChunkContext(store, SegmentNaming(), codec(spec["data_encoding"]))
+
+
+async def read_chunk(chunks: ChunkContext, chunk_id: int) -> bytes | None:
+    node = await chunks.file(chunk_id)
+    if node is None:
         return None
-    shard, start, length = found
-    node = await ChunkFile.open(store, shard, start, length, store.spec.data_encoding == "gzip", chunk_id)
     data = await node.read(0, node.size + 1)
     assert len(data) == node.size
     return data
@@ -97,8 +104,7 @@ def test_reads_are_exact_absent_or_dataerror(spec, chunks, data):
                         blob[pos] ^= data.draw(st.integers(1, 255))
             victim.write_bytes(bytes(blob))
 
-        store = ShardedStore(LocalSource(tmp), "", ShardingSpec.from_json(spec),
-                             Caches(CacheSizes(1 << 16, 1 << 16, 1 << 16)))
+        store = chunks_of(tmp, spec, Caches(CacheSizes(1 << 16, 1 << 16, 1 << 16)))
 
         async def check() -> None:
             for chunk_id, original in chunks.items():
@@ -114,8 +120,8 @@ def test_reads_are_exact_absent_or_dataerror(spec, chunks, data):
                     assert got == original, f"wrong bytes for chunk {chunk_id} after {damage}"
             # Listing never raises: damaged parts are skipped.
             listed = 0
-            async for _shard, mini in store.listing():
-                listed += len(mini.ids)
+            async for _shard, tables in store.shard_tables():
+                listed += sum(map(len, tables))
             if damage == "none":
                 assert listed == len(chunks)
 
@@ -134,8 +140,7 @@ def test_raw_index_damage_is_undetectable_by_design(tmp_path):
     index_at = 16 + int.from_bytes(blob[0:8], "little")
     blob[index_at + 24 + 8] ^= 5  # offset delta of the second chunk
     shard.write_bytes(bytes(blob))
-    store = ShardedStore(LocalSource(str(tmp_path)), "", ShardingSpec.from_json(spec), Caches())
-    got = trio.run(read_chunk, store, 2)
+    got = trio.run(read_chunk, chunks_of(str(tmp_path), spec), 2)
     assert got is not None and len(got) == 50 and got != b"B" * 50
 
 
@@ -146,8 +151,7 @@ def test_gzip_isize_lie_is_caught(tmp_path):
     payload = bytearray(gzip.compress(b"abc" * 100))
     payload[-4:] = (999).to_bytes(4, "little")
     write_shards(tmp_path, spec, {7: bytes(payload)})
-    store = ShardedStore(LocalSource(str(tmp_path)), "", ShardingSpec.from_json(dict(spec, data_encoding="gzip")),
-                         Caches())
+    store = chunks_of(str(tmp_path), dict(spec, data_encoding="gzip"))
 
     async def check() -> None:
         try:

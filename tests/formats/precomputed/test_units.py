@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from unshardfs.errors import ConfigError, DataError
 from unshardfs.formats.precomputed.dirs import manifest_fragment_bytes, parse_segment_id
 from unshardfs.formats.precomputed.morton import MortonCoder
-from unshardfs.formats.precomputed.shardfile import decode_minishard, gunzip
+from unshardfs.core.blob import Blob
+from unshardfs.core.bounded import gunzip
+from unshardfs.formats.precomputed.shards import decode_minishard
 from unshardfs.formats.precomputed.sharding import ShardingSpec, murmurhash3_x86_128_low64
 from unshardfs.sources.base import normalize_key
 
@@ -106,37 +108,48 @@ def _minishard(ids, offsets, sizes) -> bytes:
     return arr.tobytes()
 
 
+def _blob(size: int) -> Blob:
+    return Blob((("s", size, ()),), size, 0)
+
+
+def _range(table, key):
+    i = table.find(key)
+    return None if i is None else table.row(i)[1:]
+
+
 def test_minishard_decoding_deltas_duplicates_and_bounds():
     # ids 5, 7, 7 (dup), 100; data laid out back to back after a 32-byte shard index
     raw = _minishard([5, 2, 0, 93], [0, 0, 0, 0], [10, 20, 30, 40])
-    mini = decode_minishard(raw, 32, 32 + 100, "t")
-    assert mini.find(5) == (32, 10)
-    assert mini.find(7) == (42, 20)          # first of the duplicates wins
-    assert mini.find(100) == (92, 40)
-    assert mini.find(6) is None
+    mini = decode_minishard(raw, _blob(32 + 100), 32, "t")
+    assert _range(mini, 5) == (32, 10)
+    assert _range(mini, 7) == (42, 20)          # first of the duplicates wins
+    assert _range(mini, 100) == (92, 40)
+    assert _range(mini, 6) is None
     # The last chunk now ends past the file: flagged bad, others intact.
-    mini = decode_minishard(raw, 32, 32 + 99, "t")
+    mini = decode_minishard(raw, _blob(32 + 99), 32, "t")
     assert 100 in mini.bad and mini.find(100) is None
-    assert mini.find(5) == (32, 10)
+    assert _range(mini, 5) == (32, 10)
 
 
 def test_minishard_wraparound_offsets_are_rejected():
     raw = _minishard([1], [2**64 - 40], [8])  # start wraps below the shard index
-    mini = decode_minishard(raw, 32, 1000, "t")
+    mini = decode_minishard(raw, _blob(1000), 32, "t")
     assert 1 in mini.bad
     with pytest.raises(DataError):
-        decode_minishard(raw + b"x", 32, 1000, "t")
+        decode_minishard(raw + b"x", _blob(1000), 32, "t")
 
 
 def test_gunzip_detects_damage():
     blob = gzip.compress(b"hello world" * 10)
-    assert gunzip(blob, "t") == b"hello world" * 10
+    assert gunzip(blob, 110, "t") == b"hello world" * 10
     damaged = bytearray(blob)
     damaged[-6] ^= 0xFF  # CRC32
     with pytest.raises(DataError):
-        gunzip(bytes(damaged), "t")
+        gunzip(bytes(damaged), 110, "t")
     with pytest.raises(DataError):
-        gunzip(blob[:-3], "t")
+        gunzip(blob[:-3], 110, "t")
+    with pytest.raises(DataError):  # more than the file can hold
+        gunzip(blob, 109, "t")
 
 
 def test_manifest_parsing():
@@ -170,13 +183,9 @@ def test_keys_cannot_escape(key):
 
 
 def _scale_dir(size, chunk, offset):
-    from unshardfs.caches import Caches
-    from unshardfs.formats.precomputed.dirs import VolumeScaleDir
-    from unshardfs.formats.precomputed.shardfile import ShardedStore
-    from unshardfs.sources.base import ObjectStat
+    from unshardfs.formats.precomputed.grid import ChunkGrid
 
-    store = ShardedStore(None, "s", spec(), Caches())  # type: ignore[arg-type]
-    return VolumeScaleDir(None, "s", ObjectStat(0, 0, True), store, size, chunk, offset).grid  # type: ignore[arg-type]
+    return ChunkGrid(size, chunk, offset)
 
 
 def test_chunk_names_offsets_and_clipping():

@@ -14,10 +14,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unshardfs.caches import Caches
 from unshardfs.errors import DataError
-from unshardfs.formats.zarr import ZarrHierarchy
-from unshardfs.sources import LocalSource
+from unshardfs.session import Session
 from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case
 
 SHARD = "arr/c/0/0"
@@ -37,7 +35,7 @@ def read_all(store: Path) -> dict[tuple, object]:
     """Each inner chunk's bytes, None when absent, or the DataError."""
 
     async def main() -> dict:
-        tree = await ZarrHierarchy(LocalSource(str(store)), Caches()).build()
+        tree = (await Session.open(str(store))).tree
         out: dict[tuple, object] = {}
         for index in INNER:
             try:

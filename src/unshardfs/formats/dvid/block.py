@@ -42,17 +42,32 @@ def block_shape(data: bytes) -> tuple[int, int, int]:
     return gz * SUB, gy * SUB, gx * SUB
 
 
-def decode_block(data: bytes, relabel: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+def max_block_bytes(chunk_size: tuple[int, int, int]) -> int:
+    """The largest valid encoding of a block of `chunk_size` voxels: every voxel its own label
+    (header, labels, per-sub-block counts and indices, 9-bit values)."""
+    voxels = chunk_size[0] * chunk_size[1] * chunk_size[2]
+    subs = -(-voxels // SUB_VOXELS)
+    return HEADER + 8 * voxels + 2 * subs + 4 * subs * SUB_VOXELS + subs * SUB_VOXELS * 9 // 8
+
+
+def decode_block(data: bytes, shape: tuple[int, int, int] | None = None,
+                 relabel: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """The block's labels as a C-order (nz, ny, nx) uint64 array (x fastest).
 
-    `relabel` maps the block's label list (a few entries) before expansion,
-    which is how supervoxel ids become agglomerated labels at no per-voxel cost.
+    `shape` (nz, ny, nx), when given, is the only accepted block size; it is
+    checked against the header before anything is allocated. `relabel`
+    maps the block's label list (a few entries) before expansion, which is
+    how supervoxel ids become agglomerated labels at no per-voxel cost.
     """
     nz, ny, nx = block_shape(data)
+    if shape is not None and (nz, ny, nx) != tuple(shape):
+        raise ValueError(f"block is {nx}x{ny}x{nz} voxels (x, y, z), chunks are {shape[::-1]}")
     gz, gy, gx = nz // SUB, ny // SUB, nx // SUB
     if not (0 < gx <= 128 and 0 < gy <= 128 and 0 < gz <= 128):
         raise ValueError(f"implausible sub-block grid {gx}x{gy}x{gz}")
     n_labels = int(np.frombuffer(data, dtype="<u4", count=1, offset=12)[0])
+    if n_labels > nz * ny * nx:
+        raise ValueError(f"block declares {n_labels} labels for {nz * ny * nx} voxels")
     pos = HEADER + 8 * n_labels
     if len(data) < pos:
         raise ValueError(f"block declares {n_labels} labels but has only {len(data)} bytes")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import struct
 from dataclasses import dataclass
@@ -29,10 +28,14 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
+from ...core.blob import Blob
+from ...core.fields import MetadataError, load_json
+from ...core.fetch import Extent, Fetcher
+from ...core.limits import Limits
+from ...core.table import ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import ByteSource
-from ...sources.blob import Blob
 from .ipc import FILE_MAGIC, RECORD_BATCH, IpcError, footer_batches, message_header, message_prefix
 
 log = logging.getLogger(__name__)
@@ -61,22 +64,35 @@ class Record:
 
 @dataclass
 class ShardIndex:
-    blob: Blob
+    """One shard file's records as a table keyed by cell Morton code (`extra`: row in its batch)."""
+
+    table: ChunkTable
     schema: pa.Schema
-    records: dict[Cell, RecordRef]  # by chunk grid cell
     units: str  # how the file's keys were written: "block" or "voxel"
 
     @property
     def nbytes(self) -> int:
-        return 96 * len(self.records) + 4096
+        return self.table.nbytes + 4096
+
+
+COORD_LIMIT = 1 << 40  # beyond any volume; keeps every later product inside int64
+
+
+def _cell(values, where: str) -> Cell:
+    x, y, z = (int(v) for v in values)
+    if not all(-COORD_LIMIT < v < COORD_LIMIT for v in (x, y, z)):
+        raise DataError(where, f"chunk index key {(x, y, z)} is out of range")
+    return (x, y, z)
 
 
 def _parse_key(key: object, where: str) -> Cell:
+    parts = str(key).split("_")
     try:
-        x, y, z = (int(v) for v in str(key).split("_"))
-    except ValueError as e:
-        raise DataError(where, f"chunk index key {key!r} is not x_y_z") from e
-    return (x, y, z)
+        if len(parts) != 3 or any(len(p) > 16 for p in parts):
+            raise ValueError
+        return _cell(parts, where)
+    except ValueError:
+        raise DataError(where, f"chunk index key {str(key)[:40]!r} is not x_y_z") from None
 
 
 def parse_csv_index(text: str, where: str) -> dict[Cell, RecordRef]:
@@ -86,19 +102,23 @@ def parse_csv_index(text: str, where: str) -> dict[Cell, RecordRef]:
     out: dict[Cell, RecordRef] = {}
     try:
         for row in csv.DictReader(io.StringIO("\n".join(lines))):
-            cell = (int(row["x"]), int(row["y"]), int(row["z"]))
-            out.setdefault(cell, RecordRef(int(row["offset"]), int(row["size"]), int(row["batch_idx"])))
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataError(where, f"malformed CSV chunk index: {e}") from e
+            cell = _cell((row["x"], row["y"], row["z"]), where)
+            ref = RecordRef(int(row["offset"]), int(row["size"]), int(row["batch_idx"]))
+            if not (0 <= ref.offset < 1 << 62 and 0 < ref.length < 1 << 62 and 0 <= ref.row < 1 << 31):
+                raise ValueError(f"record range {ref} out of range")
+            out.setdefault(cell, ref)
+    except (KeyError, TypeError, ValueError, csv.Error) as e:
+        raise DataError(where, f"malformed CSV chunk index: {str(e)[:200]}") from None
     return out
 
 
 def parse_json_index(raw: bytes, where: str) -> dict[Cell, int]:
     try:
-        mapping = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(where, f"chunk index is not valid JSON: {e}") from e
-    if not isinstance(mapping, dict) or not all(isinstance(v, int) and v >= 0 for v in mapping.values()):
+        mapping = load_json(raw, where)
+    except MetadataError as e:
+        raise DataError(where, f"chunk index {e.reason}") from None
+    if not isinstance(mapping, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31
+                                                for v in mapping.values()):
         raise DataError(where, "JSON chunk index must map 'x_y_z' keys to record numbers")
     out: dict[Cell, int] = {}
     for key, value in mapping.items():
@@ -109,14 +129,20 @@ def parse_json_index(raw: bytes, where: str) -> dict[Cell, int]:
 class ArrowShardReader:
     """Reads the index and records of shard files of one scale."""
 
-    def __init__(self, source: ByteSource, chunk_size: Cell, owned: Callable[[np.ndarray, int], np.ndarray]) -> None:
+    def __init__(self, source: ByteSource, fetcher: Fetcher, limits: Limits, chunk_size: Cell,
+                 owned: Callable[[np.ndarray, int], np.ndarray], keys: Callable[[np.ndarray], np.ndarray]) -> None:
         self.source = source
+        self.fetcher = fetcher
+        self.limits = limits
         self.chunk_size = chunk_size
         # owned(cells, shard) -> bool mask: cell inside the grid and hashed to `shard`.
         self.owned = owned
+        # keys(cells) -> uint64 chunk keys (Morton codes) of in-grid cells.
+        self.keys = keys
 
     async def _read(self, blob: Blob, offset: int, size: int) -> bytes:
-        return await blob.read(self.source, offset, size, index=True)
+        self.limits.check_index(size, blob.label)
+        return await self.fetcher.read(Extent(blob, offset, size), index=True)
 
     async def load(self, blob: Blob, stem: str, shard: int) -> ShardIndex:
         where = blob.label
@@ -147,18 +173,23 @@ class ArrowShardReader:
                 by_range[cell] = RecordRef(batches[number][0], batches[number][1], 0)
         assert by_range is not None
         for cell, ref in by_range.items():
-            if ref.offset < 0 or ref.length <= 0 or ref.offset + ref.length > arrow_end:
+            if ref.offset < 0 or ref.length <= 0 or ref.offset + ref.length > arrow_end or ref.row < 0:
                 raise DataError(where, f"record of chunk {cell} at [{ref.offset}, +{ref.length}) lies outside "
                                        "the Arrow data")
         records, units = self._resolve_units(by_range, shard, where)
-        return ShardIndex(blob, schema, records, units)
+        cells = np.array(list(records), dtype=np.int64).reshape(-1, 3)
+        refs = list(records.values())
+        table = ChunkTable.build(blob, self.keys(cells), np.array([r.offset for r in refs], dtype=np.uint64),
+                                 np.array([r.length for r in refs], dtype=np.uint64), 0, arrow_end,
+                                 extra=np.array([r.row for r in refs], dtype=np.int64))
+        return ShardIndex(table, schema, units)
 
     async def _sidecar(self, stem: str, where: str) -> tuple[dict[Cell, RecordRef] | None, dict[Cell, int] | None]:
         for ext in (".csv", ".json"):
             st = await self.source.stat(stem + ext)
             if st is None or st.is_dir:
                 continue
-            raw = await Blob.of(stem + ext, st).read(self.source, 0, st.size, index=True)
+            raw = await self._read(Blob.of(stem + ext, st), 0, st.size)
             if ext == ".csv":
                 try:
                     return parse_csv_index(raw.decode(), stem + ext), None
@@ -238,23 +269,25 @@ class ArrowShardReader:
         refs = list(by_key.values())
         return {tuple(c): refs[i] for i, c in zip(np.nonzero(mask)[0].tolist(), cells[mask].tolist())}, units
 
-    async def record(self, index: ShardIndex, ref: RecordRef, where: str) -> Record:
-        raw = await index.blob.read(self.source, ref.offset, ref.length)
-        try:
-            batch = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(raw)), index.schema)
-            if ref.row >= batch.num_rows:
-                raise DataError(where, f"record batch has {batch.num_rows} rows, index names row {ref.row}")
-            row = ref.row
-            coords = tuple(int(batch.column(name)[row].as_py()) for name in ("chunk_x", "chunk_y", "chunk_z"))
-            labels = batch.column("labels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
-            supervoxels = batch.column("supervoxels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
-            block = batch.column("dvid_compressed_block")[row].as_py()
-            size = (int(batch.column("uncompressed_size")[row].as_py())
-                    if "uncompressed_size" in batch.schema.names else None)
-            meta = index.schema.field("dvid_compressed_block").metadata or {}
-        except (pa.ArrowException, KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DataError(where, f"cannot decode the Arrow record: {e}") from e
-        if block is None or len(labels) != len(supervoxels):
-            raise DataError(where, f"record has {len(labels)} labels for {len(supervoxels)} supervoxels")
-        return Record(coords, labels, supervoxels, block, size, meta.get(b"codec") == b"zstd")  # type: ignore[arg-type]
-
+def decode_record(raw: bytes, schema: pa.Schema, row: int, where: str) -> Record:
+    """One row of a record batch message, fully validated first: pyarrow trusts list offsets
+    and buffer sizes it has not validated, and a bit flip there can crash the process."""
+    try:
+        batch = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(raw)), schema)
+        batch.validate(full=True)
+        if row >= batch.num_rows:
+            raise DataError(where, f"record batch has {batch.num_rows} rows, index names row {row}")
+        coords = tuple(int(batch.column(name)[row].as_py()) for name in ("chunk_x", "chunk_y", "chunk_z"))
+        labels = batch.column("labels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
+        supervoxels = batch.column("supervoxels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
+        block = batch.column("dvid_compressed_block")[row].as_py()
+        size = (int(batch.column("uncompressed_size")[row].as_py())
+                if "uncompressed_size" in batch.schema.names else None)
+        meta = schema.field("dvid_compressed_block").metadata or {}
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything pyarrow raises on bad data is damage of this record
+        raise DataError(where, f"cannot decode the Arrow record: {type(e).__name__}: {e}") from None
+    if not isinstance(block, bytes) or len(labels) != len(supervoxels):
+        raise DataError(where, f"record has {len(labels)} labels for {len(supervoxels)} supervoxels")
+    return Record(coords, labels, supervoxels, block, size, meta.get(b"codec") == b"zstd")  # type: ignore[arg-type]

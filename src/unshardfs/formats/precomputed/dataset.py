@@ -9,92 +9,71 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
-from typing import Callable
+from typing import AsyncIterator, Callable
 
-from ...caches import Caches
+from ...core.chunks import ChunkContext
+from ...core.codecs import codec
+from ...core.dirs import ShardedDir
+from ...core.fields import Fields, MetadataError, as_ints, grid_shape
+from ...core.geometry import Geometry
+from ...core.inventory import ChunkInventory, InventoryPart
+from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...passthrough import PassthroughDir
-from ...sources.base import ByteSource, ObjectStat, join_key, normalize_key
-from ...vtree import BytesFile, DirNode, Node
+from ...sources.base import ObjectStat, join_key, normalize_key
+from ...vtree import BytesFile, DirNode, Node, Verdict
 from ..jsonfile import encode_json, read_json
-from .dirs import MultiLodMeshDir, SkeletonDir, VolumeScaleDir
-from .shardfile import ShardedStore
+from .dirs import MultiLodMeshDir, SegmentNaming
+from .grid import ChunkGrid, GridNaming, VolumeGeometry
+from .shards import PrecomputedStore
 from .sharding import ShardingSpec
 
 log = logging.getLogger(__name__)
 
 # Builds the node for a special directory once its stat is known.
 DirFactory = Callable[[ObjectStat], DirNode]
+VOXEL_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "float32": 4,
+               "uint64": 8, "int64": 8, "float64": 8}
+MORTON_BITS = 64  # chunk ids are uint64
 
 
-@dataclass
-class ShardedPart:
-    """A sharded directory of the dataset, as `inspect` describes it."""
-
-    kind: str
-    key: str
-    store: ShardedStore
-    details: dict
-
-
-def vec3(obj: dict, name: str, where: str, default: list | None = None, positive: bool = False) -> tuple[int, int, int]:
-    value = obj.get(name, default)
-    if (not isinstance(value, list) or len(value) != 3
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-            or (positive and not all(v > 0 for v in value))
-            or (not positive and name == "size" and not all(v >= 0 for v in value))):
-        kind = "positive integers" if positive else "integers"
-        raise ConfigError(f"{where}: {name} must be a list of 3 {kind}, got {value!r}")
-    return (value[0], value[1], value[2])
+def layout(spec: ShardingSpec) -> str:
+    return (f"{spec.hash}, preshift {spec.preshift_bits}, minishard_bits {spec.minishard_bits}, shard_bits "
+            f"{spec.shard_bits}; minishard index {spec.minishard_index_encoding}, data {spec.data_encoding}")
 
 
 class PrecomputedDataset:
     """The virtual tree of one precomputed dataset rooted at the source's root."""
 
-    def __init__(self, source: ByteSource, caches: Caches) -> None:
-        self.source = source
-        self.caches = caches
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.source = runtime.source
         self.special: dict[str, DirFactory] = {}
         # Every directory the info files name (scales, mesh and skeleton
         # directories, and their parents): what a source that cannot list
         # (plain HTTP) shows, and what its lookups trust without a stat.
         self.known_dirs: set[str] = set()
         self.root_info: BytesFile | None = None
-        # What `unshardfs inspect` reports: one entry per sharded directory.
-        self.sharded: list[ShardedPart] = []
+        self.parts: list[InventoryPart] = []
 
     async def build(self) -> DirNode:
         loaded = await read_json(self.source, "info")
         if loaded is None:
             raise ConfigError(f"{self.source.description} has no info file: not a precomputed dataset")
-        info, info_st = loaded
-        if not isinstance(info, dict):
-            raise ConfigError("info must be a JSON object")
-        shown = copy.deepcopy(info)
-        scales = info.get("scales")
-        if scales is not None:
-            if not isinstance(scales, list):
-                raise ConfigError("info: scales must be a list")
-            for i, scale in enumerate(scales):
-                if not isinstance(scale, dict):
-                    raise ConfigError(f"info: scales[{i}] must be an object")
-                if "sharding" in scale:
-                    self._add_scale(scale, f"info: scales[{i}]")
-                    del shown["scales"][i]["sharding"]
-                elif isinstance(scale.get("key"), str):
-                    try:
-                        self._know(normalize_key(scale["key"]))
-                    except ConfigError:
-                        pass  # an unsharded scale is not ours to validate; it passes through or not
-        for member, kind in (("mesh", "mesh"), ("skeletons", "skeletons")):
-            if member in info:
-                await self._add_object_dir(info[member], kind)
+        raw, info_st = loaded
+        info = Fields(raw, "info")
+        shown = copy.deepcopy(info.raw)
+        for i, scale in enumerate(info.objects("scales", default=[])):
+            if scale.has("sharding"):
+                self._add_scale(info, scale)
+                del shown["scales"][i]["sharding"]
+            elif isinstance(scale.get("key"), str):
+                self._know_quietly(scale.get("key"))
+        for member in ("mesh", "skeletons"):
+            if info.has(member):
+                await self._add_object_dir(info.str(member), info.at(member))
         if isinstance(info.get("segment_properties"), str):
-            try:
-                self._know(normalize_key(info["segment_properties"]))
-            except ConfigError:
-                pass
+            self._know_quietly(info.get("segment_properties"))
         self.root_info = BytesFile(encode_json(shown), info_st.mtime_ns)
         root_st = await self.source.stat("")
         assert root_st is not None
@@ -106,12 +85,19 @@ class PrecomputedDataset:
             self.known_dirs.add(dir_key)
             dir_key = dir_key.rpartition("/")[0]
 
+    def _know_quietly(self, key: str) -> None:
+        """An unsharded part is not ours to validate: it passes through, or not."""
+        try:
+            self._know(normalize_key(key))
+        except ConfigError:
+            pass
+
     def _declared(self, dir_key: str) -> list[str]:
         names = {key.rpartition("/")[2] for key in self.known_dirs if key.rpartition("/")[0] == dir_key}
         # `provenance` is the one standard file the info does not name.
         return sorted(names) + (["info", "provenance"] if dir_key == "" else [])
 
-    async def _override(self, key: str, st: ObjectStat | None) -> Node | None:
+    async def _override(self, key: str, st: ObjectStat | None) -> Node | Verdict:
         if key == "info" and self.root_info is not None:
             return self.root_info
         factory = self.special.get(key)
@@ -119,70 +105,80 @@ class PrecomputedDataset:
             return factory(st or self.dir_stat)
         if st is None and key in self.known_dirs:
             return PassthroughDir(self.source, key, self.dir_stat, self._override, self._declared)
-        return None
+        return Verdict.PASS
 
-    def _add_scale(self, scale: dict, where: str) -> None:
-        key = scale.get("key")
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"{where}: key must be a non-empty string")
-        where = f"{where} ({key})"
-        spec = ShardingSpec.from_json(scale["sharding"])
-        chunk_sizes = scale.get("chunk_sizes")
-        if not isinstance(chunk_sizes, list) or len(chunk_sizes) != 1:
-            raise ConfigError(f"{where}: a sharded scale must have exactly one chunk size, got {chunk_sizes!r}")
-        chunk_size = vec3({"chunk_sizes": chunk_sizes[0]}, "chunk_sizes", where, positive=True)
-        size = vec3(scale, "size", where)
-        voxel_offset = vec3(scale, "voxel_offset", where, default=[0, 0, 0])
-        dir_key = normalize_key(key)
+    def _dir_key(self, value: str, where: str) -> str:
+        try:
+            dir_key = normalize_key(value)
+        except ConfigError as e:
+            raise MetadataError(where, str(e)) from None
         if not dir_key:
-            raise ConfigError(f"{where}: a scale key must name a subdirectory")
-        store = ShardedStore(self.source, dir_key, spec, self.caches)
+            raise MetadataError(where, "must name a subdirectory")
+        return dir_key
+
+    def _add_scale(self, info: Fields, scale: Fields) -> None:
+        where = scale.where
+        dir_key = self._dir_key(scale.str("key"), scale.at("key"))
+        spec = ShardingSpec.from_json(scale.get("sharding"), scale.at("sharding"))
+        chunk_sizes = scale.list("chunk_sizes")
+        if len(chunk_sizes) != 1:
+            raise MetadataError(scale.at("chunk_sizes"), f"a sharded scale must have exactly one chunk size, got "
+                                f"{len(chunk_sizes)}")
+        chunk = as_ints(chunk_sizes[0], f"{scale.at('chunk_sizes')}[0]", 3, lo=1)
+        size = scale.ints("size", 3, lo=0)
+        offset = scale.ints("voxel_offset", 3, default=[0, 0, 0])
+        cells = grid_shape(size, chunk, where)
+        grid = ChunkGrid(size, chunk, offset)  # type: ignore[arg-type]
+        if grid.coder.total_bits > MORTON_BITS:
+            raise MetadataError(where, f"a grid of {cells} chunks needs more than 64 bits of chunk id")
+        runtime = self.runtime
+        store = PrecomputedStore(runtime, dir_key, spec)
+        encoding = scale.get("encoding")
+        voxel = VOXEL_BYTES.get(info.get("data_type"))  # type: ignore[arg-type]
+        channels = info.get("num_channels", 1)
+        if voxel is not None and isinstance(channels, int) and not isinstance(channels, bool) \
+                and 0 < channels <= 1 << 16:
+            geometry: Geometry = VolumeGeometry(grid, voxel * channels, encoding == "raw")
+        else:
+            geometry = Geometry(runtime.limits.payload_bytes)
+        ctx = ChunkContext(store, GridNaming(grid), codec(spec.data_encoding), geometry)
         self._know(dir_key)
-        self.special[dir_key] = lambda st: VolumeScaleDir(
-            self.source, dir_key, st, store, size, chunk_size, voxel_offset)
-        grid = [-(-s // c) for s, c in zip(size, chunk_size)]
-        self.sharded.append(ShardedPart("volume scale", dir_key, store, {
-            "encoding": scale.get("encoding"), "size": list(size), "chunk_size": list(chunk_size),
-            "grid_cells": grid[0] * grid[1] * grid[2]}))
+        self.special[dir_key] = lambda st: ShardedDir(self.source, dir_key, st, ctx)
+        self.parts.append(ChunkInventory("volume scale", dir_key, ctx, layout(spec), 1 << spec.shard_bits, {
+            "encoding": encoding, "size": list(size), "chunk_size": list(chunk),
+            "grid_cells": cells[0] * cells[1] * cells[2]}))
 
-    async def _add_object_dir(self, value: object, kind: str) -> None:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"info: {kind} must be a non-empty string, got {value!r}")
-        dir_key = normalize_key(value)
-        if not dir_key:
-            raise ConfigError(f"info: {kind} must name a subdirectory")
+    async def _add_object_dir(self, value: str, where: str) -> None:
+        dir_key = self._dir_key(value, where)
         self._know(dir_key)
         loaded = await read_json(self.source, join_key(dir_key, "info"))
         if loaded is None:
             return  # nothing to rewrite; the directory (if any) passes through
-        info, st = loaded
-        where = f"{dir_key}/info"
-        if not isinstance(info, dict):
-            raise ConfigError(f"{where} must be a JSON object")
-        if "sharding" not in info:
+        raw, st = loaded
+        info = Fields(raw, f"{dir_key}/info")
+        if not info.has("sharding"):
             return
-        spec = ShardingSpec.from_json(info["sharding"])
-        shown = {k: v for k, v in info.items() if k != "sharding"}
-        info_file = BytesFile(encode_json(shown), st.mtime_ns)
-        store = ShardedStore(self.source, dir_key, spec, self.caches)
-        type_ = info.get("@type")
-        if type_ == "neuroglancer_multilod_draco":
-            cls = MultiLodMeshDir
-        elif type_ == "neuroglancer_skeletons":
-            cls = SkeletonDir
+        spec = ShardingSpec.from_json(info.get("sharding"), info.at("sharding"))
+        info_file = BytesFile(encode_json({k: v for k, v in info.raw.items() if k != "sharding"}), st.mtime_ns)
+        store = PrecomputedStore(self.runtime, dir_key, spec)
+        payloads = codec(spec.data_encoding)
+        kind = info.get("@type")
+        if kind == "neuroglancer_multilod_draco":
+            manifests = ChunkContext(store, SegmentNaming(".index", 1, 1), payloads)
+            self.special[dir_key] = lambda dst: MultiLodMeshDir(self.source, dir_key, dst, manifests,
+                                                                {"info": info_file})
+            ctx = manifests
+        elif kind == "neuroglancer_skeletons":
+            ctx = ChunkContext(store, SegmentNaming(), payloads)
+            self.special[dir_key] = lambda dst: ShardedDir(self.source, dir_key, dst, ctx, {"info": info_file})
         else:
             # e.g. sharded legacy single-resolution meshes: there is no
             # standard unsharded form to show, so the directory passes through.
-            log.warning("%s: sharded %s of @type %r has no unsharded form here; shown unchanged", where, kind, type_)
+            log.warning("%s: sharded %s of @type %r has no unsharded form here; shown unchanged", info.where,
+                        where, kind)
             return
-        self.special[dir_key] = lambda dst: cls(self.source, dir_key, dst, store, info_file)
-        self.sharded.append(ShardedPart(type_, dir_key, store, {}))
+        self.parts.append(ChunkInventory(str(kind), dir_key, ctx, layout(spec), 1 << spec.shard_bits))
 
-
-async def build_tree(source: ByteSource, caches: Caches) -> DirNode:
-    return await PrecomputedDataset(source, caches).build()
-
-
-async def open_dataset(source: ByteSource, caches: Caches) -> tuple[PrecomputedDataset, DirNode]:
-    dataset = PrecomputedDataset(source, caches)
-    return dataset, await dataset.build()
+    async def inventory(self) -> AsyncIterator[InventoryPart]:
+        for part in self.parts:
+            yield part

@@ -1,9 +1,10 @@
-"""Sharded directories shown unsharded: volume scales, multi-LOD meshes, skeletons.
+"""Sharded precomputed directories shown unsharded: volume scales, skeletons, multi-LOD meshes.
 
-Each directory answers lookups of computed names straight from the shard
-indexes (no listing needed) and streams its listing minishard by minishard.
-Files of the source directory that are not shard files pass through, so
-nothing the dataset's owner put there disappears.
+Volume scales and skeletons are plain core `ShardedDir`s with their own
+naming (voxel-bound chunk names, segment ids). Multi-LOD meshes show two
+files per segment: `<segid>.index`, the (decoded) manifest, which is what
+the shard indexes, and `<segid>`, the fragment data stored immediately
+before the manifest, whose length only the manifest tells.
 """
 
 from __future__ import annotations
@@ -14,154 +15,61 @@ from typing import AsyncIterator
 
 import numpy as np
 
-from ...concurrency import gather
+from ...core.chunks import ChunkContext, ChunkFile
+from ...core.codecs import Stored
+from ...core.dirs import ShardedDir
+from ...core.naming import IDENT_LIMIT, Naming
 from ...errors import DataError
 from ...logonce import log_once
-from ...overlay import NOT_VIRTUAL, OverlayDir
 from ...sources.base import ByteSource, ObjectStat
-from ...vtree import CHILD_ID_BITS, BytesFile, Entry
-from .chunkfile import ChunkFile
-from .grid import ChunkGrid
-from .shardfile import MinishardIndex, Shard, ShardedStore
+from ...vtree import Batch, Entry, Node, Verdict
+from .shards import PrecomputedStore
 
 log = logging.getLogger(__name__)
 
 U64_MAX = (1 << 64) - 1
 
 
-class ShardedDir(OverlayDir):
-    """Common behaviour: rewritten `info`, hidden shard files, passthrough of the rest."""
-
-    __slots__ = ("store",)
-
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
-                 info: BytesFile | None = None) -> None:
-        super().__init__(source, key, st, {} if info is None else {"info": info}, f"sharded:{key}")
-        self.store = store
-
-    def hides(self, name: str) -> bool:
-        return self.store.is_shard_file(name)
-
-    @property
-    def gzipped(self) -> bool:
-        """Whether payloads (volume chunks, skeletons, mesh manifests) are gzip-encoded."""
-        return self.store.spec.data_encoding == "gzip"
-
-    def ident_of(self, chunk_id: int) -> int | None:
-        """The `ident` of the file holding `chunk_id`'s payload."""
-        return chunk_id if chunk_id < 1 << CHILD_ID_BITS else None
-
-    def ident_differs(self, ids: np.ndarray) -> bool:
-        """Whether `ident_of` is anything but the identity on these ids (checked per batch)."""
-        return bool(len(ids)) and int(ids.max()) >= 1 << CHILD_ID_BITS
-
-    async def _chunk(self, chunk_id: int) -> ChunkFile | None:
-        found = await self.store.locate(chunk_id)
-        if found is None:
-            return None
-        shard, start, length = found
-        return await ChunkFile.open(self.store, shard, start, length, self.gzipped, chunk_id,
-                                    self.ident_of(chunk_id), prefetch=True)
-
-    async def _sized(self, shard: Shard, row: tuple) -> ChunkFile | None:
-        _name, cid, ident, start, size = row
-        try:
-            return await ChunkFile.open(self.store, shard, start, size, True, cid, ident)
-        except DataError as e:
-            log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
-            return None
-
-    def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
-        """File names of a minishard's ids (None: not listable); segment ids by default."""
-        return [str(cid) for cid in mini.ids.tolist()]
-
-    async def _listed_chunks(self) -> AsyncIterator[list[tuple[str, ChunkFile]]]:
-        """Every listable chunk, in batches of whole minishards; a chunk that
-        cannot even be sized is logged and skipped."""
-        store, gzipped, ident_of = self.store, self.gzipped, self.ident_of
-        async for shard, mini in store.listing():
-            ids = mini.ids.tolist()
-            idents = [ident_of(cid) for cid in ids] if self.ident_differs(mini.ids) else ids
-            rows = zip(self.names(shard, mini), ids, idents, mini.starts.tolist(), mini.sizes.tolist())
-            if not gzipped:
-                # Raw payloads are sized by the index itself: no I/O, no awaits.
-                batch = [(name, ChunkFile(store, shard, start, size, False, size, cid, ident))
-                         for name, cid, ident, start, size in rows if name is not None]
-            else:
-                # Sizing gzip payloads costs a small read each: remotely, many at once.
-                named = [row for row in rows if row[0] is not None]
-                if store.source.remote:
-                    opened = await gather([lambda r=r: self._sized(shard, r) for r in named], limit=64)
-                else:
-                    opened = [await self._sized(shard, r) for r in named]
-                batch = [(row[0], node) for row, node in zip(named, opened) if node is not None]
-            if batch:
-                yield batch
-
-
-class VolumeScaleDir(ShardedDir):
-    """A sharded scale: one file per existing chunk, named by its voxel bounds."""
-
-    __slots__ = ("grid",)
-
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, store: ShardedStore,
-                 size: tuple[int, int, int], chunk_size: tuple[int, int, int],
-                 voxel_offset: tuple[int, int, int]) -> None:
-        super().__init__(source, key, st, store)
-        self.grid = ChunkGrid(size, chunk_size, voxel_offset)
-
-    def claims(self, name: str) -> bool:
-        return ChunkGrid.claims(name)
-
-    def child_name(self, ident: int) -> str:
-        return self.grid.name_of_code(ident)
-
-    async def virtual_lookup(self, name: str) -> object:
-        if not self.claims(name):
-            return NOT_VIRTUAL
-        cell = self.grid.parse_chunk_name(name)
-        if cell is None:
-            return None
-        return await self._chunk(self.grid.coder.encode(cell))
-
-    def names(self, shard: Shard, mini: MinishardIndex) -> list[str | None]:
-        cells, valid = self.grid.coder.decode_array(mini.ids)
-        if valid.all():
-            return self.grid.names(cells)  # type: ignore[return-value]
-        log_once(log, f"grid:{shard.label}", "%s: %d chunk ids lie outside the volume grid; not listed",
-                 shard.label, int((~valid).sum()))
-        names = iter(self.grid.names(cells[valid]))
-        return [next(names) if ok else None for ok in valid.tolist()]
-
-    def virtual_entries(self) -> AsyncIterator[list[Entry]]:
-        return self._listed_chunks()  # type: ignore[return-value]
-
-
 def parse_segment_id(text: str) -> int | None:
     """A canonical base-10 uint64, as unsharded mesh/skeleton writers name files."""
-    if not text.isdigit() or not text.isascii() or (len(text) > 1 and text[0] == "0"):
+    if not text.isdigit() or not text.isascii() or (len(text) > 1 and text[0] == "0") or len(text) > 20:
         return None
     value = int(text)
     return value if value <= U64_MAX else None
 
 
-class SkeletonDir(ShardedDir):
-    """Sharded skeletons: `<segid>` holds the encoded skeleton."""
+class SegmentNaming(Naming):
+    """Files named by segment id (skeletons; mesh manifests with `suffix` '.index')."""
 
-    def child_name(self, ident: int) -> str:
-        return str(ident)
+    def __init__(self, suffix: str = "", ident_bits: int = 0, ident_add: int = 0) -> None:
+        self.suffix = suffix
+        # Meshes show two files per segment: idents 2*id (fragments) and 2*id+1 (manifest).
+        self.ident_bits = ident_bits
+        self.ident_add = ident_add
 
     def claims(self, name: str) -> bool:
-        return parse_segment_id(name) is not None
+        return parse_segment_id(name.removesuffix(".index")) is not None
 
-    async def virtual_lookup(self, name: str) -> object:
-        seg = parse_segment_id(name)
-        if seg is None:
-            return NOT_VIRTUAL
-        return await self._chunk(seg)
+    def parse(self, name: str) -> int | None:
+        if self.suffix and not name.endswith(self.suffix):
+            return None
+        return parse_segment_id(name[:len(name) - len(self.suffix)] if self.suffix else name)
 
-    def virtual_entries(self) -> AsyncIterator[list[Entry]]:
-        return self._listed_chunks()  # type: ignore[return-value]
+    def names(self, keys: np.ndarray) -> list[str | None]:
+        suffix = self.suffix
+        return [f"{k}{suffix}" for k in keys.tolist()]
+
+    def ident(self, key: int) -> int | None:
+        ident = (key << self.ident_bits) + self.ident_add
+        return ident if ident < IDENT_LIMIT else None
+
+    def idents(self, keys: np.ndarray) -> list[int | None]:
+        if not self.ident_bits:
+            return super().idents(keys)
+        return [self.ident(k) for k in keys.tolist()]
+
+    def name_of_ident(self, ident: int) -> str:
+        return f"{ident >> self.ident_bits}{self.suffix}"
 
 
 def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
@@ -172,11 +80,15 @@ def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
     """
     try:
         num_lods = struct.unpack_from("<I", manifest, 24)[0]
+        if 28 + 16 * num_lods > len(manifest):
+            raise struct.error("lod tables")
         pos = 28 + 4 * num_lods + 12 * num_lods
         counts = struct.unpack_from(f"<{num_lods}I", manifest, pos)
         pos += 4 * num_lods
         total = 0
         for count in counts:
+            if pos + 16 * count > len(manifest):
+                raise struct.error("fragments")
             pos += 12 * count
             total += sum(struct.unpack_from(f"<{count}I", manifest, pos))
             pos += 4 * count
@@ -188,53 +100,55 @@ def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
 
 
 class MultiLodMeshDir(ShardedDir):
-    """Sharded multi-resolution meshes: `<segid>.index` manifest, `<segid>` fragments.
+    __slots__ = ("fragments_ctx",)
 
-    In the shard, a segment's fragment data sits immediately before its
-    manifest, and only the manifest is indexed (and possibly gzip-encoded).
-    """
-
-    def claims(self, name: str) -> bool:
-        return parse_segment_id(name.removesuffix(".index")) is not None
-
-    # Two files per segment: ident 2*segid is the fragment data, 2*segid+1 the manifest.
-    def ident_of(self, chunk_id: int) -> int | None:
-        return 2 * chunk_id + 1 if 2 * chunk_id + 1 < 1 << CHILD_ID_BITS else None
-
-    def ident_differs(self, ids: np.ndarray) -> bool:
-        return True
-
-    def child_name(self, ident: int) -> str:
-        return f"{ident >> 1}.index" if ident & 1 else str(ident >> 1)
+    def __init__(self, source: ByteSource, key: str, st: ObjectStat, manifests: ChunkContext,
+                 fixed: dict[str, Node]) -> None:
+        super().__init__(source, key, st, manifests, fixed)
+        store = manifests.store
+        self.fragments_ctx = ChunkContext(store, SegmentNaming("", 1, 0), Stored(), read_ahead=False)
 
     async def fragments(self, manifest: ChunkFile) -> ChunkFile:
-        total = manifest_fragment_bytes(await manifest.decoded(), manifest.where)
+        total = manifest_fragment_bytes(await self.chunks.content(manifest), manifest.where)
         start = manifest.start - total
-        if start < self.store.spec.shard_index_size:
-            raise DataError(manifest.where, f"fragment data of {total} bytes would start before the shard data")
-        return ChunkFile(self.store, manifest.shard, start, total, False, total, manifest.chunk_id,
-                         None if manifest.ident is None else manifest.ident - 1)
+        store = self.chunks.store
+        assert isinstance(store, PrecomputedStore)
+        if start < store.index_size:
+            raise DataError(manifest.where, f"fragment data of {total:,} bytes would start before the shard data")
+        key = manifest.key
+        return ChunkFile(self.fragments_ctx, manifest.blob, start, total, key, total,
+                         self.fragments_ctx.naming.ident(key))
 
-    async def virtual_lookup(self, name: str) -> object:
+    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
         stem = name.removesuffix(".index")
         seg = parse_segment_id(stem)
         if seg is None:
-            return NOT_VIRTUAL
-        manifest = await self._chunk(seg)
-        if manifest is None or stem != name:
+            return Verdict.PASS
+        manifest = await self.chunks.file(seg)
+        if manifest is None:
+            return None
+        fragments = await self.fragments(manifest)
+        if stem != name:
+            # A viewer reads a segment's fragments right after its manifest.
+            self.chunks.fetcher.prefetch([fragments.extent])
             return manifest
-        return await self.fragments(manifest)
+        return fragments
 
-    async def virtual_entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
-        async for manifests in self._listed_chunks():
+    async def virtual_entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
+        async for listed in self.chunks.listing():
+            manifests = list(listed)
+            await self.chunks.warm([m for _, m in manifests])  # type: ignore[misc]
             batch: list[Entry] = []
             for name, manifest in manifests:
                 try:
-                    fragments = await self.fragments(manifest)
+                    fragments = await self.fragments(manifest)  # type: ignore[arg-type]
                 except DataError as e:
                     log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
                     continue
-                batch.append((name, fragments))
-                batch.append((f"{name}.index", manifest))
+                batch.append((name.removesuffix(".index"), fragments))
+                batch.append((name, manifest))
             if batch:
                 yield batch
+
+    def child_name(self, ident: int) -> str:
+        return f"{ident >> 1}.index" if ident & 1 else str(ident >> 1)

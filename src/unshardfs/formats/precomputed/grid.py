@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 
+from ...core.geometry import Geometry
+from ...core.naming import Naming
 from .morton import MortonCoder
 
 _NAME_FORMAT = "%d-%d_%d-%d_%d-%d"
@@ -21,7 +23,7 @@ Cell = tuple[int, int, int]
 
 
 class ChunkGrid:
-    __slots__ = ("size", "chunk_size", "voxel_offset", "shape", "coder", "_chunk", "_size", "_offset")
+    __slots__ = ("size", "chunk_size", "voxel_offset", "shape", "coder", "chunk_array", "size_array", "_offset")
 
     def __init__(self, size: Cell, chunk_size: Cell, voxel_offset: Cell) -> None:
         self.size = size
@@ -29,8 +31,8 @@ class ChunkGrid:
         self.voxel_offset = voxel_offset
         self.shape: Cell = tuple(-(-s // c) for s, c in zip(size, chunk_size))  # type: ignore[assignment]
         self.coder = MortonCoder(self.shape)
-        self._chunk = np.array(chunk_size, dtype=np.int64)
-        self._size = np.array(size, dtype=np.int64)
+        self.chunk_array = np.array(chunk_size, dtype=np.int64)
+        self.size_array = np.array(size, dtype=np.int64)
         self._offset = np.array(voxel_offset, dtype=np.int64)
 
     def extent(self, cell: Cell) -> Cell:
@@ -47,8 +49,8 @@ class ChunkGrid:
 
     def names(self, cells: np.ndarray) -> list[str]:
         """Names of an (n, 3) array of in-grid cells."""
-        begins = cells * self._chunk
-        ends = np.minimum(begins + self._chunk, self._size) + self._offset
+        begins = cells * self.chunk_array
+        ends = np.minimum(begins + self.chunk_array, self.size_array) + self._offset
         begins += self._offset
         bounds = np.stack([begins[:, 0], ends[:, 0], begins[:, 1], ends[:, 1], begins[:, 2], ends[:, 2]], axis=1)
         return [_NAME_FORMAT % tuple(b) for b in bounds.tolist()]
@@ -84,3 +86,53 @@ class ChunkGrid:
             raise KeyError(code)
         x, y, z = cells[0].tolist()
         return self.chunk_name((x, y, z))
+
+
+class GridNaming(Naming):
+    """Chunk files of a volume scale, keyed by the compressed Morton code of their grid cell."""
+
+    dense = True
+
+    def __init__(self, grid: ChunkGrid) -> None:
+        self.grid = grid
+
+    def claims(self, name: str) -> bool:
+        return ChunkGrid.claims(name)
+
+    def parse(self, name: str) -> int | None:
+        cell = self.grid.parse_chunk_name(name)
+        return None if cell is None else self.grid.coder.encode(cell)
+
+    def names(self, keys: np.ndarray) -> list[str | None]:
+        cells, valid = self.grid.coder.decode_array(keys)
+        if valid.all():
+            return self.grid.names(cells)  # type: ignore[return-value]
+        names = iter(self.grid.names(cells[valid]))
+        return [next(names) if ok else None for ok in valid.tolist()]
+
+
+class VolumeGeometry(Geometry):
+    """Decoded chunk sizes of a volume scale: exact for raw data, bounded otherwise."""
+
+    # Non-raw encodings (jpeg, compressed_segmentation, png) of a chunk stay
+    # well below this multiple of its raw size plus a constant.
+    SLACK, EXTRA = 2, 1 << 20
+
+    def __init__(self, grid: ChunkGrid, voxel_bytes: int, raw: bool) -> None:
+        super().__init__(0)
+        self.grid = grid
+        self.voxel_bytes = voxel_bytes
+        self.raw = raw
+
+    def _raw_sizes(self, keys: np.ndarray) -> np.ndarray:
+        cells, valid = self.grid.coder.decode_array(keys)
+        extents = np.minimum(self.grid.chunk_array, self.grid.size_array - cells * self.grid.chunk_array)
+        sizes = np.prod(np.maximum(extents, 0), axis=1) * self.voxel_bytes
+        return np.where(valid, sizes, 0)
+
+    def exact(self, keys: np.ndarray) -> np.ndarray | None:
+        return self._raw_sizes(keys) if self.raw else None
+
+    def cap(self, keys: np.ndarray) -> np.ndarray:
+        raw = self._raw_sizes(keys)
+        return raw if self.raw else raw * self.SLACK + self.EXTRA

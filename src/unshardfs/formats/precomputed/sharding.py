@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import mmh3
 import numpy as np
 
-from ...errors import ConfigError
+from ...core.fields import Fields, MetadataError
 
 U64 = (1 << 64) - 1
 ENCODINGS = ("raw", "gzip")
@@ -17,21 +17,6 @@ HASHES = ("identity", "murmurhash3_x86_128")
 def murmurhash3_x86_128_low64(value: int) -> int:
     """Low 64 bits of MurmurHash3_x86_128 (seed 0) of `value` as 8 LE bytes."""
     return mmh3.hash128(value.to_bytes(8, "little"), 0, False) & U64
-
-
-def _int_member(obj: dict, name: str, lo: int, hi: int) -> int:
-    value = obj.get(name)
-    # bool is an int subclass in Python; a JSON true is not a bit count.
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ConfigError(f"sharding {name} must be an integer in [{lo}, {hi}], got {value!r}")
-    return value
-
-
-def _encoding_member(obj: dict, name: str) -> str:
-    value = obj.get(name, "raw")
-    if value not in ENCODINGS:
-        raise ConfigError(f"sharding {name} must be one of {ENCODINGS}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -44,23 +29,19 @@ class ShardingSpec:
     data_encoding: str = "raw"
 
     @classmethod
-    def from_json(cls, obj: object) -> "ShardingSpec":
-        if not isinstance(obj, dict):
-            raise ConfigError(f"sharding must be a JSON object, got {type(obj).__name__}")
-        if obj.get("@type") != "neuroglancer_uint64_sharded_v1":
-            raise ConfigError(f"sharding @type must be 'neuroglancer_uint64_sharded_v1', got {obj.get('@type')!r}")
-        if obj.get("hash") not in HASHES:
-            raise ConfigError(f"sharding hash must be one of {HASHES}, got {obj.get('hash')!r}")
+    def from_json(cls, obj: object, where: str = "sharding") -> "ShardingSpec":
+        f = Fields(obj, where)
+        f.str("@type", ("neuroglancer_uint64_sharded_v1",))
         spec = cls(
-            preshift_bits=_int_member(obj, "preshift_bits", 0, 64),
-            hash=obj["hash"],
-            minishard_bits=_int_member(obj, "minishard_bits", 0, 32),
-            shard_bits=_int_member(obj, "shard_bits", 0, 64),
-            minishard_index_encoding=_encoding_member(obj, "minishard_index_encoding"),
-            data_encoding=_encoding_member(obj, "data_encoding"),
+            preshift_bits=f.int("preshift_bits", 0, 64),
+            hash=f.str("hash", HASHES),
+            minishard_bits=f.int("minishard_bits", 0, 32),
+            shard_bits=f.int("shard_bits", 0, 64),
+            minishard_index_encoding=f.str("minishard_index_encoding", ENCODINGS, default="raw"),
+            data_encoding=f.str("data_encoding", ENCODINGS, default="raw"),
         )
         if spec.minishard_bits + spec.shard_bits > 64:
-            raise ConfigError("sharding minishard_bits + shard_bits must not exceed 64")
+            raise MetadataError(where, "minishard_bits + shard_bits must not exceed 64")
         return spec
 
     @property

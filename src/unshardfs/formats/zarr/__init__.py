@@ -1,5 +1,1 @@
 """Zarr v3 stores whose arrays use the `sharding_indexed` codec, shown unsharded (v3 or v2)."""
-
-from .hierarchy import VIEWS, ZarrHierarchy
-
-__all__ = ["VIEWS", "ZarrHierarchy"]

@@ -15,19 +15,25 @@ from __future__ import annotations
 import copy
 import logging
 
-from ...caches import Caches
+import math
+from typing import AsyncIterator
+
+from ...core.chunks import ChunkContext
+from ...core.codecs import Crc32cSuffix, Stored
+from ...core.inventory import ChunkInventory, InventoryPart
+from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...logonce import log_once
-from ...passthrough import HIDDEN, PassthroughDir
-from ...sources.base import ByteSource, ObjectStat, join_key
-from ...vtree import BytesFile, DirNode, Node
+from ...passthrough import PassthroughDir
+from ...sources.base import ObjectStat, join_key
+from ...vtree import BytesFile, DirNode, Node, Verdict
 from ..jsonfile import encode_json, read_json
-from .chunks import ArrayChunks
 from .keys import KeyLayout
 from .metadata import ArrayMeta, node_type
 from .sharding import Unsharded, Unsupported, unshard
-from .tree import ArrayDir, ChunkView, GroupDir
-from .v2 import array_v2, attrs_v2
+from .store import ZarrStore
+from .tree import ArrayDir, ChunkGeometry, ChunkView, FlatNaming, GroupDir
+from .v2 import DTYPES, array_v2, attrs_v2
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +50,27 @@ def _json_file(obj: object, mtime_ns: int) -> BytesFile:
 
 
 class ZarrHierarchy:
-    def __init__(self, source: ByteSource, caches: Caches, view: str = "zarr3") -> None:
+    def __init__(self, runtime: Runtime, view: str = "zarr3") -> None:
         if view not in VIEWS:
             raise ConfigError(f"unknown view {view!r} (choose from {', '.join(VIEWS)})")
-        self.source = source
-        self.caches = caches
+        self.runtime = runtime
+        self.source = runtime.source
         self.view = view
         # What `inspect` reports: the sharded arrays resolved so far, by key (a
         # dict: directories are resolved again whenever the kernel forgets them).
-        self.sharded: dict[str, ArrayChunks] = {}
+        self.sharded: dict[str, InventoryPart] = {}
+        self.root: DirNode | None = None
 
     async def build(self) -> DirNode:
         root_st = await self.source.stat("")
         assert root_st is not None
         node = await self.resolve("", root_st, strict=True)
-        if node is None:
-            return PassthroughDir(self.source, "", root_st)
-        assert isinstance(node, DirNode)
-        return node
+        self.root = node if isinstance(node, DirNode) else PassthroughDir(self.source, "", root_st)
+        return self.root
 
-    async def resolve(self, key: str, st: ObjectStat | None, strict: bool = False) -> object:
-        """The node for directory `key`: a zarr node, None (plain directory, or nothing), or HIDDEN.
+    async def resolve(self, key: str, st: ObjectStat | None, strict: bool = False) -> Node | Verdict:
+        """The node for directory `key`: a zarr node, Verdict.PASS (plain directory, or nothing), or
+        Verdict.HIDE.
 
         `st` is None when the source cannot tell directories exist (plain
         HTTP): the directory is then shown if it holds a zarr.json.
@@ -75,7 +81,7 @@ class ZarrHierarchy:
             if loaded is None:
                 if strict:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
-                return None
+                return Verdict.PASS
             raw, meta_st = loaded
             if st is None:
                 st = ObjectStat(0, meta_st.mtime_ns, True)
@@ -87,11 +93,11 @@ class ZarrHierarchy:
                 raise
             shown = "shown unchanged" if self.view == "zarr3" else "left out of the zarr2 view"
             log_once(log, f"zarr:{meta_key}", "%s: %s", shown, e)
-            return None if self.view == "zarr3" else HIDDEN
+            return Verdict.PASS if self.view == "zarr3" else Verdict.HIDE
 
     # -- arrays ---------------------------------------------------------------
 
-    def _array(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node | None:
+    def _array(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node | Verdict:
         where = join_key(key, "zarr.json")
         meta = ArrayMeta.from_json(raw, where)
         try:
@@ -100,24 +106,53 @@ class ZarrHierarchy:
             if self.view == "zarr2":
                 raise
             log_once(log, f"zarr:{where}", "shown unchanged: %s", e)
-            return None
-        chunks = ArrayChunks(self.source, key, meta, flat, self.caches)
-        if flat.levels:
-            self.sharded[key] = chunks
+            return Verdict.PASS
+        store = ZarrStore(self.runtime, key, meta, flat)
+        dtype = DTYPES.get(meta.data_type) if isinstance(meta.data_type, str) else None
+        geometry = ChunkGeometry(store, None if dtype is None else int(dtype[1:]), self.runtime.limits.payload_bytes)
         if self.view == "zarr3":
             if not flat.levels:
-                return None  # an unsharded array is already what we would show
-            view = ChunkView(self.source, chunks, chunks.source_keys, False, self.caches, f"zarr3:{key}",
-                             st.mtime_ns)
+                return Verdict.PASS  # an unsharded array is already what we would show
+            layout = store.source_keys
+            chunks = ChunkContext(store, FlatNaming(store, layout), Stored(), geometry)
+            self._inventory(key, store, chunks)
+            view = ChunkView(chunks, layout, f"zarr3:{key}", st.mtime_ns)
             fixed = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs), meta_st.mtime_ns)}
             return ArrayDir(self.source, key, st, fixed, view)
         zarray, zattrs, checksum = array_v2(meta, flat, meta.key_encoding.separator, where)
-        view = ChunkView(self.source, chunks, KeyLayout(None, meta.key_encoding.separator, meta.ndim), checksum,
-                         self.caches, f"zarr2:{key}", st.mtime_ns)
+        layout = KeyLayout(None, meta.key_encoding.separator, meta.ndim)
+        chunks = ChunkContext(store, FlatNaming(store, layout), Crc32cSuffix() if checksum else Stored(), geometry)
+        self._inventory(key, store, chunks)
+        view = ChunkView(chunks, layout, f"zarr2:{key}", st.mtime_ns)
         fixed = {".zarray": _json_file(zarray, meta_st.mtime_ns)}
         if zattrs:
             fixed[".zattrs"] = _json_file(zattrs, meta_st.mtime_ns)
         return ArrayDir(self.source, key, st, fixed, view, frozenset({"zarr.json", ".zattrs", ".zarray"}))
+
+    def _inventory(self, key: str, store: ZarrStore, chunks: ChunkContext) -> None:
+        if not store.levels:
+            return
+        levels = " > ".join(f"{'x'.join(map(str, lvl.counts))} per shard (index at "
+                            f"{'start' if lvl.at_start else 'end'}{', crc32c' if lvl.checksum else ''})"
+                            for lvl in store.levels)
+        self.sharded[key] = ChunkInventory(
+            "zarr array", key, chunks, f"inner chunks {list(store.chunk_shape)}, {levels}",
+            math.prod(store.shard_grid), {"grid_cells": math.prod(store.grid), "data_type": store.meta.data_type,
+                                          "shape": list(store.meta.shape)})
+
+    async def inventory(self) -> AsyncIterator[InventoryPart]:
+        """Every sharded array, found by resolving every group (chunk directories are not entered)."""
+
+        async def visit(node: DirNode) -> None:
+            async for batch in node.entries():
+                for _name, child in batch:
+                    if isinstance(child, GroupDir):
+                        await visit(child)
+
+        if isinstance(self.root, GroupDir):
+            await visit(self.root)
+        for key in sorted(self.sharded):
+            yield self.sharded[key]
 
     # -- groups ---------------------------------------------------------------
 

@@ -11,16 +11,10 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.fields import as_ints, grid_shape
 from ...errors import ConfigError
 
-
-def _ints(value: object, what: str, positive: bool) -> tuple[int, ...]:
-    if (not isinstance(value, list)
-            or not all(isinstance(v, int) and not isinstance(v, bool) and (v > 0 if positive else v >= 0)
-                       for v in value)):
-        kind = "positive" if positive else "non-negative"
-        raise ConfigError(f"{what} must be a list of {kind} integers, got {value!r}")
-    return tuple(value)
+MAX_DIMS = 32  # zarr-python, TensorStore and numpy all stop at 32 dimensions or fewer
 
 
 def codec_name(codec: object) -> str:
@@ -80,13 +74,15 @@ class ArrayMeta:
 
     @classmethod
     def from_json(cls, raw: dict, where: str) -> "ArrayMeta":
-        shape = _ints(raw.get("shape"), f"{where}: shape", positive=False)
+        shape = as_ints(raw.get("shape"), f"{where}: shape", lo=0, max_length=MAX_DIMS)
         grid = raw.get("chunk_grid")
         if not isinstance(grid, dict) or codec_name(grid) != "regular":
-            raise ConfigError(f"{where}: only the 'regular' chunk_grid is supported, got {grid!r}")
-        chunk_shape = _ints(codec_config(grid).get("chunk_shape"), f"{where}: chunk_shape", positive=True)
+            raise ConfigError(f"{where}: only the 'regular' chunk_grid is supported, got {str(grid)[:80]}")
+        chunk_shape = as_ints(codec_config(grid).get("chunk_shape"), f"{where}: chunk_shape", lo=1,
+                              max_length=MAX_DIMS)
         if len(chunk_shape) != len(shape):
             raise ConfigError(f"{where}: chunk_shape {list(chunk_shape)} does not match shape {list(shape)}")
+        grid_shape(shape, chunk_shape, where)
         codecs = raw.get("codecs")
         if not isinstance(codecs, list) or not codecs:
             raise ConfigError(f"{where}: codecs must be a non-empty list")

@@ -20,7 +20,8 @@ import crc32c
 import numpy as np
 
 from ...errors import ConfigError, DataError
-from .metadata import ArrayMeta, _ints, codec_config, codec_name
+from ...core.fields import as_ints, grid_shape
+from .metadata import ArrayMeta, codec_config, codec_name
 
 EMPTY = (1 << 64) - 1
 
@@ -28,6 +29,9 @@ EMPTY = (1 << 64) - 1
 # shard or to each of its inner chunks gives the same bytes.
 ELEMENTWISE = frozenset({"numcodecs.fixedscaleoffset", "numcodecs.quantize", "numcodecs.bitround",
                          "numcodecs.astype"})
+
+
+MAX_LEVELS = 8
 
 
 class Unsupported(ConfigError):
@@ -119,7 +123,9 @@ def unshard(meta: ArrayMeta, where: str) -> Unsharded:
                 raise Unsupported(f"{where}: array->array codec {name!r} before sharding_indexed is not supported")
             carried.append(codec)
         config = codec_config(codecs[at])
-        inner = _ints(config.get("chunk_shape"), f"{where}: sharding chunk_shape", positive=True)
+        if len(levels) >= MAX_LEVELS:
+            raise Unsupported(f"{where}: more than {MAX_LEVELS} nested sharding_indexed codecs")
+        inner = as_ints(config.get("chunk_shape"), f"{where}: sharding chunk_shape", lo=1, max_length=ndim + 1)
         if len(inner) != ndim or any(s % c for s, c in zip(shape, inner)):
             raise Unsupported(f"{where}: sharding chunk_shape {list(inner)} does not evenly divide the shard "
                               f"shape {list(shape)}")
@@ -138,4 +144,5 @@ def unshard(meta: ArrayMeta, where: str) -> Unsharded:
     array_shape = [0] * ndim
     for i, p in enumerate(perm):
         array_shape[p] = shape[i]
+    grid_shape(meta.shape, tuple(array_shape), where)  # inner chunk keys must fit in 63 bits
     return Unsharded(tuple(array_shape), carried + list(codecs), tuple(levels))

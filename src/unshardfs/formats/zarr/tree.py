@@ -9,106 +9,135 @@ lookup needs only the index of the one shard it touches.
 
 from __future__ import annotations
 
-import logging
+import math
 from typing import AsyncIterator
 
 import numpy as np
 
-from ...caches import Caches
-from ...errors import DataError
-from ...logonce import log_once
-from ...overlay import NOT_VIRTUAL, OverlayDir
+from ...core.chunks import ChunkContext
+from ...core.geometry import Geometry
+from ...core.naming import Naming
+from ...overlay import OverlayDir
 from ...sources.base import ByteSource, ObjectStat, join_key
-from ...vtree import CHILD_ID_BITS, DirNode, Entry, Node
-from .chunks import ArrayChunks, ChunkRef
-from .files import ZarrChunkFile
+from ...vtree import Batch, DirNode, Node, Verdict
 from .keys import KeyLayout, parse_index
-
-log = logging.getLogger(__name__)
+from .store import ZarrStore
 
 BATCH = 1024
+
+
+class FlatNaming(Naming):
+    """Every chunk file in the array directory ("c.1.2", "1.2"): ident = linear index."""
+
+    dense = True
+
+    def __init__(self, store: ZarrStore, layout: KeyLayout) -> None:
+        self.store = store
+        self.layout = layout
+
+    def claims(self, name: str) -> bool:
+        return self.layout.claims(name)
+
+    def parse(self, name: str) -> int | None:
+        index = self.layout.parse_flat(name)
+        return None if index is None or not self.store.in_bounds(index) else self.store.key_of(index)
+
+    def names(self, keys: np.ndarray) -> list[str | None]:
+        layout = self.layout
+        return [layout.parts(tuple(index))[-1] for index in self.store.indices(keys).tolist()]
+
+
+class LeafNaming(Naming):
+    """The last level of a nested layout: files named by the last index, which is also their ident."""
+
+    dense = True
+
+    def __init__(self, store: ZarrStore, prefix: tuple[int, ...]) -> None:
+        self.store = store
+        self.prefix = prefix
+
+    def claims(self, name: str) -> bool:
+        return parse_index(name) is not None
+
+    def parse(self, name: str) -> int | None:
+        i = parse_index(name)
+        return None if i is None or i >= self.store.grid[-1] else self.store.key_of(self.prefix + (i,))
+
+    def names(self, keys: np.ndarray) -> list[str | None]:
+        return [str(i) for i in self.last(keys)]
+
+    def last(self, keys: np.ndarray) -> list[int]:
+        return (keys.astype(np.int64) % self.store.grid[-1]).tolist()
+
+    def ident(self, key: int) -> int | None:
+        return key % self.store.grid[-1]
+
+    def idents(self, keys: np.ndarray) -> list[int | None]:
+        return self.last(keys)  # type: ignore[return-value]
+
+    def name_of_ident(self, ident: int) -> str:
+        return str(ident)
+
+
+class ChunkGeometry(Geometry):
+    """Stored inner chunks are at most a little larger than their raw size (codecs may expand)."""
+
+    def __init__(self, store: ZarrStore, itemsize: int | None, fallback: int) -> None:
+        raw = None if itemsize is None else itemsize * math.prod(store.chunk_shape)
+        super().__init__(fallback if raw is None else min(fallback, 2 * raw + (1 << 20)))
 
 
 class ChunkView:
     """The chunk files of one array under one key layout."""
 
-    def __init__(self, source: ByteSource, chunks: ArrayChunks, layout: KeyLayout, checksum: bool,
-                 caches: Caches, stable_key: str, mtime_ns: int) -> None:
-        self.source = source
-        self.chunks = chunks
+    def __init__(self, ctx: ChunkContext, layout: KeyLayout, stable_key: str, mtime_ns: int) -> None:
+        self.ctx = ctx
+        self.store: ZarrStore = ctx.store  # type: ignore[assignment]
         self.layout = layout
-        self.checksum = checksum
-        self.caches = caches
         self.stable_key = stable_key
         self.mtime_ns = mtime_ns
 
-    def file(self, index: tuple[int, ...], ref: ChunkRef, ident: int | None) -> ZarrChunkFile:
-        where = f"{ref.blob.label} chunk {self.layout.key(index)}"
-        return ZarrChunkFile(self.source, ref, self.checksum, self.caches, where, ident)
+    def leaf(self, prefix: tuple[int, ...]) -> ChunkContext:
+        return self.ctx.with_naming(LeafNaming(self.store, prefix))
 
-    async def file_at(self, index: tuple[int, ...], ident: int | None) -> ZarrChunkFile | None:
-        if not self.chunks.in_bounds(index):
-            return None
-        ref = await self.chunks.locate(index)
-        return None if ref is None else self.file(index, ref, ident)
+    def _slab(self, prefix: tuple[int, ...]):
+        """(mask of keys starting with `prefix`, the shards that can hold them)."""
+        store = self.store
+        want = np.array(prefix, dtype=np.int64)
 
-    def files(self, indices: np.ndarray, refs: list[ChunkRef], ident_of) -> list[Entry]:
-        out: list[Entry] = []
-        for index, ref in zip(map(tuple, indices.tolist()), refs):
-            try:
-                node = self.file(index, ref, ident_of(index))
-            except DataError as e:
-                log_once(log, f"list:{e}", "listing %s: skipping %s", self.chunks.key or ".", e)
-                continue
-            out.append((self.layout.parts(index)[-1], node))
-        return out
+        def select(keys: np.ndarray) -> np.ndarray:
+            return (store.indices(keys)[:, :len(prefix)] == want).all(axis=1)
 
-    # -- nested layouts: one directory level per dimension ---------------------
+        return select, tuple(i // p for i, p in zip(prefix, store.per_shard))
+
+    # -- nested layouts: one directory level per dimension ----------------------------------
 
     async def lookup_at(self, prefix: tuple[int, ...], name: str) -> Node | None:
         i = parse_index(name)
         depth = len(prefix)
-        if i is None or i >= self.chunks.grid[depth]:
+        if i is None or i >= self.store.grid[depth]:
             return None
-        if depth < len(self.chunks.grid) - 1:
+        if depth < len(self.store.grid) - 1:
             # Present whenever it is inside the grid: proving that it holds a
             # chunk would cost reading every shard index of the slab.
             return ChunkDir(self, prefix + (i,), i)
-        return await self.file_at(prefix + (i,), i)
+        return await self.leaf(prefix).file(self.store.key_of(prefix + (i,)))
 
-    async def entries_at(self, prefix: tuple[int, ...]) -> AsyncIterator[list[Entry]]:
+    async def entries_at(self, prefix: tuple[int, ...]) -> AsyncIterator[Batch]:
         depth = len(prefix)
-        if depth == len(self.chunks.grid) - 1:
-            async for indices, refs in self.chunks.chunks(prefix):
-                batch = self.files(indices, refs, lambda index: index[-1])
-                if batch:
-                    yield batch
+        select, within = self._slab(prefix)
+        if depth == len(self.store.grid) - 1:
+            async for batch in self.leaf(prefix).listing(select, within):
+                yield batch
             return
         values: set[int] = set()
-        async for indices, _refs in self.chunks.chunks(prefix):
-            values.update(indices[:, depth].tolist())
+        async for _shard, tables in self.ctx.shard_tables(within):
+            for table in tables:
+                chosen = table.keys[select(table.keys)]
+                values.update(self.store.indices(chosen)[:, depth].tolist())
         ordered = sorted(values)
         for at in range(0, len(ordered), BATCH):
             yield [(str(v), ChunkDir(self, prefix + (v,), v)) for v in ordered[at:at + BATCH]]
-
-    # -- flat layouts: every chunk file in the array directory -----------------
-
-    def flat_ident(self, index: tuple[int, ...]) -> int | None:
-        if not index:
-            return 0
-        ident = int(np.ravel_multi_index(index, self.chunks.grid))
-        return ident if ident < 1 << CHILD_ID_BITS else None
-
-    def flat_name(self, ident: int) -> str:
-        grid = self.chunks.grid
-        index = tuple(int(i) for i in np.unravel_index(ident, grid)) if grid else ()
-        return self.layout.parts(index)[-1]
-
-    async def flat_entries(self) -> AsyncIterator[list[Entry]]:
-        async for indices, refs in self.chunks.chunks(()):
-            batch = self.files(indices, refs, self.flat_ident)
-            if batch:
-                yield batch
 
 
 class ChunkDir(DirNode):
@@ -126,7 +155,7 @@ class ChunkDir(DirNode):
     async def lookup(self, name: str) -> Node | None:
         return await self.view.lookup_at(self.prefix, name)
 
-    def entries(self) -> AsyncIterator[list[Entry]]:
+    def entries(self) -> AsyncIterator[Batch]:
         return self.view.entries_at(self.prefix)
 
     def child_name(self, ident: int) -> str:
@@ -149,37 +178,37 @@ class ArrayDir(OverlayDir):
 
     def hides(self, name: str) -> bool:
         # The source's own chunk (shard) keys are replaced by the view's.
-        return name in self.hidden or self.view.chunks.source_keys.claims(name)
+        return name in self.hidden or self.view.store.is_shard_file(name)
 
-    async def virtual_lookup(self, name: str) -> object:
-        layout = self.view.layout
+    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+        view, layout = self.view, self.view.layout
         if not layout.claims(name):
-            return NOT_VIRTUAL
+            return Verdict.PASS
         if not layout.nested:
-            index = layout.parse_flat(name)
-            return None if index is None else await self.view.file_at(index, self.view.flat_ident(index))
+            key = view.ctx.naming.parse(name)
+            return None if key is None else await view.ctx.file(key)
         if layout.lead:
-            return ChunkDir(self.view, ()) if name == layout.lead else None
-        return await self.view.lookup_at((), name)
+            return ChunkDir(view, ()) if name == layout.lead else None
+        return await view.lookup_at((), name)
 
-    async def virtual_entries(self) -> AsyncIterator[list[Entry]]:  # type: ignore[override]
-        layout = self.view.layout
+    async def virtual_entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
+        view, layout = self.view, self.view.layout
         if not layout.nested:
-            async for batch in self.view.flat_entries():
+            async for batch in view.ctx.listing():
                 yield batch
         elif layout.lead:
             # Listed when the source has shards at all (an array never
             # written has no "c" directory, sharded or not).
             if not self.source.listable or await self.source.stat_dir(join_key(self.key, layout.lead)):
-                yield [(layout.lead, ChunkDir(self.view, ()))]
+                yield [(layout.lead, ChunkDir(view, ()))]
         else:
-            async for batch in self.view.entries_at(()):
+            async for batch in view.entries_at(()):
                 yield batch
 
     def child_name(self, ident: int) -> str:
         if self.view.layout.nested:
             return str(ident)
-        return self.view.flat_name(ident)
+        return self.view.ctx.naming.name_of_ident(ident)
 
 
 class GroupDir(OverlayDir):
@@ -197,7 +226,7 @@ class GroupDir(OverlayDir):
     def hides(self, name: str) -> bool:
         return name in self.hidden
 
-    async def source_child(self, key: str, st: ObjectStat | None) -> object:
+    async def source_child(self, key: str, st: ObjectStat | None) -> Node | Verdict:
         if st is not None and not st.is_dir:
-            return None
+            return Verdict.PASS
         return await self.resolve(key, st)

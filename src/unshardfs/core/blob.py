@@ -1,4 +1,4 @@
-"""One stored object as it exists now, read with a check that it has not changed.
+"""One stored object (or a concatenation of objects) as it existed when its index was read.
 
 Formats hold a `Blob` (from one `stat`) for as long as they use offsets taken
 from its index: every read carries the object's version, so an object
@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..caches import Caches, CountedLRU
 from ..errors import DataError, SourceError
-from .base import ByteSource, ObjectStat
-
-# Over the network, payloads up to this size are fetched whole in one request
-# instead of in the kernel's 128 KiB pieces, each a round trip.
-WHOLE_READ_MAX = 1 << 20
+from ..sources.base import ByteSource, ObjectStat
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +31,18 @@ class Blob:
         return tuple(version for _, _, version in self.parts)
 
     @property
+    def versioned(self) -> bool:
+        """Whether every part has a version (without one, a copy kept across mounts could be stale)."""
+        return all(version for _, _, version in self.parts)
+
+    @property
     def label(self) -> str:
         return "+".join(key for key, _, _ in self.parts)
+
+    @property
+    def ident(self) -> tuple:
+        """What identifies these bytes: cache keys are built on it."""
+        return (self.label, self.version)
 
     async def read(self, source: ByteSource, offset: int, size: int, index: bool = False) -> bytes:
         """Bytes [offset, offset+size) exactly, or DataError.
@@ -59,23 +64,6 @@ class Blob:
                     raise DataError(self.label, f"short read at offset {lo}: file shrank while mounted?")
                 out.append(data)
             base += part_size
-        if want_end > base:
-            raise DataError(self.label, f"range [{offset}, {want_end}) lies beyond the end ({base} bytes)")
-        return b"".join(out)
-
-    def payload_key(self, start: int, length: int) -> tuple:
-        """Cache key of the payload at [start, start+length) of this version of the blob."""
-        return (self.label, self.version, start, length)
-
-    async def read_payload(self, source: ByteSource, start: int, length: int, offset: int, size: int,
-                           cache: CountedLRU) -> bytes:
-        """Bytes [offset, offset+size) of the payload at [start, start+length).
-
-        From a remote source a small payload is fetched whole once and kept
-        in `cache`, so the reads that follow cost no further requests.
-        """
-        if source.remote and length <= WHOLE_READ_MAX:
-            whole = await Caches.through(cache, self.payload_key(start, length),
-                                         lambda: self.read(source, start, length))
-            return whole[offset:offset + size]
-        return await self.read(source, start + offset, size)
+        if offset < 0 or want_end > base:
+            raise DataError(self.label, f"range [{offset}, {want_end}) lies outside the file ({base} bytes)")
+        return out[0] if len(out) == 1 else b"".join(out)

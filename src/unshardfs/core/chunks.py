@@ -1,0 +1,341 @@
+"""Chunk files of one sharded directory: lookup, listing, reading, all format-neutral.
+
+A `ChunkContext` holds what every chunk file of a directory shares: the
+format's store and naming, the payload codec, the mount's fetcher and
+caches, and the read-ahead scope. A `ChunkFile` is then just an extent, a
+key and a size. Lookups locate one key; listings stream the store's tables
+shard by shard (reading upcoming shards' indexes concurrently) with one
+damage policy: a damaged shard or entry is logged once and skipped, the
+rest is listed.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, AsyncIterator
+
+import numpy as np
+
+from ..caches import Caches
+from ..errors import DataError
+from ..logonce import log_once
+from ..vtree import EntryBatch, FileNode, Node, Verdict
+from .blob import Blob
+from .bounded import off_loop
+from .codecs import Codec
+from .fetch import Extent
+from .geometry import Geometry
+from .naming import Naming
+from .store import Shard, ShardedStore
+from .table import ChunkTable
+
+if TYPE_CHECKING:
+    from .readahead import ScanScope
+
+log = logging.getLogger(__name__)
+
+# Over the network a payload up to this size is fetched whole, once, instead
+# of in the kernel's 128 KiB pieces (each a round trip).
+WHOLE_READ_MAX = 1 << 20
+LIST_BATCH = 4096  # entries per listing batch (per-batch costs spread over enough entries)
+
+
+class ChunkFile(FileNode):
+    """Bytes of one stored chunk, decoded by its directory's codec."""
+
+    __slots__ = ("ctx", "blob", "start", "length", "key", "extra")
+
+    def __init__(self, ctx: "ChunkContext", blob: Blob, start: int, length: int, key: int, size: int,
+                 ident: int | None, extra: int = 0) -> None:
+        # Slots set directly (no super().__init__ chain): listings may build
+        # millions of these.
+        self.mtime_ns = blob.mtime_ns
+        self.ident = ident
+        self.size = size
+        self.ctx = ctx
+        self.blob = blob
+        self.start = start
+        self.length = length
+        self.key = key
+        self.extra = extra
+
+    @property
+    def extent(self) -> Extent:
+        return Extent(self.blob, self.start, self.length)
+
+    @property
+    def where(self) -> str:
+        return f"{self.blob.label} {self.ctx.store.describe(self.key)}"
+
+    async def read(self, offset: int, size: int) -> bytes:
+        size = self.span(offset, size)
+        if not size:
+            return b""
+        ctx = self.ctx
+        if offset == 0 and ctx.scope is not None:
+            ctx.scope.note(self)
+        if ctx.codec.transparent:
+            if ctx.whole_reads and self.length <= WHOLE_READ_MAX:
+                return (await ctx.payload(self))[offset:offset + size]
+            return await ctx.fetcher.read(Extent(self.blob, self.start + offset, size))
+        return (await ctx.decoded(self))[offset:offset + size]
+
+    def xattrs(self) -> dict[str, bytes]:
+        return {
+            "user.unshardfs.source": self.blob.label.encode(),
+            "user.unshardfs.offset": str(self.start).encode(),
+            "user.unshardfs.length": str(self.length).encode(),
+            "user.unshardfs.encoding": self.ctx.codec.label.encode(),
+            "user.unshardfs.chunk_id": str(self.key).encode(),
+        }
+
+
+class ChunkContext:
+    def __init__(self, store: ShardedStore, naming: Naming, codec: Codec, geometry: Geometry | None = None,
+                 read_ahead: bool = True) -> None:
+        self.store = store
+        self.naming = naming
+        self.codec = codec
+        self.geometry = geometry or Geometry(store.limits.payload_bytes)
+        self.fetcher = store.fetcher
+        self.caches: Caches = store.caches
+        self.whole_reads = store.source.remote
+        self.scope: ScanScope | None = None
+        if read_ahead and self.fetcher.policy.read_ahead:
+            from .readahead import ScanScope
+
+            self.scope = ScanScope(self)
+
+    def with_naming(self, naming: Naming) -> "ChunkContext":
+        """The same chunks under other names (one level of nested chunk directories);
+        read-ahead sees them as one directory."""
+        other = copy.copy(self)
+        other.naming = naming
+        return other
+
+    # -- files -------------------------------------------------------------------------
+
+    async def lookup(self, name: str) -> "Node | None | Verdict":
+        """The chunk file called `name`: Verdict.PASS if the name is not of the computed form."""
+        if not self.naming.claims(name):
+            return Verdict.PASS
+        key = self.naming.parse(name)
+        return None if key is None else await self.file(key)
+
+    def make(self, table: ChunkTable, i: int, size: int, ident: int | None) -> ChunkFile:
+        extra = 0 if table.extra is None else int(table.extra[i])
+        return ChunkFile(self, table.blob, int(table.starts[i]), int(table.lengths[i]), int(table.keys[i]), size,
+                         ident, extra)
+
+    async def file(self, key: int, prefetch: bool = True) -> ChunkFile | None:
+        """The file of chunk `key`, or None if the chunk is absent (DataError if damaged).
+
+        With `prefetch` (a lookup by name, likely followed by a read), a
+        small payload whose size needs its trailer is fetched whole, so the
+        read that follows costs no further request.
+        """
+        found = await self.store.locate(key)
+        if found is None:
+            return None
+        table, i = found
+        where = f"{table.blob.label} {self.store.describe(key)}"
+        length = int(table.lengths[i])
+        cap = self.geometry.cap_one(key)
+        size = self.codec.size(length, self.geometry.exact_one(key), cap, where)
+        if size is None:
+            ext = Extent(table.blob, int(table.starts[i]), length)
+            if prefetch and self.whole_reads and length <= WHOLE_READ_MAX:
+                payload = await self.payload_of(ext)
+                trailer = payload[-self.codec.trailer:]
+            else:
+                trailer = await self.fetcher.read(Extent(table.blob, ext.end - self.codec.trailer, self.codec.trailer))
+            size = self.codec.size_from_trailer(trailer, cap, where)
+        return self.make(table, i, size, self.naming.ident(key))
+
+    async def payload_of(self, ext: Extent) -> bytes:
+        """A payload fetched whole (once, however many ask) and kept in the encoded-chunk cache."""
+        return await self.fetcher.flights.cached(self.caches.encoded_chunk, ext.key, lambda: self.fetcher.read(ext))
+
+    async def payload(self, f: ChunkFile) -> bytes:
+        return await self.payload_of(f.extent)
+
+    async def warm(self, files: list[ChunkFile]) -> None:
+        """Fetch the payloads of many small files in one batch (coalesced, concurrent), for a
+        listing that must read them all; failures are left for each file's own read to report."""
+        extents = [f.extent for f in files if f.extent.key not in self.caches.encoded_chunk]
+        try:
+            payloads = await self.fetcher.read_many(extents)
+        except DataError:
+            return
+        for ext, payload in zip(extents, payloads):
+            self.caches.encoded_chunk.put(ext.key, payload)
+
+    async def content(self, f: ChunkFile) -> bytes:
+        """The file's whole content (small files: manifests, metadata records)."""
+        return await self.payload(f) if self.codec.transparent else await self.decoded(f)
+
+    async def decoded(self, f: ChunkFile) -> bytes:
+        """The file's whole content, decoded once and kept in the decoded-chunk cache."""
+        ext = f.extent
+
+        async def decode() -> bytes:
+            prepared = await self.codec.prepare(f)
+            payload = self.caches.encoded_chunk.pop(ext.key, None)
+            if payload is None:
+                payload = await self.fetcher.read(ext)
+            return await off_loop(lambda: self.codec.decode(payload, f, prepared), len(payload))
+
+        # Several chunks may share one stored extent (rows of one Arrow record
+        # batch): the key and row are part of what identifies the bytes.
+        return await self.fetcher.flights.cached(
+            self.caches.decoded_chunk, (ext.key, f.key, f.extra, self.codec.label, f.size), decode)
+
+    # -- listings ----------------------------------------------------------------------
+
+    async def shard_tables(self, within: object = None) -> AsyncIterator[tuple[Shard, list[ChunkTable]]]:
+        """Every readable shard's tables in order; damaged shards logged and skipped.
+
+        The indexes of the next shards are read in the background while this
+        one is listed, so a directory of N shards costs a few round trips,
+        not N (bounded by the fetcher's concurrency).
+        """
+        store = self.store
+        ahead: deque[Shard] = deque()
+        window = max(1, self.fetcher.policy.concurrency) if self.fetcher.can_prefetch else 0
+        shards = store.shards(within).__aiter__()
+        exhausted = False
+        while True:
+            while not exhausted and len(ahead) <= window:
+                try:
+                    shard = await shards.__anext__()
+                except StopAsyncIteration:
+                    exhausted = True
+                    break
+                ahead.append(shard)
+                if window and len(ahead) > 1:
+                    self.fetcher.spawn(self._warm, shard)
+            if not ahead:
+                return
+            shard = ahead.popleft()
+            try:
+                tables = await store.tables(shard)
+            except DataError as e:
+                log_once(log, f"list:{e}", "listing %s: skipping shard: %s", store.label, e)
+                continue
+            yield shard, tables
+
+    async def _warm(self, shard: Shard) -> None:
+        try:
+            await self.store.tables(shard)
+        except DataError:
+            pass  # reported when the listing reaches it
+
+    async def listing(self, select=None, within: object = None) -> AsyncIterator[EntryBatch]:
+        """The directory's chunk files in batches of about LIST_BATCH, shard by shard.
+
+        `select(keys) -> mask` keeps a subset of the shards `within` gives
+        (nested Zarr chunk directories).
+        """
+        pending: list[ChunkTable] = []
+        count = 0
+        async for _shard, tables in self.shard_tables(within):
+            for table in tables:
+                if select is not None and len(table):
+                    table = table.where(select(table.keys))
+                if not len(table):
+                    continue
+                pending.append(table)
+                count += len(table)
+                if count >= LIST_BATCH:
+                    batch = await self._batch(pending)
+                    pending, count = [], 0
+                    if batch is not None:
+                        yield batch
+            if pending:
+                batch = await self._batch(pending)
+                pending, count = [], 0
+                if batch is not None:
+                    yield batch
+
+    async def _batch(self, tables: list[ChunkTable]) -> EntryBatch | None:
+        try:
+            return await self._build_batch(tables)
+        except DataError as e:  # e.g. payload trailers of a shard that is cut short
+            log_once(log, f"list:{e}", "listing %s: skipping %d chunks: %s", self.store.label,
+                     sum(map(len, tables)), e)
+            return None
+
+    async def _build_batch(self, tables: list[ChunkTable]) -> EntryBatch | None:
+        table = tables[0] if len(tables) == 1 else _concat(tables)
+        where = f"listing {self.store.label}"
+        names = self.naming.names(table.keys)
+        keep = np.array([n is not None for n in names], dtype=bool)
+        sizes, ok = await self._sizes(table, where)
+        keep &= ok
+        if not keep.all():
+            table = table.where(keep)
+            if sizes is not None:
+                sizes = sizes[keep]
+            names = [n for n, k in zip(names, keep.tolist()) if k]
+        if not len(table):
+            return None
+        if self.scope is not None:
+            self.scope.listed(table)
+        return ChunkBatch(self, table, names, sizes.tolist(), self.naming.idents(table.keys))
+
+    async def _sizes(self, table: ChunkTable, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """File sizes of a table's entries and which entries can be listed at all."""
+        codec = self.codec
+        exact, cap = self.geometry.exact(table.keys), self.geometry.cap(table.keys)
+        sizes, ok = codec.sizes(table.lengths, exact, cap)
+        if not ok.all():
+            for i in np.nonzero(~ok)[0][:20].tolist():
+                try:
+                    codec.size(int(table.lengths[i]), None if exact is None else int(exact[i]), int(cap[i]),
+                               self._where(table, i))
+                except DataError as e:
+                    log_once(log, f"list:{e}", "%s: skipping %s", where, e)
+        if sizes is not None:
+            return sizes, ok
+        # The codec needs each payload's trailer: read them as one batch
+        # (coalesced where payloads are small, concurrent otherwise).
+        sizes = np.zeros(len(table), dtype=np.int64)
+        need = np.nonzero(ok)[0].tolist()
+        t = codec.trailer
+        ends = (table.starts + table.lengths).tolist()
+        trailers = await self.fetcher.read_many([Extent(table.blob, ends[i] - t, t) for i in need])
+        for i, trailer in zip(need, trailers):
+            try:
+                sizes[i] = codec.size_from_trailer(trailer, int(cap[i]), self._where(table, i))
+            except DataError as e:
+                log_once(log, f"list:{e}", "%s: skipping %s", where, e)
+                ok[i] = False
+        return sizes, ok
+
+    def _where(self, table: ChunkTable, i: int) -> str:
+        return f"{table.blob.label} {self.store.describe(int(table.keys[i]))}"
+
+
+class ChunkBatch(EntryBatch):
+    """A listing batch of chunk files; nodes are built only when someone asks for one."""
+
+    __slots__ = ("ctx", "table")
+
+    def __init__(self, ctx: ChunkContext, table: ChunkTable, names: list[str], sizes: list[int],
+                 idents: list[int | None]) -> None:
+        super().__init__(names, sizes, idents, table.blob.mtime_ns)
+        self.ctx = ctx
+        self.table = table
+
+    def node(self, i: int) -> ChunkFile:
+        return self.ctx.make(self.table, i, self.sizes[i], self.idents[i])
+
+
+def _concat(tables: list[ChunkTable]) -> ChunkTable:
+    """Tables of one shard as one (listing order kept; not for lookups)."""
+    extra = None if tables[0].extra is None else np.concatenate([t.extra for t in tables])  # type: ignore[misc]
+    return ChunkTable(tables[0].blob, np.concatenate([t.keys for t in tables]),
+                      np.concatenate([t.starts for t in tables]), np.concatenate([t.lengths for t in tables]),
+                      {}, extra)

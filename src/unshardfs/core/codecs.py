@@ -1,0 +1,166 @@
+"""Payload codecs: how a chunk's stored bytes become the bytes of its file.
+
+One small class per encoding, registered by name (as zarr-python registers
+its codecs), so a format picks its codec from its metadata by name and the
+xattrs can say which one a file uses. A codec knows the file's size before
+any payload is read when it can, and decodes with a hard cap on its output.
+Each call gets the chunk's `exact` decoded size (when the format's geometry
+fixes it; anything else is damage) and its `cap` (the most it may decode to).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, ClassVar
+
+import crc32c
+import numpy as np
+
+from ..errors import DataError
+from .bounded import gunzip
+
+if TYPE_CHECKING:
+    from .chunks import ChunkFile
+
+CODECS: dict[str, type["Codec"]] = {}
+
+
+def register_codec(cls: type["Codec"]) -> type["Codec"]:
+    CODECS[cls.name] = cls
+    return cls
+
+
+def codec(name: str, **params) -> "Codec":
+    """The codec registered as `name`, configured with `params`."""
+    try:
+        return CODECS[name](**params)
+    except KeyError:
+        raise KeyError(f"no codec named {name!r} (known: {', '.join(sorted(CODECS))})") from None
+
+
+class Codec:
+    name: ClassVar[str]
+    # File bytes are the stored bytes themselves: reads can be served in ranges.
+    transparent: ClassVar[bool] = False
+    # Bytes at the end of a payload that tell its decoded size (gzip's ISIZE)
+    # when the geometry does not; 0 when none are ever needed.
+    trailer: ClassVar[int] = 0
+
+    @property
+    def label(self) -> str:
+        """What the `user.unshardfs.encoding` xattr says."""
+        return self.name
+
+    def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
+        """The file's size from the stored length, or None when the trailer is needed.
+        DataError for a stored length this codec cannot have produced."""
+        return length
+
+    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
+              ) -> tuple[np.ndarray | None, np.ndarray]:
+        """`size` for a listing batch: (sizes, or None when trailers are needed; mask of valid entries)."""
+        return lengths.astype(np.int64), np.ones(len(lengths), dtype=bool)
+
+    def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
+        raise NotImplementedError
+
+    async def prepare(self, f: "ChunkFile") -> object:
+        """Whatever `decode` needs besides the payload that takes I/O to get (a schema); None by default."""
+        return None
+
+    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+        """The file's bytes (exactly `f.size` of them, already bounded) from the payload, or DataError.
+        Runs in a worker thread for large payloads: no awaiting, no shared mutable state."""
+        raise NotImplementedError
+
+
+@register_codec
+class Stored(Codec):
+    """The stored bytes, unchanged."""
+
+    name = "raw"
+    transparent = True
+
+    def size(self, length: int, exact: int | None, cap: int, where: str) -> int:
+        if exact is not None and length != exact:
+            raise DataError(where, f"raw chunk has {length:,} bytes; its geometry says {exact:,}")
+        return length
+
+    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        sizes = lengths.astype(np.int64)
+        return sizes, np.ones(len(sizes), dtype=bool) if exact is None else sizes == exact
+
+    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+        return payload
+
+
+GZIP_MIN = 18  # 10-byte header + empty deflate stream (2) + CRC32 + ISIZE
+
+
+def _max_deflated(decoded: np.ndarray | int):
+    """Largest gzip encoding of `decoded` bytes: deflate's stored blocks add 5
+    bytes per 16 KiB, headers and member chains a little more."""
+    return decoded + decoded // 1000 + (64 << 10)
+
+
+@register_codec
+class Gzip(Codec):
+    """A gzip member chain (CRC32 and ISIZE of every member verified)."""
+
+    name = "gzip"
+    trailer = 4
+
+    def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
+        if length < GZIP_MIN:
+            raise DataError(where, f"gzip payload of {length} bytes is too short")
+        bound = exact if exact is not None else cap
+        if length > _max_deflated(bound):
+            raise DataError(where, f"gzip payload of {length:,} bytes is larger than any encoding of at most "
+                                   f"{bound:,} bytes")
+        return exact
+
+    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
+              ) -> tuple[np.ndarray | None, np.ndarray]:
+        bound = cap if exact is None else exact
+        lengths = lengths.astype(np.int64)
+        ok = (lengths >= GZIP_MIN) & (lengths <= _max_deflated(bound))
+        return (None if exact is None else exact.astype(np.int64)), ok
+
+    def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
+        (size,) = struct.unpack("<I", trailer)
+        if size > cap:
+            raise DataError(where, f"gzip trailer claims {size:,} bytes, more than this file can hold ({cap:,})")
+        return size
+
+    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+        data = gunzip(payload, f.size, f.where)
+        if len(data) != f.size:
+            raise DataError(f.where, f"gzip payload decodes to {len(data):,} bytes, expected {f.size:,}")
+        return data
+
+
+@register_codec
+class Crc32cSuffix(Codec):
+    """Stored bytes ending in a crc32c of the rest: verified, then served without it (Zarr v2 view)."""
+
+    name = "crc32c-verified"
+
+    def size(self, length: int, exact: int | None, cap: int, where: str) -> int:
+        if length < 4:
+            raise DataError(where, f"{length}-byte chunk is too short to end in a crc32c checksum")
+        if length - 4 > cap:
+            # Verifying means holding the whole chunk: not beyond what it can be.
+            raise DataError(where, f"{length:,}-byte chunk is larger than any encoding of this chunk ({cap:,})")
+        return length - 4
+
+    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        sizes = lengths.astype(np.int64) - 4
+        return sizes, (sizes >= 0) & (sizes <= cap)
+
+    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+        data = payload[:-4]
+        if crc32c.crc32c(data) != int.from_bytes(payload[-4:], "little"):
+            raise DataError(f.where, "chunk crc32c checksum mismatch")
+        return data

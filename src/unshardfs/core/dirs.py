@@ -1,0 +1,61 @@
+"""A sharded directory shown unsharded: computed chunk names over the source directory.
+
+Lookups of computed names go straight to the shard indexes (no listing);
+listings stream the chunk files shard by shard; the shard files themselves
+are hidden and every other file of the source directory passes through.
+Formats only choose the store, naming and codec (a `ChunkContext`).
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from ..overlay import OverlayDir
+from ..sources.base import ByteSource, ObjectStat
+from ..vtree import Batch, DirNode, Node, Verdict
+from .chunks import ChunkContext
+
+
+class ShardedDir(OverlayDir):
+    __slots__ = ("chunks",)
+
+    def __init__(self, source: ByteSource, key: str, st: ObjectStat, chunks: ChunkContext,
+                 fixed: dict[str, Node] | None = None) -> None:
+        super().__init__(source, key, st, fixed or {}, f"sharded:{key}")
+        self.chunks = chunks
+
+    def claims(self, name: str) -> bool:
+        return self.chunks.naming.claims(name)
+
+    def hides(self, name: str) -> bool:
+        return self.chunks.store.is_shard_file(name)
+
+    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+        return await self.chunks.lookup(name)
+
+    def virtual_entries(self) -> AsyncIterator[Batch]:
+        return self.chunks.listing()
+
+    def child_name(self, ident: int) -> str:
+        return self.chunks.naming.name_of_ident(ident)
+
+
+class ChunksDir(DirNode):
+    """A directory of chunk files only, with no source directory behind it (DVID scales)."""
+
+    __slots__ = ("chunks", "stable_key")
+
+    def __init__(self, chunks: ChunkContext, mtime_ns: int, stable_key: str) -> None:
+        super().__init__(mtime_ns)
+        self.chunks = chunks
+        self.stable_key = stable_key
+
+    async def lookup(self, name: str) -> Node | None:
+        found = await self.chunks.lookup(name)
+        return None if found is Verdict.PASS else found  # type: ignore[return-value]
+
+    def entries(self) -> AsyncIterator[Batch]:
+        return self.chunks.listing()
+
+    def child_name(self, ident: int) -> str:
+        return self.chunks.naming.name_of_ident(ident)

@@ -1,0 +1,336 @@
+"""The one read path for shard bytes: batched, coalesced, deduplicated, bounded, with prefetch.
+
+Every index and payload read of the sharded formats goes through a
+`Fetcher`. Reads come in batches of `Extent`s (byte ranges of blobs);
+extents of one blob that lie close together are fetched with one ranged
+read (a gap of at most `max_gap` bytes, at most `max_span` per read, as
+TensorStore batches reads within a shard); runs of different blobs go out
+concurrently. A read that is already in flight (another reader's, or a
+prefetch) is joined, not repeated. Prefetched bytes wait in their own
+byte-bounded cache, which counts what was used and what was wasted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import trio
+
+from ..caches import CountedLRU
+from ..errors import DataError
+from ..logonce import log_once
+from ..sources.base import ByteSource
+from .blob import Blob
+from .flight import Flights
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """Bytes [start, start+length) of `blob`."""
+
+    blob: Blob
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def key(self) -> tuple:
+        # Offset *and* length: two payloads may start at the same offset of
+        # one version of a blob only if one of them is damaged, and then
+        # they must not share a cache entry.
+        return (self.blob.ident, self.start, self.length)
+
+
+@dataclass
+class FetchPolicy:
+    max_gap: int = 4 << 10  # join extents separated by at most this many bytes
+    max_span: int = 16 << 20  # one read covers at most this many bytes
+    concurrency: int = 32  # reads of one batch in flight at once
+    # Gap accepted between extents of a prefetch (bytes read only to save a
+    # round trip; they count as wasted).
+    prefetch_gap: int = 64 << 10
+    prefetch_bytes: int = 64 << 20  # budget of the prefetch cache
+    read_ahead: bool = True
+
+
+@dataclass
+class FetchCounters:
+    batches: int = 0
+    reads: int = 0  # backing reads issued (after coalescing)
+    extents: int = 0  # extents asked for
+    joined: int = 0  # extents served by a read already in flight
+    prefetch_reads: int = 0
+    prefetch_bytes: int = 0
+    prefetch_hits: int = 0
+    prefetch_hit_bytes: int = 0
+    prefetch_wasted_bytes: int = 0
+    prefetch_skipped: int = 0  # prefetches not issued (budget full)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class PrefetchCache(CountedLRU):
+    """Prefetched payloads waiting for their reader; what leaves unread was wasted."""
+
+    def __init__(self, maxsize: int, counters: FetchCounters) -> None:
+        super().__init__(maxsize)
+        self.counters = counters
+
+    def popitem(self):  # type: ignore[override]
+        key, value = super().popitem()
+        self.counters.prefetch_wasted_bytes += len(value)
+        return key, value
+
+
+@dataclass(eq=False)
+class _Run:
+    """One backing read covering several extents of a blob."""
+
+    blob: Blob
+    start: int
+    end: int
+    extents: list[Extent] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+    data: bytes = b""
+    error: BaseException | None = None
+
+
+def plan(extents: Sequence[Extent], max_gap: int, max_span: int) -> list[_Run]:
+    """Group extents into runs: same blob, sorted by offset, joined across small gaps."""
+    runs: list[_Run] = []
+    by_blob: dict[tuple, list[Extent]] = {}
+    for ext in extents:
+        by_blob.setdefault(ext.blob.ident, []).append(ext)
+    for group in by_blob.values():
+        group.sort(key=lambda e: (e.start, e.length))
+        run: _Run | None = None
+        for ext in group:
+            if (run is not None and ext.start - run.end <= max_gap
+                    and max(run.end, ext.end) - run.start <= max_span):
+                run.end = max(run.end, ext.end)
+            else:
+                run = _Run(ext.blob, ext.start, ext.end)
+                runs.append(run)
+            run.extents.append(ext)
+    return runs
+
+
+class Fetcher:
+    def __init__(self, source: ByteSource, policy: FetchPolicy | None = None) -> None:
+        self.source = source
+        self.policy = policy or FetchPolicy()
+        if not source.remote:
+            # Local reads are syscalls, not round trips: nothing to hide by
+            # reading ahead, and prefetched copies would only cost memory.
+            self.policy.read_ahead = False
+        self.counters = FetchCounters()
+        self.prefetched = PrefetchCache(self.policy.prefetch_bytes, self.counters)
+        self.flights = Flights()
+        self._in_flight: dict[tuple, list[_Run]] = {}  # runs being read, by blob
+        self._prefetch_in_flight = 0  # bytes
+        self._nursery: trio.Nursery | None = None
+        self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
+        # Prefetches queue behind their own limiter, so a backlog of them
+        # never delays a read someone is waiting for.
+        self._prefetch_limiter = trio.CapacityLimiter(max(1, self.policy.concurrency // 2))
+
+    # -- background work ---------------------------------------------------------
+
+    def attach(self, nursery: trio.Nursery | None) -> None:
+        """Where background work (prefetches) runs; without one, nothing is prefetched."""
+        self._nursery = nursery
+
+    @property
+    def can_prefetch(self) -> bool:
+        return self._nursery is not None and self.policy.read_ahead
+
+    def spawn(self, work, *args) -> bool:
+        """Start `work(*args)` in the background if a nursery is attached."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(_guarded, work, args)
+        return True
+
+    # -- reads ---------------------------------------------------------------------
+
+    async def read(self, ext: Extent, index: bool = False) -> bytes:
+        """The bytes of one extent: from a prefetch, a read in flight, or a new read."""
+        return (await self.read_many([ext], index=index))[0]
+
+    async def read_many(self, extents: Sequence[Extent], index: bool = False,
+                        max_gap: int | None = None) -> list[bytes]:
+        """The bytes of each extent, in order; DataError if any one fails."""
+        self.counters.batches += 1
+        self.counters.extents += len(extents)
+        results: list[bytes | None] = [None] * len(extents)
+        wanted: list[tuple[int, Extent]] = []
+        joins: list[tuple[int, Extent, _Run]] = []
+        kept = self.source.index_cache if index else None
+        for i, ext in enumerate(extents):
+            if kept is not None and ext.blob.versioned:
+                stored = kept.get(ext.key)
+                if stored is not None and len(stored) == ext.length:
+                    results[i] = stored
+                    continue
+            hit = self.prefetched.pop(ext.key, None)
+            if hit is not None:
+                self.counters.prefetch_hits += 1
+                self.counters.prefetch_hit_bytes += len(hit)
+                results[i] = hit
+                continue
+            run = self._covering(ext)
+            if run is not None:
+                joins.append((i, ext, run))
+            else:
+                wanted.append((i, ext))
+        runs = plan([ext for _, ext in wanted], self.policy.max_gap if max_gap is None else max_gap,
+                    self.policy.max_span)
+        if len(runs) == 1 and not joins:
+            await self._read_run(runs[0], index)
+        elif runs or joins:
+            async with trio.open_nursery() as nursery:
+                for run in runs:
+                    nursery.start_soon(self._read_run, run, index)
+                for _, _, run in joins:
+                    nursery.start_soon(run.done.wait)
+        for run in runs:
+            self._raise(run)
+        for i, ext in wanted:
+            results[i] = _slice(self._run_of(runs, ext), ext)
+        retry: list[tuple[int, Extent]] = []
+        for i, ext, run in joins:
+            self.counters.joined += 1
+            if run.error is not None:
+                retry.append((i, ext))  # a failed or cancelled prefetch: read it ourselves
+            else:
+                results[i] = _slice(run, ext)
+        if retry:
+            runs = plan([ext for _, ext in retry], 0, self.policy.max_span)
+            for run in runs:
+                await self._read_run(run, index)
+                self._raise(run)
+            for i, ext in retry:
+                results[i] = _slice(self._run_of(runs, ext), ext)
+        if kept is not None:
+            for i, ext in wanted:
+                if ext.blob.versioned:
+                    kept.put(ext.key, results[i])  # type: ignore[arg-type]
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _raise(run: _Run) -> None:
+        if run.error is not None:
+            raise run.error
+
+    @staticmethod
+    def _run_of(runs: list[_Run], ext: Extent) -> _Run:
+        for run in runs:
+            if run.blob.ident == ext.blob.ident and run.start <= ext.start and ext.end <= run.end:
+                return run
+        raise AssertionError("extent without a run")
+
+    def _covering(self, ext: Extent) -> _Run | None:
+        for run in self._in_flight.get(ext.blob.ident, ()):
+            if run.start <= ext.start and ext.end <= run.end:
+                return run
+        return None
+
+    async def _read_run(self, run: _Run, index: bool) -> None:
+        """Read one run; failures are stored on the run (every extent of it shares them)."""
+        flying = self._in_flight.setdefault(run.blob.ident, [])
+        flying.append(run)
+        try:
+            async with self._limiter:
+                self.counters.reads += 1
+                run.data = await run.blob.read(self.source, run.start, run.end - run.start, index=index)
+        except DataError as e:
+            run.error = e
+        except trio.Cancelled:
+            run.error = DataError(run.blob.label, "read cancelled")
+            raise
+        finally:
+            flying.remove(run)
+            if not flying:
+                del self._in_flight[run.blob.ident]
+            run.done.set()
+
+    # -- prefetch --------------------------------------------------------------------
+
+    def prefetch(self, extents: Sequence[Extent]) -> int:
+        """Fetch `extents` in the background into the prefetch cache; returns how many were scheduled.
+
+        Bounded: nothing is scheduled beyond the prefetch budget (bytes in
+        flight plus cached must fit), and extents already cached or in
+        flight are skipped.
+        """
+        if not self.can_prefetch:
+            return 0
+        fresh = [e for e in extents if e.key not in self.prefetched and self._covering(e) is None]
+        budget = self.policy.prefetch_bytes // 2 - self._prefetch_in_flight
+        chosen: list[Extent] = []
+        for ext in fresh:
+            if ext.length > budget:
+                self.counters.prefetch_skipped += len(fresh) - len(chosen)
+                break
+            budget -= ext.length
+            chosen.append(ext)
+        if not chosen:
+            return 0
+        for run in plan(chosen, self.policy.prefetch_gap, self.policy.max_span):
+            self._prefetch_in_flight += run.end - run.start
+            flying = self._in_flight.setdefault(run.blob.ident, [])
+            flying.append(run)  # visible to readers before it starts
+            self.spawn(self._prefetch_run, run, flying)
+        return len(chosen)
+
+    async def _prefetch_run(self, run: _Run, flying: list[_Run]) -> None:
+        size = run.end - run.start
+        try:
+            async with self._prefetch_limiter:
+                self.counters.prefetch_reads += 1
+                self.counters.prefetch_bytes += size
+                run.data = await run.blob.read(self.source, run.start, size)
+            for ext in run.extents:
+                self.prefetched.put(ext.key, _slice(run, ext))
+        except DataError as e:
+            run.error = e  # a reader joining it gets the same error; logged when it is read
+            log_once(log, f"prefetch:{run.blob.label}", "prefetch of %s failed: %s", run.blob.label, e)
+        except trio.Cancelled:
+            run.error = DataError(run.blob.label, "prefetch cancelled")
+            raise
+        finally:
+            self._prefetch_in_flight -= size
+            flying.remove(run)
+            if not flying and self._in_flight.get(run.blob.ident) is flying:
+                del self._in_flight[run.blob.ident]
+            run.done.set()
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters.as_dict(), "prefetch_cached_bytes": int(self.prefetched.currsize),
+                "prefetch_limit": int(self.prefetched.maxsize)}
+
+
+async def _guarded(work, args: tuple) -> None:
+    """Background work is an optimisation: whatever it raises is logged once and dropped,
+    never allowed to end the nursery (and with it the daemon)."""
+    try:
+        await work(*args)
+    except trio.Cancelled:
+        raise
+    except Exception as e:  # noqa: BLE001 - the daemon outlives any bug in read-ahead
+        log_once(log, f"background:{type(e).__name__}:{e}", "background %s failed: %s: %s",
+                 getattr(work, "__qualname__", work), type(e).__name__, e)
+
+
+def _slice(run: _Run, ext: Extent) -> bytes:
+    if run.start == ext.start and run.end == ext.end:
+        return run.data
+    return run.data[ext.start - run.start:ext.end - run.start]

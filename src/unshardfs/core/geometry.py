@@ -1,0 +1,35 @@
+"""What a format's geometry says about a chunk's decoded size, per key.
+
+A raw volume chunk has exactly voxels x bytes per voxel x channels bytes;
+that is the only valid size of its file, known before any byte is read
+(so `stat` needs no payload and a gzip trailer claiming 1.5 GiB is damage,
+not a 1.5 GiB file). Where the encoding makes the size vary (jpeg,
+compressed segmentation, meshes) the geometry gives an upper bound, and
+decoding stops there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Geometry:
+    """No geometry: no exact sizes, one cap for everything."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+
+    def exact(self, keys: np.ndarray) -> np.ndarray | None:
+        """Exact decoded size of each key's file, or None when the format does not fix it."""
+        return None
+
+    def cap(self, keys: np.ndarray) -> np.ndarray:
+        """Largest decoded size each key's file may have."""
+        return np.full(len(keys), self._cap, dtype=np.int64)
+
+    def exact_one(self, key: int) -> int | None:
+        sizes = self.exact(np.array([key], dtype=np.uint64))
+        return None if sizes is None else int(sizes[0])
+
+    def cap_one(self, key: int) -> int:
+        return int(self.cap(np.array([key], dtype=np.uint64))[0])

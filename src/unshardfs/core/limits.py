@@ -1,0 +1,30 @@
+"""Bounds on what untrusted metadata and indexes can make the daemon allocate or fetch.
+
+Every size a header or index declares is checked against these before
+anything is read or allocated; a file beyond them fails with a one-line
+DataError naming the bound (and the option that raises it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    # One index structure (a shard index, a Zarr shard index, a DVID chunk
+    # index) read and decoded in one piece.
+    index_bytes: int = 256 * MiB
+    # A chunk payload whose decoded size the format does not fix (meshes,
+    # skeletons, annotation records, non-raw volume encodings beyond the
+    # geometry's bound).
+    payload_bytes: int = 256 * MiB
+
+    def check_index(self, size: int, where: str) -> None:
+        from ..errors import DataError
+
+        if size > self.index_bytes:
+            raise DataError(where, f"index of {size:,} bytes exceeds the {self.index_bytes // MiB} MiB limit "
+                                   "(--max-index-size)")

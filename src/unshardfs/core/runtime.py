@@ -1,0 +1,25 @@
+"""What every format of one mount shares: byte source, caches, the read path, the bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..caches import Caches
+from ..sources.base import ByteSource
+from .fetch import Fetcher, FetchPolicy
+from .limits import Limits
+
+
+@dataclass
+class Runtime:
+    source: ByteSource
+    caches: Caches = field(default_factory=Caches)
+    limits: Limits = field(default_factory=Limits)
+    policy: FetchPolicy | None = None
+    fetcher: Fetcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fetcher = Fetcher(self.source, self.policy)
+
+    def stats(self) -> dict:
+        return {"fetch": self.fetcher.stats()}

@@ -1,0 +1,61 @@
+"""DVID `export-shards` output as a format plug-in.
+
+An export has `s0/*.arrow` shard files and no metadata of its own: it is
+detected when `--info` gives the volume spec, or when an `info` sits beside
+an `s0` directory of `.arrow` files (ahead of plain precomputed, which also
+has an `info`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ...core.runtime import Runtime
+from ...errors import ConfigError
+from ...sources.base import ByteSource
+from ..registry import Dataset, FormatPlugin, register_format
+
+
+class DvidFormat(FormatPlugin):
+    name = "dvid"
+    description = "DVID export"
+    marker = "s0/*.arrow shard files"
+    priority = 20
+
+    def add_options(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--info", dest="info_path", metavar="SPEC.json",
+                           help="the Neuroglancer volume spec the export was made against (default: an info "
+                                "file in SOURCE)")
+        group.add_argument("--supervoxels", action="store_true",
+                           help="show supervoxel ids instead of agglomerated labels")
+
+    def options(self, args: argparse.Namespace) -> dict:
+        out: dict = {}
+        if getattr(args, "info_path", None):
+            out["info"] = os.path.abspath(args.info_path)
+        if getattr(args, "supervoxels", False):
+            out["supervoxels"] = True
+        return out
+
+    async def detect(self, source: ByteSource, options: dict) -> bool:
+        from .export import looks_like_export
+
+        if options.get("info"):
+            return True
+        if not source.listable or not await looks_like_export(source):
+            return False
+        st = await source.stat("info")
+        if st is None or st.is_dir:
+            raise ConfigError(f"{source.description} looks like a DVID export (s0/*.arrow) but has no info file; "
+                              "give the volume spec it was exported against with --info SPEC.json")
+        return True
+
+    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+        from .export import DvidExport
+
+        export = DvidExport(runtime, options.get("info"), bool(options.get("supervoxels")))
+        return Dataset(await export.build(), export.inventory)
+
+
+register_format(DvidFormat())

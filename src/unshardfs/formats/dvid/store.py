@@ -1,0 +1,208 @@
+"""One scale of a DVID export as a core `ShardedStore`, and its block codec.
+
+Scale N's shard files `s<N>/<ox>_<oy>_<oz>.arrow` are named by voxel
+origin; the volume spec's sharding tells which shard a chunk belongs to, so
+a chunk file is found with one index lookup and no listing beyond the
+scale directory's. Keys are the compressed Morton codes of chunk cells,
+as for precomputed volumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import AsyncIterator
+
+import numpy as np
+
+from ...core.blob import Blob
+from ...core.bounded import unzstd
+from ...core.chunks import ChunkFile
+from ...core.codecs import Codec
+from ...core.geometry import Geometry
+from ...core.runtime import Runtime
+from ...core.store import ShardedStore
+from ...core.table import ChunkTable
+from ...errors import DataError
+from ...logonce import log_once
+from ...sources.base import join_key
+from ..precomputed.grid import Cell, ChunkGrid
+from ..precomputed.sharding import ShardingSpec
+from .block import decode_block, max_block_bytes
+from .shard import ArrowShardReader, ShardIndex, decode_record
+
+log = logging.getLogger(__name__)
+
+SHARD_FILE = re.compile(r"^(\d{1,15})_(\d{1,15})_(\d{1,15})\.arrow$")
+
+
+class DvidStore(ShardedStore):
+    def __init__(self, runtime: Runtime, dir_key: str, grid: ChunkGrid, spec: ShardingSpec) -> None:
+        super().__init__(runtime, dir_key)
+        self.dir_key = dir_key
+        self.grid = grid
+        self.spec = spec
+        self.reader = ArrowShardReader(self.source, self.fetcher, self.limits, grid.chunk_size, self.owned,
+                                       self.keys)
+        self._files: dict[int, str] | None = None
+
+    def keys(self, cells: np.ndarray) -> np.ndarray:
+        return np.array([self.grid.coder.encode(tuple(c)) for c in cells.tolist()], dtype=np.uint64)
+
+    def owned(self, cells: np.ndarray, shard: int) -> np.ndarray:
+        """Which cells lie in the grid and hash to `shard` under the spec."""
+        inside = ((cells >= 0) & (cells < np.array(self.grid.shape, dtype=np.int64))).all(axis=1)
+        codes = np.array([self.grid.coder.encode(tuple(c)) if ok else 0
+                          for c, ok in zip(cells.tolist(), inside.tolist())], dtype=np.uint64)
+        shards, _ = self.spec.locations_array(codes)
+        return inside & (shards == np.uint64(shard))
+
+    def describe(self, key: int) -> str:
+        cells, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+        return f"block {tuple(cells[0].tolist())}" if valid[0] else f"chunk {key}"
+
+    async def files(self) -> dict[int, str]:
+        """Shard number -> file name, from one listing of the scale directory."""
+        if self._files is None:
+            found: dict[int, str] = {}
+            async for name, st in self.source.list(self.dir_key):
+                m = None if st.is_dir else SHARD_FILE.match(name)
+                if m is None:
+                    continue
+                origin = tuple(int(v) for v in m.groups())
+                if any(o % c for o, c in zip(origin, self.grid.chunk_size)):
+                    log_once(log, f"origin:{name}", "%s/%s: origin is not chunk-aligned; ignored", self.dir_key, name)
+                    continue
+                cell = tuple(o // c for o, c in zip(origin, self.grid.chunk_size))
+                if any(g >= s for g, s in zip(cell, self.grid.shape)):
+                    log_once(log, f"origin:{name}", "%s/%s: origin lies outside the volume; ignored", self.dir_key, name)
+                    continue
+                shard = self.spec.location(self.grid.coder.encode(cell))[0]  # type: ignore[arg-type]
+                if shard in found:
+                    log_once(log, f"dup:{name}", "%s: %s and %s are the same shard; using %s", self.dir_key,
+                             found[shard], name, min(found[shard], name))
+                    name = min(found[shard], name)
+                found[shard] = name
+            self._files = dict(sorted(found.items()))
+        return self._files
+
+    async def index(self, shard: int) -> ShardIndex | None:
+        name = (await self.files()).get(shard)
+        if name is None:
+            return None
+        key = join_key(self.dir_key, name)
+        st = await self.source.stat(key)
+        if st is None or st.is_dir:
+            return None
+        blob = Blob.of(key, st)
+        return await self.flights.cached(self.caches.shard_index, blob.ident,
+                                         lambda: self.reader.load(blob, key.removesuffix(".arrow"), shard))
+
+    async def schema_of(self, f: ChunkFile):
+        """The Arrow schema of the shard file holding `f` (its index is cached)."""
+        index = await self.index(self.spec.location(f.key)[0])
+        if index is None or index.table.blob.ident != f.blob.ident:
+            raise DataError(f.blob.label, "shard file changed while mounted")
+        return index.schema
+
+    # -- the ShardedStore contract ----------------------------------------------------------
+
+    def shards(self, within: object = None) -> AsyncIterator[int]:
+        async def numbers() -> AsyncIterator[int]:
+            for shard in await self.files():
+                yield shard
+        return numbers()
+
+    async def tables(self, shard: int) -> list[ChunkTable]:  # type: ignore[override]
+        index = await self.index(shard)
+        return [] if index is None or not len(index.table) else [index.table]
+
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        cells, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+        if not valid[0]:
+            return None
+        index = await self.index(self.spec.location(key)[0])
+        if index is None:
+            return None
+        i = index.table.find(key)
+        return None if i is None else (index.table, i)
+
+
+class DvidGeometry(Geometry):
+    """A chunk file holds the block's labels as uint64, clipped at the volume edge."""
+
+    def __init__(self, grid: ChunkGrid) -> None:
+        super().__init__(0)
+        self.grid = grid
+
+    def exact(self, keys: np.ndarray) -> np.ndarray:
+        cells, valid = self.grid.coder.decode_array(keys)
+        extents = np.minimum(self.grid.chunk_array, self.grid.size_array - cells * self.grid.chunk_array)
+        return np.where(valid, np.prod(np.maximum(extents, 0), axis=1) * 8, 0)
+
+    def cap(self, keys: np.ndarray) -> np.ndarray:
+        return self.exact(keys)
+
+
+class DvidBlockCodec(Codec):
+    """An Arrow record holding a DVID compressed label block -> the chunk's uint64 labels."""
+
+    name = "dvid-block"
+
+    def __init__(self, store: DvidStore, supervoxels: bool) -> None:
+        self.store = store
+        self.supervoxels = supervoxels
+        self.chunk_size = store.grid.chunk_size
+        self.block_cap = max_block_bytes(self.chunk_size)
+
+    @property
+    def label(self) -> str:
+        return "dvid-supervoxels" if self.supervoxels else "dvid-agglomerated"
+
+    def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
+        return exact
+
+    def sizes(self, lengths, exact, cap):
+        return exact, np.ones(len(lengths), dtype=bool)
+
+    async def prepare(self, f: ChunkFile) -> object:
+        return await self.store.schema_of(f)
+
+    def decode(self, payload: bytes, f: ChunkFile, prepared: object = None) -> bytes:
+        where = f.where
+        grid = self.store.grid
+        cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
+        cell: Cell = tuple(cells[0].tolist())  # type: ignore[assignment]
+        record = decode_record(payload, prepared, f.extra, where)  # type: ignore[arg-type]
+        voxels = tuple(g * c for g, c in zip(cell, self.chunk_size))
+        if record.coords != cell and record.coords != voxels:
+            raise DataError(where, f"record holds block {record.coords}, the index places it at {cell}")
+        raw = record.block
+        if record.zstd or raw[:4] == b"\x28\xb5\x2f\xfd":
+            raw = unzstd(raw, self.block_cap, where)
+        if record.uncompressed_size is not None and len(raw) != record.uncompressed_size:
+            raise DataError(where, f"block is {len(raw)} bytes, the record says {record.uncompressed_size}")
+        want = tuple(reversed(self.chunk_size))
+        try:
+            block = decode_block(raw, want, None if self.supervoxels else agglomeration(record.supervoxels,
+                                                                                          record.labels))
+        except ValueError as e:
+            raise DataError(where, f"bad DVID block: {e}") from None
+        ex, ey, ez = grid.extent(cell)
+        data = np.ascontiguousarray(block[:ez, :ey, :ex]).astype("<u8", copy=False).tobytes()
+        if len(data) != f.size:
+            raise DataError(where, f"block decodes to {len(data)} bytes, the chunk has {f.size}")
+        return data
+
+
+def agglomeration(supervoxels: np.ndarray, labels: np.ndarray):
+    """A function mapping block label lists from supervoxel ids to agglomerated labels."""
+    order = np.argsort(supervoxels, kind="stable")
+    keys, values = supervoxels[order], labels[order]
+
+    def relabel(ids: np.ndarray) -> np.ndarray:
+        if not len(keys):
+            return ids
+        at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+        return np.where(keys[at] == ids, values[at], ids)
+    return relabel

@@ -1,0 +1,27 @@
+"""Neuroglancer precomputed as a format plug-in: detected by its root `info` file."""
+
+from __future__ import annotations
+
+from ...core.runtime import Runtime
+from ...sources.base import ByteSource
+from ..registry import Dataset, FormatPlugin, register_format
+
+
+class PrecomputedFormat(FormatPlugin):
+    name = "precomputed"
+    description = "Neuroglancer precomputed"
+    marker = "an info file"
+    prefixes = ("precomputed://",)
+
+    async def detect(self, source: ByteSource, options: dict) -> bool:
+        st = await source.stat("info")
+        return st is not None and not st.is_dir
+
+    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+        from .dataset import PrecomputedDataset
+
+        dataset = PrecomputedDataset(runtime)
+        return Dataset(await dataset.build(), dataset.inventory)
+
+
+register_format(PrecomputedFormat())

@@ -1,0 +1,290 @@
+"""The chunks of one `neuroglancer_uint64_sharded_v1` directory: shards, indexes, locations.
+
+A shard is `<name>.shard` (or the obsolete `<name>.index` + `<name>.data`
+pair, read as their concatenation); its fixed-size shard index gives the
+byte range of each minishard index; a minishard index lists chunk ids with
+their byte ranges. Every range is validated before use (see
+`ChunkTable.build`), and sizes declared by the spec are bounded before
+anything is read.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+import numpy as np
+
+from ...concurrency import gather
+from ...core.blob import Blob
+from ...core.bounded import gunzip, off_loop
+from ...core.fetch import Extent
+from ...core.runtime import Runtime
+from ...core.store import ShardedStore
+from ...core.table import ChunkTable
+from ...errors import DataError
+from ...logonce import log_once
+from ...sources.base import join_key
+from .sharding import ShardingSpec
+
+log = logging.getLogger(__name__)
+
+U64 = np.uint64
+PROBE_BATCH = 256  # shard existence probes in flight at once, on sources that cannot list
+# On a source that cannot list, shards are found by probing every number;
+# beyond this many candidates a listing is refused (lookups still work).
+PROBE_MAX = 1 << 16
+# A lookup that must read a minishard index also reads the indexes of
+# neighbouring minishards when they lie within this span (one request
+# instead of one per later lookup in the same shard).
+INDEX_READ_AHEAD = 256 << 10
+
+
+def decode_minishard(raw: bytes, blob: Blob, base: int, where: str) -> ChunkTable:
+    """The [3, n] delta-encoded uint64 array of a minishard index as a validated table."""
+    if len(raw) % 24:
+        raise DataError(where, f"minishard index length {len(raw)} is not a multiple of 24")
+    n = len(raw) // 24
+    if n == 0:
+        return ChunkTable.empty(blob)
+    arr = np.frombuffer(raw, dtype="<u8").reshape(3, n).astype(U64)
+    # The format's arithmetic is modulo 2**64 (numpy's uint64 cumsum wraps
+    # silently); `build` rejects whatever lands outside the shard data.
+    ids = np.cumsum(arr[0], dtype=U64)
+    sizes = arr[2].copy()  # a copy: a view would keep the whole array alive behind the cache's accounting
+    ends = U64(base) + np.cumsum(arr[1] + sizes, dtype=U64)
+    table = ChunkTable.build(blob, ids, ends - sizes, sizes, base, blob.size)
+    if len(table) + len(table.bad) < n:
+        log_once(log, f"dup:{where}", "%s: minishard index lists %d duplicate chunk ids; using the first of each",
+                 where, n - len(table) - len(table.bad))
+    return table
+
+
+class PrecomputedStore(ShardedStore):
+    def __init__(self, runtime: Runtime, dir_key: str, spec: ShardingSpec) -> None:
+        super().__init__(runtime, dir_key)
+        self.dir_key = dir_key
+        self.spec = spec
+        self.index_size = spec.shard_index_size
+
+    # -- shard files -------------------------------------------------------------------
+
+    async def shard(self, number: int) -> Blob | None:
+        """The shard's current backing files, or None if the shard does not exist."""
+        stem = join_key(self.dir_key, self.spec.shard_name(number))
+        st = await self.source.stat(stem + ".shard")
+        if st is not None and not st.is_dir:
+            return Blob.of(stem + ".shard", st)
+        index_st = await self.source.stat(stem + ".index")
+        if index_st is None or index_st.is_dir:
+            return None
+        if index_st.size != self.index_size:
+            raise DataError(stem + ".index", f"obsolete-layout shard index has {index_st.size:,} bytes; the spec "
+                                             f"says {self.index_size:,}")
+        data_st = await self.source.stat(stem + ".data")
+        if data_st is None or data_st.is_dir:
+            raise DataError(stem + ".index", "obsolete-layout shard has no .data file")
+        return Blob(((stem + ".index", index_st.size, index_st.version), (stem + ".data", data_st.size,
+                     data_st.version)), index_st.size + data_st.size, max(index_st.mtime_ns, data_st.mtime_ns))
+
+    def shard_file(self, name: str) -> tuple[int, str] | None:
+        """(shard number, extension) if `name` is a shard file of this spec, else None."""
+        stem, dot, ext = name.rpartition(".")
+        if not dot or ext not in ("shard", "index", "data"):
+            return None
+        number = self.spec.parse_shard_name(stem)
+        return None if number is None else (number, ext)
+
+    def is_shard_file(self, name: str) -> bool:
+        return self.shard_file(name) is not None
+
+    async def shards(self, within: object = None) -> AsyncIterator[int]:  # type: ignore[override]
+        """Existing shards in ascending order, found by listing the directory
+        (or, on a source that cannot list, by probing every shard number)."""
+        if not self.source.listable:
+            total = 1 << self.spec.shard_bits
+            if total > PROBE_MAX:
+                log_once(log, f"probe:{self.dir_key}", "listing %s: %d possible shards on a source that cannot "
+                         "list; not listed (lookups by name work)", self.label, total)
+                return
+            for at in range(0, total, PROBE_BATCH):
+                numbers = range(at, min(at + PROBE_BATCH, total))
+                found = await gather([lambda n=n: self._exists(n) for n in numbers], limit=PROBE_BATCH)
+                for n, ok in zip(numbers, found):
+                    if ok:
+                        yield n
+            return
+        numbers = set()
+        async for name, st in self.source.list(self.dir_key):
+            parsed = None if st.is_dir else self.shard_file(name)
+            if parsed is not None and parsed[1] != "data":  # a .data alone is not a shard
+                numbers.add(parsed[0])
+        for number in sorted(numbers):
+            yield number
+
+    async def _exists(self, number: int) -> bool:
+        try:
+            return await self.shard(number) is not None
+        except DataError:
+            return True  # damaged, but there: listing will report it
+
+    # -- indexes ------------------------------------------------------------------------
+
+    async def shard_index(self, blob: Blob) -> np.ndarray:
+        """The (2**minishard_bits, 2) array of minishard index ranges (relative to the data area)."""
+        async def load() -> np.ndarray:
+            size = self.index_size
+            self.limits.check_index(size, blob.label)
+            if blob.size < size:
+                raise DataError(blob.label, f"file has {blob.size:,} bytes, shorter than its {size:,}-byte "
+                                            "shard index")
+            raw = await self.fetcher.read(Extent(blob, 0, size), index=True)
+            return np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(U64)
+
+        return await self.flights.cached(self.caches.shard_index, blob.ident, load)
+
+    def _range(self, index: np.ndarray, blob: Blob, m: int) -> tuple[int, int]:
+        """Absolute byte range of minishard `m`'s index, validated."""
+        start, end = int(index[m, 0]), int(index[m, 1])
+        if start > end or self.index_size + end > blob.size:
+            raise DataError(f"{blob.label} minishard {m}", f"minishard index range [{start}, {end}) lies outside "
+                            f"the file ({blob.size:,} bytes)")
+        return self.index_size + start, end - start
+
+    async def minishard(self, blob: Blob, m: int) -> ChunkTable:
+        cached = self.caches.minishard_index.get((blob.ident, m))
+        if cached is not None:
+            return cached
+        index = await self.shard_index(blob)
+        wanted = [m]
+        if self.source.remote:
+            # Index read-ahead: neighbours whose indexes lie close by come
+            # along in the same request (later lookups in this shard are free).
+            start, length = self._range(index, blob, m)
+            for other in np.nonzero(index[:, 0] != index[:, 1])[0].tolist():
+                if other == m or (blob.ident, other) in self.caches.minishard_index:
+                    continue
+                try:
+                    o_start, o_len = self._range(index, blob, other)
+                except DataError:
+                    continue
+                if abs(o_start - start) <= INDEX_READ_AHEAD and o_len <= INDEX_READ_AHEAD:
+                    wanted.append(other)
+        # The neighbours were chosen to lie within INDEX_READ_AHEAD: one ranged
+        # read covers them all (the payload bytes between them are the price of
+        # saving a round trip per later lookup).
+        return (await self._load(blob, index, wanted, gap=INDEX_READ_AHEAD))[0]
+
+    async def _load(self, blob: Blob, index: np.ndarray, numbers: list[int],
+                    gap: int | None = None) -> list[ChunkTable]:
+        """Minishard tables `numbers` (the first must succeed; the others are best effort), read as one
+        batch (extents closer than `gap` in one read; default: the fetcher's coalescing gap)."""
+        async def load_all() -> list[ChunkTable]:
+            ranges = [self._range(index, blob, m) for m in numbers[:1]]
+            extras = []
+            for m in numbers[1:]:
+                try:
+                    extras.append((m, self._range(index, blob, m)))
+                except DataError:
+                    pass
+            numbers_ok = numbers[:1] + [m for m, _ in extras]
+            ranges += [r for _, r in extras]
+            for m, (start, length) in zip(numbers_ok, ranges):
+                self.limits.check_index(length, f"{blob.label} minishard {m}")
+            raws = await self.fetcher.read_many([Extent(blob, s, n) for s, n in ranges], index=True, max_gap=gap)
+            tables = []
+            for m, raw in zip(numbers_ok, raws):
+                where = f"{blob.label} minishard {m}"
+                try:
+                    table = await off_loop(lambda raw=raw, where=where: self._decode(raw, blob, where), len(raw))
+                except DataError:
+                    if m == numbers[0]:
+                        raise
+                    continue  # reported when looked up itself
+                self.caches.minishard_index.put((blob.ident, m), table)
+                tables.append(table)
+            return tables
+
+        return await self.flights.run(("minishards", blob.ident, numbers[0]), load_all)
+
+    def _decode(self, raw: bytes, blob: Blob, where: str) -> ChunkTable:
+        if self.spec.minishard_index_encoding == "gzip":
+            # A decoded index is kept in the minishard cache; one that cannot
+            # fit there is not worth decoding.
+            raw = gunzip(raw, min(self.limits.index_bytes, self.caches.minishard_index.maxsize), where)
+        table = decode_minishard(raw, blob, self.index_size, where)
+        for cid, reason in list(table.bad.items())[:20]:
+            log_once(log, f"bad:{blob.label}:{cid}", "%s chunk %d: %s", blob.label, cid, reason)
+        return table
+
+    # -- the ShardedStore contract -----------------------------------------------------------
+
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        shard_no, m = self.spec.location(key)
+        blob = await self.shard(shard_no)
+        if blob is None:
+            return None
+        index = await self.shard_index(blob)
+        if index[m, 0] == index[m, 1]:
+            return None
+        table = await self.minishard(blob, m)
+        reason = table.bad.get(key)
+        if reason is not None:
+            raise DataError(f"{blob.label} chunk {key}", reason)
+        i = table.find(key)
+        return None if i is None else (table, i)
+
+    async def tables(self, shard: int) -> list[ChunkTable]:  # type: ignore[override]
+        """Every non-empty minishard of the shard, its indexes read in one batch (they are
+        normally contiguous); damaged minishards are logged and skipped."""
+        blob = await self.shard(shard)
+        if blob is None:
+            return []
+        index = await self.shard_index(blob)
+        numbers = np.nonzero(index[:, 0] != index[:, 1])[0].tolist()
+        missing = [m for m in numbers if (blob.ident, m) not in self.caches.minishard_index]
+        if missing:
+            await self._load_listed(blob, index, missing)
+        out = []
+        for m in numbers:
+            try:
+                table = await self.minishard(blob, m)
+            except DataError as e:
+                log_once(log, f"list:{e}", "listing %s: skipping minishard: %s", self.label, e)
+                continue
+            if len(table):
+                out.append(self._owned(table, shard, m))
+        return out
+
+    async def _load_listed(self, blob: Blob, index: np.ndarray, numbers: list[int]) -> None:
+        """Load minishards for a listing: one batch per cache-sized group; failures are left for
+        the per-minishard pass to report."""
+        budget = max(1, self.caches.minishard_index.maxsize // 4)
+        group: list[int] = []
+        size = 0
+        for m in numbers + [-1]:
+            length = 0
+            if m >= 0:
+                try:
+                    length = self._range(index, blob, m)[1]
+                except DataError:
+                    continue
+            if group and (m < 0 or size + length > budget):
+                try:
+                    await self._load(blob, index, group)
+                except DataError:
+                    pass
+                group, size = [], 0
+            if m >= 0:
+                group.append(m)
+                size += length
+
+    def _owned(self, table: ChunkTable, shard: int, m: int) -> ChunkTable:
+        """Ids that hash to another shard or minishard can never be looked up: not listed."""
+        shards, minis = self.spec.locations_array(table.keys)
+        belongs = (shards == U64(shard)) & (minis == U64(m))
+        if belongs.all():
+            return table
+        log_once(log, f"misplaced:{table.blob.label}:{m}", "%s: %d chunk ids listed in the wrong minishard; not "
+                 "listed", table.blob.label, int((~belongs).sum()))
+        return table.where(belongs)

@@ -1,0 +1,39 @@
+"""Zarr v3 as a format plug-in: detected by a root `zarr.json`; `--view zarr2` for legacy readers."""
+
+from __future__ import annotations
+
+import argparse
+
+from ...core.runtime import Runtime
+from ...sources.base import ByteSource
+from ..registry import Dataset, FormatPlugin, register_format
+
+VIEWS = ("zarr3", "zarr2")
+
+
+class ZarrFormat(FormatPlugin):
+    name = "zarr"
+    description = "Zarr v3"
+    marker = "a zarr.json"
+    prefixes = ("zarr3://", "zarr://")
+    priority = 10
+
+    def add_options(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--view", choices=VIEWS, default=None,
+                           help="show unsharded Zarr v3 (default) or Zarr v2 for legacy readers")
+
+    def options(self, args: argparse.Namespace) -> dict:
+        return {"view": args.view} if getattr(args, "view", None) else {}
+
+    async def detect(self, source: ByteSource, options: dict) -> bool:
+        st = await source.stat("zarr.json")
+        return st is not None and not st.is_dir
+
+    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+        from .hierarchy import ZarrHierarchy
+
+        hierarchy = ZarrHierarchy(runtime, options.get("view") or "zarr3")
+        return Dataset(await hierarchy.build(), hierarchy.inventory)
+
+
+register_format(ZarrFormat())

@@ -1,0 +1,245 @@
+"""Inner chunks of one Zarr v3 array, as a core `ShardedStore`.
+
+Keys are linear (C-order) indexes in the grid of inner chunks. A shard is
+the object the array's key encoding names for an outer grid index; its
+(possibly nested) shard indexes are flattened into one `ChunkTable` of the
+shard's non-empty, in-bounds inner chunks. An unsharded array is the
+degenerate case with no levels (each chunk is its whole object), which the
+v2 view of plain arrays uses.
+
+Every index entry is checked against the range it points into before it is
+used; a bad entry fails that chunk (kept in the table's `bad`), a bad
+checksum or a size beyond the limits fails the whole shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from typing import AsyncIterator
+
+import numpy as np
+
+from ...core.blob import Blob
+from ...core.fetch import Extent
+from ...core.runtime import Runtime
+from ...core.store import ShardedStore
+from ...core.table import ChunkTable
+from ...errors import DataError
+from ...logonce import log_once
+from ...sources.base import join_key
+from .keys import KeyLayout, parse_index
+from .metadata import ArrayMeta
+from .sharding import EMPTY, Unsharded
+
+log = logging.getLogger(__name__)
+
+U64 = np.uint64
+# On a source that cannot list, every shard position of a slab is probed;
+# beyond this many candidates a listing is refused (lookups still work).
+PROBE_MAX = 1 << 16
+
+
+class ZarrStore(ShardedStore):
+    def __init__(self, runtime: Runtime, key: str, meta: ArrayMeta, flat: Unsharded) -> None:
+        super().__init__(runtime, key)
+        self.key = key
+        self.meta = meta
+        self.levels = flat.levels
+        self.chunk_shape = flat.chunk_shape
+        self.grid = tuple(-(-s // c) for s, c in zip(meta.shape, flat.chunk_shape))
+        self.shard_grid = meta.grid
+        self.source_keys = KeyLayout("c" if meta.key_encoding.name == "default" else None,
+                                     meta.key_encoding.separator, meta.ndim)
+        # How many inner chunks make one shard along each array dimension.
+        self.per_shard = tuple(s // c for s, c in zip(meta.chunk_shape, flat.chunk_shape))
+        self._strides = np.array([math.prod(self.grid[d + 1:]) for d in range(len(self.grid))], dtype=np.int64)
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def key_of(self, index: tuple[int, ...]) -> int:
+        return int(np.ravel_multi_index(index, self.grid)) if index else 0
+
+    def index_of(self, key: int) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.unravel_index(key, self.grid)) if self.grid else ()
+
+    def indices(self, keys: np.ndarray) -> np.ndarray:
+        """(n, ndim) grid indexes of linear keys."""
+        keys = keys.astype(np.int64)
+        return (keys[:, None] // self._strides) % np.array(self.grid, dtype=np.int64) if self.grid \
+            else np.zeros((len(keys), 0), dtype=np.int64)
+
+    def in_bounds(self, index: tuple[int, ...]) -> bool:
+        return len(index) == len(self.grid) and all(0 <= i < g for i, g in zip(index, self.grid))
+
+    def describe(self, key: int) -> str:
+        return f"chunk {self.source_keys.key(self.index_of(key))}"
+
+    # -- shards ---------------------------------------------------------------------------
+
+    async def shard(self, outer: tuple[int, ...]) -> Blob | None:
+        key = join_key(self.key, self.source_keys.key(outer))
+        st = await self.source.stat(key)
+        if st is None or st.is_dir:
+            return None
+        return Blob.of(key, st)
+
+    def is_shard_file(self, name: str) -> bool:
+        return self.source_keys.claims(name)
+
+    async def shards(self, within: object = None) -> AsyncIterator[tuple[int, ...]]:  # type: ignore[override]
+        """Outer indexes of the shard objects that exist (those starting with `within` only), in order."""
+        layout, ndim = self.source_keys, len(self.shard_grid)
+        within = tuple(within or ())  # type: ignore[arg-type]
+        if not self.source.listable:
+            # Nothing to list: every shard position of the slab is a candidate
+            # (a missing one reads as absent when its shard is looked up).
+            ranges = [range(f, f + 1) for f in within] + [range(g) for g in self.shard_grid[len(within):]]
+            if math.prod(len(r) for r in ranges) > PROBE_MAX:
+                log_once(log, f"probe:{self.key}", "listing %s: too many possible shards on a source that cannot "
+                         "list; not listed (lookups by name work)", self.label)
+                return
+            for outer in itertools.product(*ranges):
+                yield outer
+            return
+        if not layout.nested:
+            found = []
+            async for name, st in self.source.list(self.key):
+                outer = None if st.is_dir else layout.parse_flat(name)
+                if outer is not None and outer[:len(within)] == within and self._outer_ok(outer):
+                    found.append(outer)
+            for outer in sorted(found):
+                yield outer
+            return
+
+        async def walk(prefix: tuple[int, ...], dir_key: str) -> AsyncIterator[tuple[int, ...]]:
+            depth = len(prefix)
+            last = depth == ndim - 1
+            if depth < len(within):
+                names = [(str(within[depth]), within[depth])]
+            else:
+                names = []
+                async for name, st in self.source.list(dir_key):
+                    i = parse_index(name)
+                    if i is not None and i < self.shard_grid[depth] and st.is_dir != last:
+                        names.append((name, i))
+                names.sort(key=lambda item: item[1])
+            for name, i in names:
+                if last:
+                    yield prefix + (i,)
+                else:
+                    async for outer in walk(prefix + (i,), join_key(dir_key, name)):
+                        yield outer
+
+        root = join_key(self.key, layout.lead) if layout.lead else self.key
+        async for outer in walk((), root):
+            yield outer
+
+    def _outer_ok(self, outer: tuple[int, ...]) -> bool:
+        return all(o < g for o, g in zip(outer, self.shard_grid))
+
+    # -- indexes ------------------------------------------------------------------------------
+
+    async def _level(self, blob: Blob, depth: int, base: int, length: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One (nested) shard index: each entry's absolute range, and its state (OK/ABSENT/BAD)."""
+        level = self.levels[depth]
+        where = blob.label if depth == 0 else f"{blob.label} nested shard at {base}"
+        self.limits.check_index(level.index_size, where)
+        if length < level.index_size:
+            raise DataError(where, f"{length:,} bytes cannot hold the {level.index_size:,}-byte shard index")
+        at = base if level.at_start else base + length - level.index_size
+        raw = level.decode_index(await self.fetcher.read(Extent(blob, at, level.index_size), index=True), where)
+        offsets, nbytes = raw[:, 0], raw[:, 1]
+        empty = (offsets == U64(EMPTY)) & (nbytes == U64(EMPTY))
+        data_lo = level.index_size if level.at_start else 0
+        data_hi = length if level.at_start else length - level.index_size
+        ends = offsets + nbytes  # wraps on overflow; caught by ends >= offsets
+        ok = ~empty & (ends >= offsets) & (offsets >= U64(data_lo)) & (ends <= U64(max(data_hi, 0)))
+        state = np.where(empty, ABSENT, np.where(ok, OK, BAD)).astype(np.uint8)
+        return np.where(ok, offsets + U64(base), U64(0)), np.where(ok, nbytes, U64(0)), state
+
+    async def _flatten(self, outer: tuple[int, ...], blob: Blob) -> ChunkTable:
+        """Every inner chunk of one shard as a table (nested levels walked)."""
+        ndim = len(self.grid)
+        # Element offsets (array order) of each entry within the shard, and its range.
+        offsets = np.zeros((1, ndim), dtype=np.int64)
+        starts = np.zeros(1, dtype=U64)
+        lengths = np.array([blob.size], dtype=U64)
+        bad_offsets: list[np.ndarray] = []
+        for depth, level in enumerate(self.levels):
+            next_offsets, next_starts, next_lengths = [], [], []
+            for off, base, length in zip(offsets, starts.tolist(), lengths.tolist()):
+                s, n, state = await self._level(blob, depth, int(base), int(length))
+                # Only entries that exist cost anything from here on (never
+                # one allocation per declared cell).
+                for wanted, out in ((OK, None), (BAD, bad_offsets)):
+                    picked = np.nonzero(state == wanted)[0]
+                    if not len(picked):
+                        continue
+                    cells = np.stack(np.unravel_index(picked, level.counts), axis=1) if level.counts else \
+                        np.zeros((len(picked), 0), dtype=np.int64)
+                    rel = np.zeros((len(picked), ndim), dtype=np.int64)
+                    for i, (p, c) in enumerate(zip(level.perm, level.chunk_shape)):
+                        rel[:, p] = cells[:, i] * c
+                    if out is None:
+                        next_offsets.append(off + rel)
+                        next_starts.append(s[picked])
+                        next_lengths.append(n[picked])
+                    else:
+                        out.append(off + rel)
+            if not next_offsets:
+                offsets = np.zeros((0, ndim), dtype=np.int64)
+                starts = lengths = np.zeros(0, dtype=U64)
+                break
+            offsets = np.concatenate(next_offsets)
+            starts = np.concatenate(next_starts)
+            lengths = np.concatenate(next_lengths)
+        origin = np.array([o * p * c for o, p, c in zip(outer, self.per_shard, self.chunk_shape)], dtype=np.int64)
+        chunk = np.array(self.chunk_shape, dtype=np.int64)
+        grid = np.array(self.grid, dtype=np.int64)
+        indices = (origin + offsets) // chunk
+        inside = (indices < grid).all(axis=1)
+        keys = (indices[inside] * self._strides).sum(axis=1).astype(U64) if ndim else np.zeros(int(inside.sum()), U64)
+        reasons: dict[int, str] = {}
+        for rel in bad_offsets:
+            cells = (origin + rel) // chunk
+            for cell in cells[(cells < grid).all(axis=1)][:1000].tolist():
+                reasons[self.key_of(tuple(cell))] = "shard index entry points outside the shard"
+        if reasons:
+            log_once(log, f"bad:{blob.label}", "%s: %d shard index entries point outside the shard; those chunks "
+                     "fail with EIO", blob.label, len(reasons))
+        # Ranges are validated per level above; `build` sorts by key.
+        return ChunkTable.build(blob, keys, starts[inside], lengths[inside], 0, blob.size, reasons=reasons)
+
+    async def table(self, outer: tuple[int, ...]) -> ChunkTable | None:
+        blob = await self.shard(outer)
+        if blob is None:
+            return None
+        if not self.levels:  # unsharded: the object is the chunk
+            key = self.key_of(outer)
+            return ChunkTable(blob, np.array([key], dtype=U64), np.zeros(1, dtype=U64), np.array([blob.size], U64))
+        return await self.flights.cached(self.caches.shard_index, blob.ident, lambda: self._flatten(outer, blob))
+
+    # -- the ShardedStore contract ------------------------------------------------------------
+
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        if not 0 <= key < math.prod(self.grid):
+            return None  # outside the grid: no such chunk (read-ahead may guess past the end)
+        index = self.index_of(key)
+        table = await self.table(tuple(i // p for i, p in zip(index, self.per_shard)))
+        if table is None:
+            return None
+        reason = table.bad.get(key)
+        if reason is not None:
+            raise DataError(f"{table.blob.label} {self.describe(key)}", reason)
+        i = table.find(key)
+        return None if i is None else (table, i)
+
+    async def tables(self, shard: tuple[int, ...]) -> list[ChunkTable]:  # type: ignore[override]
+        table = await self.table(shard)
+        return [] if table is None or not len(table) else [table]
+
+
+OK, ABSENT, BAD = 0, 1, 2
