@@ -12,7 +12,7 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from .errors import DataError, SourceError
-from .sources.base import ByteSource, ObjectStat, join_key
+from .sources.base import ByteSource, ObjectStat, join_key, name_problem
 from .vtree import Batch, DirNode, Entry, FileNode, Node, Verdict
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,8 @@ class PassthroughDir(DirNode):
         return PassthroughFile(self.source, key, st)
 
     async def lookup(self, name: str) -> Node | None:
+        if name_problem(name) is not None:
+            return None  # never a key: `..` or an embedded `/` would leave this directory
         key = join_key(self.key, name)
         if not self.source.listable and self.override is not None:
             # Such a source cannot tell a directory exists (and asking costs a

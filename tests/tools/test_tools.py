@@ -136,3 +136,25 @@ def test_export_reports_damage(volume, tmp_path):
     result = run_cli("export", str(src), str(tmp_path / "out"))
     assert result.returncode == 1
     assert "not exported" in result.stderr and "bad gzip" in result.stderr
+
+
+def test_export_never_writes_through_links_in_dest(volume, tmp_path):
+    """Links planted in DEST (where a chunk directory and a chunk file go) are not followed:
+    those parts fail, everything else is exported, nothing outside DEST changes."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("untouched")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.symlink(outside, dest / SCALE_KEY)  # the sharded scale's directory
+    (dest / "2_2_2").mkdir()
+    victim = sorted(os.listdir(volume["plain"] / "2_2_2"))[0]
+    os.symlink(outside / "planted", dest / "2_2_2" / victim)
+    result = run_cli("export", "-q", str(volume["sharded"]), str(dest))
+    assert result.returncode == 1
+    assert sorted(os.listdir(outside)) == ["keep"] and (outside / "keep").read_text() == "untouched"
+    assert (dest / SCALE_KEY).is_symlink() and os.path.islink(dest / "2_2_2" / victim)
+    others = sorted(set(os.listdir(volume["plain"] / "2_2_2")) - {victim})
+    assert others and all((dest / "2_2_2" / n).read_bytes() == (volume["plain"] / "2_2_2" / n).read_bytes()
+                          for n in others)
+    assert (dest / "info").exists()

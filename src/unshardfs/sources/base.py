@@ -111,6 +111,25 @@ class SourceLayer:
         return {**self.inner.stats(), **self.own_stats()}
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be one path segment of a key, or None when it can.
+
+    Names come from listings, probes and metadata written by others: `..`
+    would climb out of the dataset (and, put into a URL, into another prefix
+    or bucket), `/` would smuggle in several segments, NUL ends C strings,
+    and a name that is not UTF-8 cannot be shown or requested faithfully.
+    """
+    if name in ("", ".", ".."):
+        return f"name {name!r} is not a file name"
+    if "/" in name or "\0" in name:
+        return f"name {name!r} contains '/' or NUL"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes from os.scandir (surrogate escapes)
+        return f"name {name.encode('utf-8', 'backslashreplace').decode()!r} is not UTF-8"
+    return None
+
+
 def join_key(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 

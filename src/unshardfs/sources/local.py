@@ -11,7 +11,8 @@ from typing import AsyncIterator
 from cachetools import LRUCache
 
 from ..errors import ConfigError, SourceError, StaleError
-from .base import ObjectStat, join_key
+from ..logonce import log_once
+from .base import ObjectStat, join_key, name_problem
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,10 @@ class _FdCache(LRUCache):
         key, (fd, _ident) = super().popitem()
         os.close(fd)
         return key, (fd, _ident)
+
+
+def _version(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class LocalSource:
@@ -66,7 +71,9 @@ class LocalSource:
             size=st.st_size,
             mtime_ns=st.st_mtime_ns,
             is_dir=statmod.S_ISDIR(st.st_mode),
-            version=(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns),
+            # ctime too: a shard rewritten in place with its size and mtime
+            # restored (cp -p, rsync -t) still changes its ctime.
+            version=_version(st),
         )
 
     async def stat(self, key: str) -> ObjectStat | None:
@@ -96,10 +103,15 @@ class LocalSource:
         cached = self._fds.get(key)
         if cached is not None:
             fd, ident = cached
-            if version is None or ident == version[:2]:
+            if version is None:
+                return fd
+            if ident == version[:2]:
                 # Same inode as when the caller resolved it: its bytes are the
                 # ones the caller's index describes, even if the path was
-                # replaced meanwhile.
+                # replaced meanwhile -- unless the file was rewritten in place
+                # (one fstat per read: far cheaper than serving other bytes).
+                if _version(os.fstat(fd)) != version:
+                    raise StaleError(key, "file was modified in place after its index was read")
                 return fd
             self._drop_fd(key)
         path = self.path(key)
@@ -114,7 +126,7 @@ class LocalSource:
         except OSError as e:
             raise SourceError(f"open {path}: {e.strerror}") from e
         st = os.fstat(fd)
-        if version is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != version:
+        if version is not None and _version(st) != version:
             os.close(fd)
             raise StaleError(key, "file changed after its index was read")
         self._fds[key] = (fd, (st.st_dev, st.st_ino))
@@ -152,6 +164,10 @@ class LocalSource:
             raise SourceError(f"list {path}: {e.strerror}") from e
         with it:
             for entry in it:
+                problem = name_problem(entry.name)
+                if problem is not None:
+                    log_once(log, f"name:{path}:{problem}", "%s: skipping %s", path, problem)
+                    continue
                 try:
                     st = self._to_stat(entry.path, entry.stat(follow_symlinks=False))
                 except OSError:

@@ -7,7 +7,9 @@ minishard by minishard, i.e. close to sequential in the backing files.
 
 from __future__ import annotations
 
+import logging
 import os
+import stat as statmod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Callable
@@ -15,7 +17,11 @@ from typing import AsyncIterator, Callable
 import trio
 
 from ..errors import DataError
+from ..logonce import log_once
+from ..sources.base import name_problem
 from ..vtree import DirNode, FileNode
+
+log = logging.getLogger(__name__)
 
 PIECE = 8 << 20  # read big files in pieces so memory stays bounded
 
@@ -34,6 +40,10 @@ async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, File
     """(relative path, node) of every file and directory below `root`, depth first."""
     async for batch in root.entries():
         for name, node in batch:
+            problem = name_problem(name)
+            if problem is not None:  # no tree should show one; a walk that writes must not trust that
+                log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
+                continue
             path = f"{prefix}{name}"
             yield path, node  # type: ignore[misc]
             if isinstance(node, DirNode):
@@ -58,17 +68,36 @@ def is_complete(target: Path, node: FileNode) -> bool:
     short by a killed export never passes this test.
     """
     try:
-        st = target.stat()
+        st = target.lstat()
     except OSError:
         return False
-    return st.st_size == node.size and st.st_mtime_ns == node.mtime_ns
+    return statmod.S_ISREG(st.st_mode) and st.st_size == node.size and st.st_mtime_ns == node.mtime_ns
+
+
+# Never through a symlink: DEST may hold links planted to make a write land
+# elsewhere (the names come from an untrusted source; the links need not).
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _write_file(target: Path, pieces: list[bytes], mtime_ns: int) -> None:
-    with open(target, "wb") as f:
+    fd = os.open(target, WRITE_FLAGS, 0o644)
+    with open(fd, "wb") as f:
         for piece in pieces:
             f.write(piece)
-    os.utime(target, ns=(mtime_ns, mtime_ns))  # last: marks the file complete
+        f.flush()
+        os.utime(fd, ns=(mtime_ns, mtime_ns))  # last: marks the file complete
+
+
+def _make_dir(target: Path) -> bool:
+    """Create the directory `target` (False if it was there); refuse anything but a real directory."""
+    try:
+        st = target.lstat()
+    except FileNotFoundError:
+        target.mkdir()
+        return True
+    if not statmod.S_ISDIR(st.st_mode):
+        raise DataError(str(target), "exists and is not a directory (a symlink is never followed)")
+    return False
 
 
 async def export(root: DirNode, dest: Path, jobs: int = 4,
@@ -84,13 +113,21 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
     # their files (a stat per file is a large part of small-file exports).
     fresh = {""} if not dest.exists() else set()
     dest.mkdir(parents=True, exist_ok=True)
+    skip: set[str] = set()  # directories that could not be made: nothing is written below them
     async with trio.open_nursery() as nursery:
         async for rel, node in walk(root):
             target = dest / rel
+            if rel.rpartition("/")[0] in skip:
+                skip.add(rel)  # below a directory that could not be made (a planted link, say)
+                continue
             if isinstance(node, DirNode):
-                if not target.is_dir():
-                    target.mkdir()
-                    fresh.add(rel)
+                try:
+                    if _make_dir(target):
+                        fresh.add(rel)
+                except (DataError, OSError) as e:
+                    summary.failures.append(f"{rel}/: {e}")
+                    skip.add(rel)
+                    continue
                 summary.dirs += 1
                 continue
             summary.files += 1
@@ -104,7 +141,7 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
                     continue
                 token = object()  # the write task, not this one, releases the slot
                 await limiter.acquire_on_behalf_of(token)
-                nursery.start_soon(_write_in_thread, limiter, token, target, pieces, node.mtime_ns)
+                nursery.start_soon(_write_in_thread, limiter, token, target, pieces, node.mtime_ns, summary)
                 summary.written += 1
                 summary.bytes += node.size
             if progress is not None:
@@ -113,9 +150,11 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
 
 
 async def _write_in_thread(limiter: trio.CapacityLimiter, token: object, target: Path,
-                           pieces: list[bytes], mtime_ns: int) -> None:
+                           pieces: list[bytes], mtime_ns: int, summary: WalkSummary) -> None:
     try:
         await trio.to_thread.run_sync(_write_file, target, pieces, mtime_ns, limiter=trio.CapacityLimiter(1))
+    except OSError as e:  # e.g. ELOOP: a symlink where the file goes
+        summary.failures.append(f"{target}: cannot write: {e.strerror}")
     finally:
         limiter.release_on_behalf_of(token)
 

@@ -25,7 +25,7 @@ from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...logonce import log_once
 from ...passthrough import PassthroughDir
-from ...sources.base import ObjectStat, join_key
+from ...sources.base import ObjectStat, join_key, name_problem
 from ...vtree import BytesFile, DirNode, Node, Verdict
 from ..jsonfile import encode_json, read_json
 from .keys import KeyLayout
@@ -41,8 +41,17 @@ VIEWS = ("zarr3", "zarr2")
 
 
 def _children(entries: dict | None) -> tuple[str, ...]:
-    """Direct children named by consolidated metadata (paths are relative to the group)."""
-    return tuple(sorted({path.split("/")[0] for path in entries or {} if path}))
+    """Direct children named by consolidated metadata (paths are relative to the group);
+    names that cannot be a path segment (`..`, NUL, ...) are logged and left out."""
+    names = set()
+    for path in entries or {}:
+        name = path.split("/")[0] if isinstance(path, str) else ""
+        problem = name_problem(name)
+        if problem is None:
+            names.add(name)
+        else:
+            log_once(log, f"consolidated:{problem}", "consolidated metadata: skipping %s", problem)
+    return tuple(sorted(names))
 
 
 def _json_file(obj: object, mtime_ns: int) -> BytesFile:
