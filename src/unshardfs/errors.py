@@ -5,6 +5,11 @@ adapter turns it into EIO. `ConfigError` is for bad input found before a mount
 goes live, which the CLI prints as a one-line message.
 """
 
+import sys
+
+if sys.version_info < (3, 11):  # pragma: no cover - trio installs the backport there
+    from exceptiongroup import BaseExceptionGroup
+
 
 class UnshardfsError(Exception):
     """Base class, so callers can catch everything of ours in one place."""
@@ -37,3 +42,15 @@ class StaleError(DataError):
     Raised instead of reading a replaced shard at offsets taken from its old
     index; the FUSE adapter then resolves the name afresh.
     """
+
+
+def expected_failure(error: BaseException) -> UnshardfsError | None:
+    """The DataError/SourceError an error stands for, also when concurrent tasks wrapped it
+    in an ExceptionGroup whose every leaf is one of ours; None for anything else (a bug)."""
+    if isinstance(error, (DataError, SourceError)):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        leaves = [expected_failure(e) for e in error.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None

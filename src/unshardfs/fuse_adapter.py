@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pyfuse3
+from cachetools import LRUCache
 
-from .errors import DataError, SourceError, StaleError
+from .errors import DataError, StaleError, expected_failure
 from .logonce import log_once
 from .vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FileNode, Node
 
@@ -32,6 +33,9 @@ DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 
 
+logged_bugs: LRUCache = LRUCache(maxsize=1024)
+
+
 def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Map our errors to errno; log and EIO anything unexpected instead of crashing."""
 
@@ -41,13 +45,16 @@ def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except (DataError, SourceError) as e:  # damaged data, or a backend that failed (after retries)
+        except Exception as e:
             args[0].counters["eio"] += 1
-            log_once(log, f"eio:{e}", "EIO in %s: %s", handler.__name__, e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except Exception:
-            args[0].counters["eio"] += 1
-            log.exception("unexpected error in %s; answering EIO", handler.__name__)
+            known = expected_failure(e)
+            if known is not None:  # damaged data, or a backend that failed (after retries)
+                log_once(log, f"eio:{known}", "EIO in %s: %s", handler.__name__, known)
+            elif f"bug:{handler.__name__}:{type(e).__name__}:{e}" not in logged_bugs:
+                # A bug, not damage: one traceback per cause, then quiet (a
+                # reader retrying in a loop must not fill the disk).
+                logged_bugs[f"bug:{handler.__name__}:{type(e).__name__}:{e}"] = True
+                log.exception("unexpected error in %s; answering EIO", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Callable
 
 import trio
 
-from ..errors import DataError
+from ..errors import DataError, expected_failure
 from ..logonce import log_once
 from ..sources.base import name_problem
 from ..vtree import DirNode, FileNode
@@ -34,6 +34,12 @@ class WalkSummary:
     bytes: int = 0
     dirs: int = 0
     failures: list[str] = field(default_factory=list)
+
+
+def failure(rel: str, error: Exception) -> str:
+    """How a file that could not be read is reported (a bug says so, with its type)."""
+    known = expected_failure(error)
+    return f"{rel}: {known}" if known is not None else f"{rel}: unexpected {type(error).__name__}: {error}"
 
 
 async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, FileNode | DirNode]]:
@@ -136,8 +142,8 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
             else:
                 try:
                     pieces = [piece async for piece in file_bytes(node, rel)]
-                except DataError as e:
-                    summary.failures.append(f"{rel}: {e}")
+                except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
+                    summary.failures.append(failure(rel, e))
                     continue
                 token = object()  # the write task, not this one, releases the slot
                 await limiter.acquire_on_behalf_of(token)
@@ -180,8 +186,8 @@ async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = 
         try:
             async for piece in file_bytes(node, rel):
                 summary.bytes += len(piece)
-        except DataError as e:
-            summary.failures.append(f"{rel}: {e}")
+        except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
+            summary.failures.append(failure(rel, e))
         if progress is not None:
             progress(summary)
     return summary
