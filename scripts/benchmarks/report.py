@@ -1,0 +1,55 @@
+"""One reporter for every scenario: figures next to same-run baselines, printed and saved as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Row:
+    metric: str
+    ours: float
+    unit: str
+    baseline_name: str
+    baseline: float
+    target: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.ours / self.baseline if self.baseline else float("nan")
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    facts: dict[str, object] = field(default_factory=dict)  # figures without a baseline (counts, memory)
+
+    def row(self, metric: str, ours: float, unit: str, baseline_name: str, baseline: float,
+            target: str = "") -> None:
+        self.rows.append(Row(metric, ours, unit, baseline_name, baseline, target))
+
+    def fact(self, name: str, value: object) -> None:
+        self.facts[name] = value
+
+    def machine(self) -> dict[str, object]:
+        return {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
+
+    def print(self) -> None:
+        m = self.machine()
+        print(f"\nunshardfs benchmark - {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}\n")
+        print(f"{'metric':40} {'unshardfs':>16}  {'ratio':>6}  {'baseline':36} {'baseline value':>14}  target")
+        for r in self.rows:
+            print(f"{r.metric:40} {f'{r.ours:,.1f} {r.unit}':>16}  {r.ratio:6.2f}  {r.baseline_name:36} "
+                  f"{r.baseline:14,.1f}  {r.target}")
+        print()
+        for name, value in self.facts.items():
+            print(f"{name}: {json.dumps(value, default=str)}")
+
+    def save(self, path: Path) -> None:
+        rows = [{**r.__dict__, "ratio": r.ratio} for r in self.rows]
+        path.write_text(json.dumps({"machine": self.machine(), "rows": rows, "facts": self.facts},
+                                   indent=2, default=str))

@@ -1,0 +1,16 @@
+"""Scenarios: each a function of a Context, registered in SCENARIOS under the name `--only` takes."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..context import Context
+from . import decode, http, listing, local, sequential
+
+SCENARIOS: dict[str, Callable[[Context], None]] = {
+    "local": local.run,  # small-file reads: warm, first, parallel, backing reads
+    "listing": listing.run,  # ls -f / find / ls -l of 10^6 chunks, memory, mount time
+    "sequential": sequential.run,  # 2 MiB raw chunks
+    "decode": decode.run,  # DVID label blocks
+    "http": http.run,  # first read through a local HTTP server
+}

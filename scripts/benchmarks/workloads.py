@@ -1,0 +1,57 @@
+"""What the benchmark does to a tree: read files (one or several processes), time, warm caches."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+
+def read_files(paths: list[str], chunk: int = 1 << 20) -> int:
+    total = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            while data := os.read(fd, chunk):
+                total += len(data)
+        finally:
+            os.close(fd)
+    return total
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _reader_proc(paths: list[str], queue) -> None:
+    queue.put(read_files(paths))
+
+
+def parallel_read(paths: list[str], n: int) -> float:
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    groups = [paths[i::n] for i in range(n)]
+    procs = [ctx.Process(target=_reader_proc, args=(g, queue)) for g in groups]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    elapsed = time.perf_counter() - start
+    for _ in procs:
+        queue.get()
+    return elapsed
+
+
+def warm_page_cache(directory: Path) -> None:
+    for p in directory.rglob("*"):
+        if p.is_file():
+            p.read_bytes()
+
+
+def rel_files(root: Path, sub: str) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / sub).iterdir())
