@@ -1,0 +1,165 @@
+"""Object-store latency: a Range server that answers every request after a delay (20 ms and 100 ms, a
+typical object-store first byte), serving a 1,024-chunk TensorStore-written sharded volume (32 KiB raw
+chunks, 4 shards x 8 minishards), the same voxels as a sharded Zarr v3 array (zarr-python, 8 shards),
+and multi-LOD meshes. Baselines in the same run: TensorStore through its http kvstore on the same
+server, and the same commands through a mount of the local shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..context import KEY, Context
+from ..mounts import mounted
+from ..workloads import parallel_read, read_files, timed
+
+LATENCIES = (0.02, 0.1)
+READERS = 8
+VIEWER_CHUNKS = 500
+
+
+@dataclass
+class Dataset:
+    name: str  # "precomputed" / "zarr3"
+    root: Path  # served directory (sharded)
+    chunk_dir: str  # the chunk directory inside the mount
+    files: list[str]  # chunk files, relative to the mount root
+    ts_spec: dict  # TensorStore spec minus its kvstore
+
+
+def build(ctx: Context) -> tuple[list[Dataset], dict[str, Path]]:
+    from unshardfs.testing.precomputed import Scale, read_all, sharding, write_objects, write_volume
+
+    base = Path(ctx.args.data).resolve() / "remote"
+    marker = base / "ready"
+    pre = base / "precomputed"
+    zroot = base / "zarr"
+    meshes = base / "meshes"
+    if not marker.exists():
+        print("building remote benchmark datasets (once) ...", flush=True)
+        write_volume(pre, [Scale((512, 256, 256), (32, 32, 32), sharding(minishard=3, shard=2))], "uint8")
+        _write_zarr(zroot / "vol.zarr", read_all(pre / "plain")[..., 0])
+        write_objects(meshes, "mesh", sharding(preshift=1, minishard=2, shard=2, data_enc="gzip"), n=200)
+        marker.write_text("ok")
+    pre_files = sorted(f"{KEY}/{name}" for name in os.listdir(pre / "plain" / KEY))
+    zarr_files = sorted(str(p.relative_to(zroot / "plain.zarr")) for p in (zroot / "plain.zarr" / "c").rglob("*")
+                        if p.is_file())
+    datasets = [
+        Dataset("precomputed", pre / "sharded", KEY, pre_files, {"driver": "neuroglancer_precomputed"}),
+        Dataset("zarr3", zroot / "vol.zarr", "c", zarr_files, {"driver": "zarr3"}),
+    ]
+    return datasets, {"meshes": meshes / "sharded"}
+
+
+def _write_zarr(path: Path, data) -> None:
+    """The same voxels as a sharded Zarr v3 array (zarr-python), and unsharded beside it."""
+    import zarr
+
+    for target, shards in ((path, (256, 128, 128)), (path.parent / "plain.zarr", None)):
+        arr = zarr.create_array(str(target), shape=data.shape, chunks=(32, 32, 32), shards=shards,
+                                dtype=data.dtype, compressors=None, zarr_format=3)
+        arr[...] = data
+
+
+def run(ctx: Context) -> None:
+    from unshardfs.testing.http_servers import DatasetServer
+
+    datasets, extra = build(ctx)
+    for latency in LATENCIES:
+        for ds in datasets:
+            with DatasetServer(ds.root) as server:
+                server.faults.delay = latency
+                measure(ctx, ds, server, latency)
+        with DatasetServer(extra["meshes"]) as server:
+            server.faults.delay = latency
+            meshes(ctx, extra["meshes"], server, latency)
+
+
+def stats(mnt: Path) -> dict:
+    return json.loads(os.getxattr(mnt, "user.unshardfs.stats"))
+
+
+def measure(ctx: Context, ds: Dataset, server, latency: float) -> None:
+    row, tag = ctx.report.row, f"{ds.name}, {latency * 1000:.0f} ms"
+    n = len(ds.files)
+    ts_rate = n / tensorstore_read(ds, server.url)
+    cp_local = n / cp_dir(ctx, ds.root, ds.chunk_dir)
+    cp_remote = n / cp_dir(ctx, server.url, ds.chunk_dir)
+    row(f"cp -r over HTTP ({tag})", cp_remote, "files/s", "TensorStore http kvstore", ts_rate)
+    row(f"cp -r over HTTP ({tag})", cp_remote, "files/s", "cp -r, local shards", cp_local, ">= 0.6 (or >= TS)")
+    par_local = n / readers(ctx, ds.root, ds.files)
+    par_remote = n / readers(ctx, server.url, ds.files)
+    row(f"{READERS} readers over HTTP ({tag})", par_remote, "files/s", "TensorStore http kvstore", ts_rate, ">= 1.5")
+    row(f"{READERS} readers over HTTP ({tag})", par_remote, "files/s", f"{READERS} readers, local shards",
+        par_local, ">= 0.6")
+    with mounted("unshardfs", server.url, ctx.work) as m:
+        server.reset_log()
+        elapsed = timed(lambda: subprocess.run(["ls", "-lR", str(m / ds.chunk_dir)], capture_output=True,
+                                               check=True))
+    # Round trips as the wall time in units of the server's delay: requests that overlap
+    # cost one trip together, so this counts the waits a user sees.
+    ctx.report.fact(f"ls -lR ({tag})", {"round_trips": round(elapsed / latency, 1),
+                                        "requests": len(server.requests()), "target": "<= 15 round trips"})
+    viewer(ctx, ds, server, latency, tag)
+
+
+def viewer(ctx: Context, ds: Dataset, server, latency: float, tag: str) -> None:
+    """8 readers, 500 scattered chunks, no listing first: read-ahead must not pay."""
+    chosen = random.Random(7).sample(ds.files, min(VIEWER_CHUNKS, len(ds.files)))
+    with mounted("unshardfs", server.url, ctx.work) as m:
+        server.reset_log()
+        elapsed = parallel_read([str(m / f) for f in chosen], READERS)
+        fetch = stats(m).get("fetch", {})
+    rate = len(chosen) / elapsed
+    ideal = READERS / latency  # every reader one file per round trip
+    ctx.report.row(f"viewer, {READERS} readers, scattered ({tag})", rate, "files/s",
+                   f"{READERS} files per round trip", ideal, ">= 0.5")
+    fetched = fetch.get("prefetch_bytes", 0)
+    ctx.report.fact(f"viewer prefetch ({tag})", {"requests": len(server.requests()),
+                                                 "prefetched_bytes": fetched,
+                                                 "wasted_bytes": fetch.get("prefetch_wasted_bytes", 0),
+                                                 "target": "wasted <= 25% of fetched"})
+
+
+def meshes(ctx: Context, root: Path, server, latency: float) -> None:
+    """Multi-LOD meshes read as a viewer does: each manifest, then its fragments."""
+    with mounted("unshardfs", root, ctx.work) as m:
+        segs = sorted(n[:-6] for n in os.listdir(m / "mesh") if n.endswith(".index"))
+    paths = [p for s in segs for p in (f"mesh/{s}.index", f"mesh/{s}")]
+    local = len(segs) / timed_read(ctx, root, paths)
+    remote = len(segs) / timed_read(ctx, server.url, paths)
+    ctx.report.row(f"meshes manifest+fragments ({latency * 1000:.0f} ms)", remote, "meshes/s",
+                   "same, local shards", local)
+
+
+def timed_read(ctx: Context, source, paths: list[str]) -> float:
+    with mounted("unshardfs", source, ctx.work) as m:
+        return timed(lambda: read_files([str(m / p) for p in paths]))
+
+
+def cp_dir(ctx: Context, source, chunk_dir: str) -> float:
+    target = ctx.work / "cp-target"
+    with mounted("unshardfs", source, ctx.work) as m:
+        elapsed = timed(lambda: subprocess.run(["cp", "-r", str(m / chunk_dir), str(target)], check=True))
+    shutil.rmtree(target)
+    return elapsed
+
+
+def readers(ctx: Context, source, files: list[str]) -> float:
+    with mounted("unshardfs", source, ctx.work) as m:
+        return parallel_read([str(m / f) for f in files], READERS)
+
+
+def tensorstore_read(ds: Dataset, url: str) -> float:
+    """Seconds for TensorStore to read the whole volume through its http kvstore (no cache)."""
+    import tensorstore as ts
+
+    spec = {**ds.ts_spec, "kvstore": f"{url}/", "context": {"cache_pool": {"total_bytes_limit": 0}}}
+    store = ts.open(spec, read=True).result()
+    return timed(lambda: store.read().result())
