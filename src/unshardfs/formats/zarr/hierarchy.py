@@ -33,7 +33,7 @@ from .metadata import ArrayMeta, node_type
 from .sharding import Unsharded, Unsupported, unshard
 from .store import ZarrStore
 from .tree import ArrayDir, ChunkGeometry, ChunkView, FlatNaming, GroupDir
-from .v2 import DTYPES, array_v2, attrs_v2
+from .v2 import DTYPES, array_v2, attrs_v2, ome_attributes
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,15 @@ def _children(entries: dict | None) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def parent_key(key: str) -> str:
+    return key.rpartition("/")[0]
+
+
+def _is_ome(node: object) -> bool:
+    attrs = node.get("attributes") if isinstance(node, dict) else None
+    return isinstance(attrs, dict) and ome_attributes(attrs) is not None
+
+
 def _json_file(obj: object, mtime_ns: int) -> BytesFile:
     return BytesFile(encode_json(obj, indent=2), mtime_ns)
 
@@ -69,6 +78,9 @@ class ZarrHierarchy:
         # dict: directories are resolved again whenever the kernel forgets them).
         self.sharded: dict[str, InventoryPart] = {}
         self.root: DirNode | None = None
+        # Groups seen with OME-Zarr 0.5 metadata: their arrays use nested chunk keys in the
+        # zarr2 view, as OME-Zarr 0.4 requires and its readers assume.
+        self.ome_groups: set[str] = set()
 
     async def build(self) -> DirNode:
         root_st = await self.source.stat("")
@@ -128,8 +140,9 @@ class ZarrHierarchy:
             view = ChunkView(chunks, layout, f"zarr3:{key}", st.mtime_ns)
             fixed = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs), meta_st.mtime_ns)}
             return ArrayDir(self.source, key, st, fixed, view)
-        zarray, zattrs, checksum = array_v2(meta, flat, meta.key_encoding.separator, where)
-        layout = KeyLayout(None, meta.key_encoding.separator, meta.ndim)
+        separator = "/" if parent_key(key) in self.ome_groups else meta.key_encoding.separator
+        zarray, zattrs, checksum = array_v2(meta, flat, separator, where)
+        layout = KeyLayout(None, separator, meta.ndim)
         chunks = ChunkContext(store, FlatNaming(store, layout), Crc32cSuffix() if checksum else Stored(), geometry)
         self._inventory(key, store, chunks)
         view = ChunkView(chunks, layout, f"zarr2:{key}", st.mtime_ns)
@@ -178,6 +191,8 @@ class ZarrHierarchy:
                     path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
                 fixed["zarr.json"] = _json_file(shown, meta_st.mtime_ns)
             return GroupDir(self.source, key, st, fixed, self.resolve, children=_children(entries))
+        if _is_ome(raw):
+            self.ome_groups.add(key)
         fixed[".zgroup"] = _json_file({"zarr_format": 2}, meta_st.mtime_ns)
         attrs = attrs_v2(raw)
         if attrs:
@@ -211,9 +226,11 @@ class ZarrHierarchy:
                 out[f"{path}/.zgroup"] = {"zarr_format": 2}
             else:
                 where = f"consolidated metadata of {join_key(key, path)}"
+                parent = entries.get(parent_key(path)) if parent_key(path) else raw
                 try:
                     meta = ArrayMeta.from_json(node, where)
-                    zarray, attrs, _ = array_v2(meta, unshard(meta, where), meta.key_encoding.separator, where)
+                    separator = "/" if _is_ome(parent) else meta.key_encoding.separator
+                    zarray, attrs, _ = array_v2(meta, unshard(meta, where), separator, where)
                 except ConfigError as e:
                     log_once(log, f"zmeta:{where}", "left out of .zmetadata: %s", e)
                     continue

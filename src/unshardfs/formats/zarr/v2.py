@@ -8,6 +8,7 @@ encoding. Anything else raises `Unsupported` with the reason.
 
 from __future__ import annotations
 
+import copy
 import math
 import struct
 
@@ -117,9 +118,44 @@ def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tu
     return zarray, attrs_v2(meta.raw), checksum
 
 
+# OME objects that carry their own `version` in OME-Zarr 0.4 (in 0.5 it moved to `ome.version`).
+OME_VERSIONED = ("plate", "well", "image-label")
+
+
+def ome_attributes(attrs: dict) -> dict | None:
+    """The `ome` object of OME-Zarr 0.5 attributes, or None when there is none."""
+    ome = attrs.get("ome")
+    return ome if isinstance(ome, dict) else None
+
+
+def ome_v04(attrs: dict) -> dict:
+    """OME-Zarr 0.5 group attributes as OME-Zarr 0.4 `.zattrs`.
+
+    0.5 differs from 0.4 only in where the metadata lives (under `ome`) and
+    where its version is (one `ome.version` instead of one per object): the
+    objects are raised to the top level (winning over same-named plain
+    attributes, as 0.5 is preferred) and every object 0.4 versions gets
+    `"version": "0.4"`, which 0.4 readers need to pick their parser.
+    """
+    ome = ome_attributes(attrs)
+    if ome is None:
+        return attrs
+    out = {k: v for k, v in attrs.items() if k != "ome"}
+    out.update({k: copy.deepcopy(v) for k, v in ome.items() if k != "version"})
+    multiscales = out.get("multiscales")
+    if isinstance(multiscales, list):
+        out["multiscales"] = [dict(m, version="0.4") if isinstance(m, dict) else m for m in multiscales]
+    for key in OME_VERSIONED:
+        if isinstance(out.get(key), dict):
+            out[key] = dict(out[key], version="0.4")
+    return out
+
+
 def attrs_v2(raw: dict) -> dict:
-    """v3 attributes, plus xarray's `_ARRAY_DIMENSIONS` from `dimension_names`."""
-    attrs = dict(raw.get("attributes") or {})
+    """v3 attributes (OME-Zarr 0.5 metadata as 0.4), plus xarray's `_ARRAY_DIMENSIONS` from
+    `dimension_names`."""
+    given = raw.get("attributes")
+    attrs = ome_v04(dict(given)) if isinstance(given, dict) else {}
     names = raw.get("dimension_names")
     if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
         attrs.setdefault("_ARRAY_DIMENSIONS", names)
