@@ -1,4 +1,4 @@
-"""The `unshardfs` command: mount and unmount."""
+"""The `unshardfs` command: mount, serve, unmount, stats and the offline tools."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ examples:
   unshardfs mount --info spec.json /data/dvid-export /mnt/seg  # DVID export-shards as precomputed
   unshardfs mount precomputed://gs://bucket/seg /mnt/seg    # straight from object storage (also s3://, https://)
   unshardfs unmount /mnt/fafb
+  unshardfs serve /data/fafb-seg --port 8080      # the same tree over HTTP (CORS on), no FUSE needed
+  unshardfs stats http://127.0.0.1:8080            # a server's live statistics
   unshardfs inspect /data/fafb-seg                 # shards, chunks, sizes (indexes only)
   unshardfs check /data/fafb-seg                   # verify every index and payload
   unshardfs export /data/fafb-seg /data/unsharded  # write the unsharded tree (resumable)
@@ -60,10 +62,28 @@ def _parser() -> argparse.ArgumentParser:
     add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
-    s = sub.add_parser("stats", help="print a mount's live statistics (JSON)",
-                       epilog="example:\n  unshardfs stats /mnt/ds | jq .caches.minishard_index",
+    s = sub.add_parser("stats", help="print a mount's (or a server's) live statistics (JSON)",
+                       epilog="examples:\n  unshardfs stats /mnt/ds | jq .caches.minishard_index\n"
+                              "  unshardfs stats http://127.0.0.1:8080",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("mountpoint", metavar="MOUNTPOINT")
+    s.add_argument("mountpoint", metavar="MOUNTPOINT|URL")
+
+    v = sub.add_parser("serve", help="serve SOURCE's unsharded tree over HTTP (no FUSE needed)",
+                       epilog="examples:\n  unshardfs serve /data/seg --port 8080\n"
+                              "  unshardfs serve gs://bucket/seg --bind 0.0.0.0 --cors-origin https://viewer.example\n"
+                              "Neuroglancer: add a layer with source precomputed://http://127.0.0.1:8080/",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("source", metavar="SOURCE")
+    v.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="address to listen on (default %(default)s: this machine only)")
+    v.add_argument("--port", type=int, default=8080, help="port (default %(default)s; 0 picks a free one)")
+    v.add_argument("--cors-origin", default="*", metavar="ORIGIN",
+                   help="Access-Control-Allow-Origin for browser viewers on other origins (default %(default)s)")
+    v.add_argument("--no-cors", action="store_true", help="send no CORS headers")
+    v.add_argument("--access-log", action="store_true", help="log one line per request")
+    v.add_argument("--debug", action="store_true", help="verbose logging")
+    add_cache_options(v)
+    add_source_options(v)
 
     i = sub.add_parser("inspect", help="summarise SOURCE's sharded directories from their indexes",
                        epilog="example:\n  unshardfs inspect --json /data/ds | jq '.[].chunks'",
@@ -113,13 +133,7 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         return detach([a for a in argv if a not in ("-f", "--foreground")] + ["--foreground"],
                       args.log_file or default_log_file(args.mountpoint))
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # One line per HTTP request is noise outside --debug; failures are logged by the sources.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.debug else logging.WARNING)
+    _logging(args.debug)
     ready_fd = args.ready_fd
 
     def ready(error: str | None) -> None:
@@ -146,7 +160,41 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
     return serve(request, lambda: Session.open(args.source, format_options(args), caches), ready)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .caches import Caches
+    from .httpfront import ServeOptions
+    from .serve import ServeRequest, run
+    from .session import Session
+
+    _logging(args.debug)
+    caches = Caches(cache_sizes(args))
+    request = ServeRequest(args.bind, args.port, ServeOptions("" if args.no_cors else args.cors_origin,
+                                                              args.access_log))
+    return run(args.source, lambda: Session.open(args.source, format_options(args), caches), request)
+
+
+def _logging(debug: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per HTTP request is noise outside --debug; failures are logged by the sources.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
 def _stats(mountpoint: str) -> int:
+    if mountpoint.startswith(("http://", "https://")):
+        import httpx
+
+        from .httpfront import STATS_PATH
+
+        try:
+            response = httpx.get(mountpoint.rstrip("/") + STATS_PATH, timeout=10)
+            response.raise_for_status()
+            print(json.dumps(response.json(), indent=2))
+            return 0
+        except (httpx.HTTPError, ValueError) as e:
+            print(f"unshardfs: {mountpoint} is not an unshardfs server ({e})", file=sys.stderr)
+            return 1
     try:
         raw = os.getxattr(mountpoint, STATS_XATTR)
     except OSError as e:
@@ -156,7 +204,7 @@ def _stats(mountpoint: str) -> int:
     return 0
 
 
-COMMANDS = ("mount", "unmount", "stats", "inspect", "check", "export")
+COMMANDS = ("mount", "unmount", "stats", "serve", "inspect", "check", "export")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             return _mount(args, argv)
         if args.command == "stats":
             return _stats(args.mountpoint)
+        if args.command == "serve":
+            return _serve(args)
         if args.command in ("inspect", "check", "export"):
             from .tools.commands import run_tool
 
