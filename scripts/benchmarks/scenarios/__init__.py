@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..context import Context
-from . import decode, http, listing, local, remote, sequential
+from . import decode, http, listing, local, remote, sequential, serve
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "local": local.run,  # small-file reads: warm, first, parallel, backing reads
@@ -13,5 +13,6 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "sequential": sequential.run,  # 2 MiB raw chunks
     "decode": decode.run,  # DVID label blocks
     "http": http.run,  # first read through a local HTTP server
+    "serve": serve.run,  # unshardfs serve against http.server over the mount and on the unsharded copy
     "remote": remote.run,  # object-store latency (20 / 100 ms): cp -r, readers, ls -lR, viewer, meshes
 }

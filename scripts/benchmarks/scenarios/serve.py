@@ -1,0 +1,109 @@
+"""`unshardfs serve`: small-chunk GETs per second from N concurrent clients, against `python -m
+http.server` over a FUSE mount of the same shards and a static server on the unsharded copy."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import multiprocessing
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlsplit
+
+from ..context import KEY, Context
+from ..mounts import PY, UNSHARDFS, mounted
+from ..workloads import rel_files, warm_page_cache
+
+CLIENTS = (1, 8, 32)
+PROCESSES = 4  # client processes, so the load generator is not one GIL
+
+
+def _client(url: str, paths: list[str], threads: int, queue) -> None:
+    import threading
+
+    parts = urlsplit(url)
+    done = [0]
+    lock = threading.Lock()
+
+    def work(mine: list[str]) -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)  # keep-alive
+        for p in mine:
+            conn.request("GET", p)
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200, (p, response.status)
+        conn.close()
+        with lock:
+            done[0] += len(mine)
+
+    workers = [threading.Thread(target=work, args=(paths[i::threads],)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    queue.put(done[0])
+
+
+def rate(url: str, paths: list[str], clients: int) -> float:
+    """GETs per second with `clients` connections spread over up to PROCESSES processes."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs_n = min(PROCESSES, clients)
+    per = [clients // procs_n + (i < clients % procs_n) for i in range(procs_n)]
+    procs = [ctx.Process(target=_client, args=(url, paths[i::procs_n], per[i], queue)) for i in range(procs_n)]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    elapsed = time.perf_counter() - start
+    return sum(queue.get() for _ in procs) / elapsed
+
+
+@contextlib.contextmanager
+def _process(args: list[str], pattern: str) -> Iterator[str]:
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            found = re.search(pattern, line)
+            if found:
+                yield found.group(1)
+                break
+        else:
+            raise RuntimeError(f"{args[:3]} did not start")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def static_server(directory: Path, port: int) -> contextlib.AbstractContextManager[str]:
+    # -u: unbuffered, so its "Serving HTTP on" line reaches us at once
+    return _process([PY, "-u", "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)],
+                    r"Serving HTTP on \S+ port (\d+)")
+
+
+def run(ctx: Context) -> None:
+    small = ctx.datasets["small"]
+    warm_page_cache(small["sharded"])
+    warm_page_cache(small["plain"])
+    paths = ["/" + f for f in rel_files(small["plain"], KEY)]
+    with _process([*UNSHARDFS, "serve", str(small["sharded"]), "--port", "0"], r"serving .* on (http://\S+)") as url:
+        rate(url, paths, 8)  # warm the caches: the figures are for serving, not for first reads
+        ours = {n: rate(url, paths, n) for n in CLIENTS}
+    with mounted("unshardfs", small["sharded"], ctx.work) as m, static_server(m, 18731) as port:
+        fuse = {n: rate(f"http://127.0.0.1:{port}", paths, n) for n in CLIENTS}
+    with static_server(small["plain"], 18732) as port:
+        static = {n: rate(f"http://127.0.0.1:{port}", paths, n) for n in CLIENTS}
+    for n in CLIENTS:
+        metric = f"serve: 16 KiB GETs, {n} clients"
+        ctx.report.row(metric, ours[n], "GET/s", "python -m http.server over the mount", fuse[n])
+        ctx.report.row(metric, ours[n], "GET/s", "python -m http.server, unsharded copy", static[n])
+    print(f"serve: {len(paths)} chunks per round", file=sys.stderr)
