@@ -100,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("source", metavar="SOURCE")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
+    add_cluster_options(c)
     add_source_options(c)
 
     e = sub.add_parser("export", help="write SOURCE's unsharded tree to DEST (resumable)",
@@ -111,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("dest", metavar="DEST")
     e.add_argument("-j", "--jobs", type=int, default=4, help="concurrent file writes (default 4)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_cluster_options(e)
     add_source_options(e)
 
     u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
@@ -119,6 +121,15 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.add_argument("-z", "--lazy", action="store_true", help="detach even if busy")
     return parser
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("on a Dask cluster (pip install 'unshardfs[dask]')")
+    group.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run the work as tasks on this Dask scheduler (tcp://host:8786), or local:N to start "
+                            "N local worker processes; export's DEST must be on a file system every worker shares")
+    group.add_argument("--parts", type=int, default=0, metavar="N",
+                       help="tasks to split the shards into (default: 4 per worker thread)")
 
 
 def default_log_file(mountpoint: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..context import Context
-from . import decode, http, listing, local, remote, sequential, serve
+from . import decode, http, listing, local, remote, scaleout, sequential, serve
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "local": local.run,  # small-file reads: warm, first, parallel, backing reads
@@ -14,5 +14,6 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "decode": decode.run,  # DVID label blocks
     "http": http.run,  # first read through a local HTTP server
     "serve": serve.run,  # unshardfs serve against http.server over the mount and on the unsharded copy
+    "scale-out": scaleout.run,  # check/export: one process, --jobs, Dask LocalCluster of 1 and 2 workers
     "remote": remote.run,  # object-store latency (20 / 100 ms): cp -r, readers, ls -lR, viewer, meshes
 }

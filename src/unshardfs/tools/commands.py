@@ -7,7 +7,6 @@ import json
 import logging
 import multiprocessing
 import sys
-import zlib
 from pathlib import Path
 
 import trio
@@ -17,6 +16,7 @@ from ..logonce import collect_problems
 from ..options import format_options
 from ..session import Session
 from .inspect import format_report
+from .split import Part, PartResult, run_part
 from .walk import WalkSummary, check, export
 
 
@@ -47,65 +47,92 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _check_part(source_url: str, formats: dict, part: int, parts: int, quiet: bool
-                      ) -> tuple[list[str], WalkSummary, int]:
-    """Check the files whose path hashes to `part` (all of them when parts == 1)."""
-    session = await Session.open(source_url, formats)
+async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
+    """The whole check/export in this process, with a progress bar per file."""
+    session = await Session.open(args.source, format_options(args))
+    try:
+        with collect_problems() as problems, _bar(args, "file") as bar:
+            async with session.running():
+                if dest is None:
+                    summary = await check(session.tree, _progress(bar))
+                else:
+                    summary = await export(session.tree, dest, args.jobs, _progress(bar))
+    finally:
+        await session.aclose()
+    return PartResult(list(problems), summary, session.source.counters.reads)
 
-    def mine(rel: str) -> bool:
-        return zlib.crc32(rel.encode()) % parts == part
 
-    with collect_problems() as problems, tqdm(unit="file", disable=True if quiet else None,
-                                               file=sys.stderr, dynamic_ncols=True) as bar:
-        async with session.running():
-            summary = await check(session.tree, _progress(bar), mine if parts > 1 else None)
-    await session.aclose()
-    return problems, summary, session.source.counters.reads
+def _jobs(args: argparse.Namespace, parts: int, dest: Path | None) -> list[Part]:
+    return [Part(args.source, format_options(args), i, parts, None if dest is None else str(dest),
+                 args.jobs if dest is not None else 1) for i in range(parts)]
 
 
-def _check_worker(job: tuple[str, dict, int, int]) -> tuple[list[str], WalkSummary, int]:
-    return trio.run(_check_part, *job, True)
+def _on_cluster(args: argparse.Namespace, dest: Path | None) -> list[PartResult]:
+    """The parts on a Dask cluster; progress by completed part."""
+    from .cluster import check_dest_visible, connect, default_parts, run_parts
+
+    client = connect(args.scheduler)
+    try:
+        if dest is not None:
+            check_dest_visible(client, dest)
+        parts = args.parts or default_parts(client)
+        with tqdm(total=parts, unit="part", disable=True if args.quiet else None, file=sys.stderr,
+                  dynamic_ncols=True) as bar:
+            return run_parts(client, _jobs(args, parts, dest), lambda: bar.update(1))
+    finally:
+        cluster = getattr(client, "cluster", None)
+        client.close()
+        if cluster is not None and args.scheduler.startswith("local:"):
+            cluster.close()
+
+
+def _results(args: argparse.Namespace, dest: Path | None) -> list[PartResult]:
+    if args.scheduler:
+        return _on_cluster(args, dest)
+    if dest is None and args.jobs > 1:
+        # The format layer is single-threaded by design; parallel checking
+        # splits the shards over processes, each with its own tree and caches.
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            return pool.map(run_part, _jobs(args, args.jobs, None))
+    return [trio.run(_one_part, args, dest)]
+
+
+def _problems(results: list[PartResult]) -> tuple[list[str], list[str]]:
+    """Distinct problem lines, and file failures not already named by one (sorted: parts finish in any order)."""
+    problems = sorted(dict.fromkeys(line for r in results for line in r.problems))
+    listed = set(problems)
+    failures = sorted(f for r in results for f in r.summary.failures if f.split(": ", 1)[1] not in listed)
+    return problems, failures
 
 
 def _check(args: argparse.Namespace) -> int:
     """Not a coroutine: worker processes must be forked outside any trio run."""
-    if args.jobs > 1:
-        # The format layer is single-threaded by design; parallel checking
-        # splits the files (not the indexes, which every worker reads) over
-        # processes, each with its own tree and caches.
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            results = pool.map(_check_worker, [(args.source, format_options(args), i, args.jobs) for i in range(args.jobs)])
-    else:
-        results = [trio.run(_check_part, args.source, format_options(args), 0, 1, args.quiet)]
-    problems = list(dict.fromkeys(line for found, _, _ in results for line in found))
-    failures = [f for _, summary, _ in results for f in summary.failures]
-    for line in problems:
+    results = _results(args, None)
+    problems, failures = _problems(results)
+    for line in problems + failures:
         print(f"damaged: {line}")
-    listed = set(problems)
-    failures = [f for f in failures if f.split(": ", 1)[1] not in listed]
-    for line in failures:
-        print(f"damaged: {line}")
-    files = sum(summary.files for _, summary, _ in results)
-    size = sum(summary.bytes for _, summary, _ in results)
-    reads = sum(r for _, _, r in results)
+    files = sum(r.summary.files for r in results)
+    size = sum(r.summary.bytes for r in results)
+    reads = sum(r.reads for r in results)
     damaged = bool(problems or failures)
     print(f"{'DAMAGED' if damaged else 'intact'}: {files:,} files, {size:,} bytes read through "
           f"{reads:,} backing reads; {len(problems) + len(failures)} problem(s)")
     return 1 if damaged else 0
 
 
-async def _export(args: argparse.Namespace) -> int:
-    session = await Session.open(args.source, format_options(args))
-    with collect_problems() as problems, _bar(args, "file") as bar:
-        async with session.running():
-            summary = await export(session.tree, Path(args.dest), args.jobs, _progress(bar))
-    await session.aclose()
-    for line in problems + summary.failures:
+def _export(args: argparse.Namespace) -> int:
+    results = _results(args, Path(args.dest))
+    problems = sorted(dict.fromkeys(line for r in results for line in r.problems))
+    failures = sorted(f for r in results for f in r.summary.failures)
+    for line in problems + failures:
         print(f"not exported: {line}", file=sys.stderr)
-    print(f"exported {summary.files:,} files ({summary.written:,} written, {summary.skipped:,} already complete, "
-          f"{summary.bytes / 2**20:,.1f} MiB) and {summary.dirs:,} directories to {args.dest}"
-          + (f"; {len(summary.failures)} failed" if summary.failures else ""))
-    return 1 if summary.failures or problems else 0
+    total = WalkSummary(files=sum(r.summary.files for r in results), written=sum(r.summary.written for r in results),
+                        skipped=sum(r.summary.skipped for r in results), bytes=sum(r.summary.bytes for r in results),
+                        dirs=max(r.summary.dirs for r in results))  # every part walks every directory
+    print(f"exported {total.files:,} files ({total.written:,} written, {total.skipped:,} already complete, "
+          f"{total.bytes / 2**20:,.1f} MiB) and {total.dirs:,} directories to {args.dest}"
+          + (f"; {len(failures)} failed" if failures else ""))
+    return 1 if failures or problems else 0
 
 
 def run_tool(args: argparse.Namespace) -> int:
@@ -113,5 +140,6 @@ def run_tool(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.CRITICAL)
     if args.command == "check":
         return _check(args)
-    command = {"inspect": _inspect, "export": _export}[args.command]
-    return trio.run(command, args)
+    if args.command == "export":
+        return _export(args)
+    return trio.run(_inspect, args)

@@ -24,6 +24,8 @@ from ..vtree import DirNode, FileNode
 log = logging.getLogger(__name__)
 
 PIECE = 8 << 20  # read big files in pieces so memory stays bounded
+# Which files one part of a split run handles: (relative path, node) -> mine?
+Select = Callable[[str, FileNode], bool]
 
 
 @dataclass
@@ -99,15 +101,18 @@ def _make_dir(target: Path) -> bool:
     try:
         st = target.lstat()
     except FileNotFoundError:
-        target.mkdir()
-        return True
+        try:
+            target.mkdir()
+            return True
+        except FileExistsError:  # another part of a split export made it meanwhile
+            st = target.lstat()
     if not statmod.S_ISDIR(st.st_mode):
         raise DataError(str(target), "exists and is not a directory (a symlink is never followed)")
     return False
 
 
 async def export(root: DirNode, dest: Path, jobs: int = 4,
-                 progress: Callable[[WalkSummary], None] | None = None) -> WalkSummary:
+                 progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None) -> WalkSummary:
     """Write the tree under `dest`; files already complete there are skipped.
 
     Reads happen on the event loop in listing order (sequential in the
@@ -135,6 +140,8 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
                     skip.add(rel)
                     continue
                 summary.dirs += 1
+                continue
+            if select is not None and not select(rel, node):
                 continue
             summary.files += 1
             if rel.rpartition("/")[0] not in fresh and is_complete(target, node):
@@ -166,7 +173,7 @@ async def _write_in_thread(limiter: trio.CapacityLimiter, token: object, target:
 
 
 async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None,
-                select: Callable[[str], bool] | None = None) -> WalkSummary:
+                select: Select | None = None) -> WalkSummary:
     """Read every file the tree shows (or those `select` picks), fully;
     failures are collected, not raised.
 
@@ -180,7 +187,7 @@ async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = 
         if isinstance(node, DirNode):
             summary.dirs += 1
             continue
-        if select is not None and not select(rel):
+        if select is not None and not select(rel, node):
             continue
         summary.files += 1
         try:

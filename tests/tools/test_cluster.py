@@ -1,0 +1,102 @@
+"""check and export as tasks on a Dask cluster (a LocalCluster of 2 worker processes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete
+from tests.support.mounts import UNSHARDFS, run_cli
+from tests.support.trees import walk_files
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A scheduler with 2 worker processes (restarted by their nannies if killed)."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+            distributed.Client(lc) as client:
+        yield lc.scheduler_address, client
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cluster")
+    spec = sharding(minishard=1, shard=2, data_enc="gzip")
+    return write_volume(root, [Scale((64, 64, 32), (16, 16, 8), spec, fill=0.75),
+                               Scale((32, 32, 16), (16, 16, 8), None, resolution=(2, 2, 2))], "uint16")
+
+
+@pytest.mark.parametrize("damage", [None] + [d for d in DAMAGES if d is not damage_delete],
+                         ids=lambda f: "intact" if f is None else f.__name__.removeprefix("damage_"))
+def test_check_on_the_cluster_finds_what_one_process_finds(cluster, volume, tmp_path, damage):
+    address, _ = cluster
+    src = tmp_path / "src"
+    shutil.copytree(volume["sharded"], src)
+    if damage is not None:
+        damage(sorted((src / SCALE_KEY).glob("*.shard"))[0])
+    serial = run_cli("check", "-q", str(src))
+    spread = run_cli("check", "-q", "--scheduler", address, "--parts", "5", str(src), timeout=180)
+    assert spread.returncode == serial.returncode == (0 if damage is None else 1), spread.stdout + spread.stderr
+    assert sorted(line for line in spread.stdout.splitlines() if line.startswith("damaged:")) == \
+        sorted(line for line in serial.stdout.splitlines() if line.startswith("damaged:"))
+    # The same files and bytes, whatever the split (backing reads differ: every part reads the indexes).
+    assert serial.stdout.splitlines()[-1].split(" read through")[0] == spread.stdout.splitlines()[-1].split(" read through")[0]
+
+
+def test_export_on_the_cluster_equals_the_single_process_export(cluster, volume, tmp_path):
+    address, _ = cluster
+    single, spread = tmp_path / "single", tmp_path / "spread"
+    assert run_cli("export", "-q", str(volume["sharded"]), str(single)).returncode == 0
+    result = run_cli("export", "-q", "--scheduler", address, str(volume["sharded"]), str(spread), timeout=180)
+    assert result.returncode == 0, result.stderr
+    a, b = walk_files(single), walk_files(spread)
+    assert sorted(a) == sorted(b) and all(a[r].read_bytes() == b[r].read_bytes() for r in a)
+    assert all(a[r].stat().st_mtime_ns == b[r].stat().st_mtime_ns for r in a)
+    assert f"exported {len(a):,} files ({len(a):,} written" in result.stdout
+
+
+def test_a_worker_killed_during_export(cluster, tmp_path):
+    address, client = cluster
+    paths = write_volume(tmp_path / "many", [Scale((40, 40, 80), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
+    reference = walk_files(paths["plain"])
+    dest = tmp_path / "out"
+    proc = subprocess.Popen([*UNSHARDFS, "export", "-q", "--scheduler", address, "--parts", "8",
+                             str(paths["sharded"]), str(dest)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(dest / "1_1_1")) < 500 if (dest / "1_1_1").exists() else True:
+            assert proc.poll() is None and time.monotonic() < deadline, "export finished before a worker was killed"
+            time.sleep(0.02)
+        victim = next(iter(client.run(os.getpid).values()))
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    final = walk_files(dest)
+    assert sorted(final) == sorted(reference)
+    assert all(final[r].read_bytes() == reference[r].read_bytes() for r in reference if r != "info")
+
+
+def test_unreachable_scheduler_is_one_line_before_any_work(volume, tmp_path):
+    start = time.monotonic()
+    result = run_cli("export", "--scheduler", "tcp://127.0.0.1:9", str(volume["sharded"]), str(tmp_path / "out"))
+    assert result.returncode == 1 and time.monotonic() - start < 40
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the Dask scheduler" in lines[0], result.stderr
+    assert not (tmp_path / "out" / SCALE_KEY).exists()
+
+
+def test_local_cluster_shorthand(volume):
+    result = run_cli("check", "-q", "--scheduler", "local:2", str(volume["sharded"]), timeout=180)
+    assert result.returncode == 0 and "intact:" in result.stdout, result.stdout + result.stderr
