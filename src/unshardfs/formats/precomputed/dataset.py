@@ -23,6 +23,8 @@ from ...passthrough import PassthroughDir
 from ...sources.base import ObjectStat, join_key, normalize_key
 from ...vtree import BytesFile, DirNode, Node, Verdict
 from ..jsonfile import encode_json, read_json
+from ...core.naming import Naming
+from .annotations import ANNOTATIONS_TYPE, CellNaming, grid_of, rank_of
 from .dirs import MultiLodMeshDir, SegmentNaming
 from .grid import ChunkGrid, GridNaming, VolumeGeometry
 from .shards import PrecomputedStore
@@ -72,6 +74,8 @@ class PrecomputedDataset:
         for member in ("mesh", "skeletons"):
             if info.has(member):
                 await self._add_object_dir(info.str(member), info.at(member))
+        if info.get("@type") == ANNOTATIONS_TYPE:
+            self._add_annotations(info, shown)
         if isinstance(info.get("segment_properties"), str):
             self._know_quietly(info.get("segment_properties"))
         self.root_info = BytesFile(encode_json(shown), info_st.mtime_ns)
@@ -178,6 +182,31 @@ class PrecomputedDataset:
                         where, kind)
             return
         self.parts.append(ChunkInventory(str(kind), dir_key, ctx, layout(spec), 1 << spec.shard_bits))
+
+    def _add_annotations(self, info: Fields, shown: dict) -> None:
+        """Each sharded index of an annotation set (by_id, relationships, spatial levels) as a
+        directory of unsharded files; `sharding` is removed from what the `info` shows."""
+        rank = rank_of(info)
+        indexes: list[tuple[Fields, dict, str]] = []
+        if info.has("by_id"):
+            indexes.append((info.obj("by_id"), shown["by_id"], "annotations by_id"))
+        for i, rel in enumerate(info.objects("relationships", default=[])):
+            indexes.append((rel, shown["relationships"][i], f"annotation relationship {rel.get('id')!r}"))
+        for i, level in enumerate(info.objects("spatial", default=[])):
+            indexes.append((level, shown["spatial"][i], f"annotation spatial level {i}"))
+        for index, shown_index, kind in indexes:
+            if not index.has("sharding"):
+                if isinstance(index.get("key"), str):
+                    self._know_quietly(index.get("key"))
+                continue
+            dir_key = self._dir_key(index.str("key"), index.at("key"))
+            spec = ShardingSpec.from_json(index.get("sharding"), index.at("sharding"))
+            naming: Naming = CellNaming(grid_of(index, rank)) if "spatial" in kind else SegmentNaming()
+            ctx = ChunkContext(PrecomputedStore(self.runtime, dir_key, spec), naming, codec(spec.data_encoding))
+            self._know(dir_key)
+            self.special[dir_key] = lambda st, dir_key=dir_key, ctx=ctx: ShardedDir(self.source, dir_key, st, ctx)
+            self.parts.append(ChunkInventory(kind, dir_key, ctx, layout(spec), 1 << spec.shard_bits))
+            del shown_index["sharding"]
 
     async def inventory(self) -> AsyncIterator[InventoryPart]:
         for part in self.parts:

@@ -1,7 +1,8 @@
-"""Compressed Morton codes of volume chunk grid cells.
+"""Compressed Morton codes of grid cells, in any number of dimensions.
 
-Bits that are zero for every cell of the grid are skipped, so the code depends
-on the grid shape. Encoding is scalar (one lookup at a time); decoding is
+Volume chunks use 3-D grids; annotation spatial indexes use one dimension
+per axis of their coordinate space. Bits that are zero for every cell of the
+grid are skipped, so the code depends on the grid shape. Encoding is scalar (one lookup at a time); decoding is
 vectorised because listings turn whole minishard indexes into names.
 """
 
@@ -10,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def bit_plan(grid_shape: tuple[int, int, int]) -> list[tuple[int, int]]:
+def bit_plan(grid_shape: tuple[int, ...]) -> list[tuple[int, int]]:
     """For each output bit j, the (dim, source bit) it carries."""
     plan: list[tuple[int, int]] = []
-    nbits = max(max((s - 1).bit_length() for s in grid_shape), 0)
+    nbits = max(max(((s - 1).bit_length() for s in grid_shape), default=0), 0)
     for i in range(nbits):
-        for dim in range(3):
+        for dim in range(len(grid_shape)):
             # A dimension contributes bit i while some cell needs it, i.e.
             # while 2**i < grid_shape[dim].
             if (1 << i) < grid_shape[dim]:
@@ -24,8 +25,9 @@ def bit_plan(grid_shape: tuple[int, int, int]) -> list[tuple[int, int]]:
 
 
 class MortonCoder:
-    def __init__(self, grid_shape: tuple[int, int, int]) -> None:
+    def __init__(self, grid_shape: tuple[int, ...]) -> None:
         self.grid_shape = tuple(int(s) for s in grid_shape)
+        self.ndim = len(self.grid_shape)
         self.plan = bit_plan(self.grid_shape)
         self.total_bits = len(self.plan)
         # Decoding one byte of code at a time through 256-entry tables costs
@@ -33,27 +35,27 @@ class MortonCoder:
         self.byte_tables = []
         values = np.arange(256, dtype=np.int64)
         for k in range((self.total_bits + 7) // 8):
-            table = np.zeros((256, 3), dtype=np.int64)
+            table = np.zeros((256, self.ndim), dtype=np.int64)
             for j in range(8 * k, min(8 * k + 8, self.total_bits)):
                 dim, i = self.plan[j]
                 table[:, dim] |= ((values >> (j - 8 * k)) & 1) << i
             self.byte_tables.append(table)
 
-    def encode(self, cell: tuple[int, int, int]) -> int:
+    def encode(self, cell: tuple[int, ...]) -> int:
         code = 0
         for j, (dim, i) in enumerate(self.plan):
             code |= ((cell[dim] >> i) & 1) << j
         return code
 
     def decode_array(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Grid cells of `codes` as an (n, 3) int64 array, plus a validity mask.
+        """Grid cells of `codes` as an (n, ndim) int64 array, plus a validity mask.
 
         A code is valid when it has no bits beyond the grid's and its cell lies
         inside the grid; invalid ids in a minishard index are damaged data and
         must not show up as files.
         """
         codes = np.asarray(codes, dtype=np.uint64)
-        cells = np.zeros((len(codes), 3), dtype=np.int64)
+        cells = np.zeros((len(codes), self.ndim), dtype=np.int64)
         as_bytes = codes.astype("<u8").view(np.uint8).reshape(-1, 8)
         for k, table in enumerate(self.byte_tables):
             cells |= table[as_bytes[:, k]]
