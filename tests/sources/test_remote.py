@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from tests.support.trees import assert_same_tree, walk_files
 from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
 from unshardfs.testing.http_servers import DatasetServer
@@ -180,24 +181,11 @@ def test_zarr_over_http(tmp_path, mount):
 @pytest.fixture
 def s3(site, monkeypatch):
     """moto's S3 server on 127.0.0.1, holding the site under bucket 'bkt'."""
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    client.create_bucket(Bucket="bkt")
-    root = site[0]
-    for path in root.rglob("*"):
-        if path.is_file():
-            client.put_object(Bucket="bkt", Key=str(path.relative_to(root)), Body=path.read_bytes())
-    yield endpoint
-    server.stop()
+    with moto_s3() as (endpoint, client):
+        upload(client, "bkt", site[0])
+        yield endpoint
 
 
 def test_s3_listing_and_reads(site, s3, mount):

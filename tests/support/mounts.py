@@ -23,8 +23,9 @@ class Mount:
         return self.log.read_text() if self.log.exists() else ""
 
 
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*UNSHARDFS, *args], capture_output=True, text=True, timeout=timeout)
+def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess, with this process's environment unless `env` is given."""
+    return subprocess.run([*UNSHARDFS, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def daemon_pids(mountpoint: Path) -> list[int]:

@@ -29,10 +29,17 @@ def assert_same_tree(mounted: Path, reference: Path, json_files: tuple[str, ...]
     assert sorted(got) == sorted(want), (
         f"missing: {sorted(set(want) - set(got))[:10]} extra: {sorted(set(got) - set(want))[:10]}")
     for rel, path in want.items():
-        if rel in json_files or rel.endswith("/info") or rel == "info":
-            assert json.loads(got[rel].read_bytes()) == json.loads(path.read_bytes()), rel
-        elif ignore_gzip_mtime:
-            assert unstamped(got[rel].read_bytes()) == unstamped(path.read_bytes()), rel
-        else:
-            assert got[rel].read_bytes() == path.read_bytes(), rel
+        assert_same_file(got[rel], path, rel, json_files, ignore_gzip_mtime)
     return len(want)
+
+
+def assert_same_file(got: Path, want: Path, rel: str, json_files: tuple[str, ...] = (),
+                     ignore_gzip_mtime: bool = False) -> None:
+    """`got` (read by path: a lookup, never a listing) holds what `want` does; `rel` names it."""
+    if rel in json_files or rel.endswith("/info") or rel == "info":
+        assert json.loads(got.read_bytes()) == json.loads(want.read_bytes()), rel
+    elif ignore_gzip_mtime:
+        assert unstamped(got.read_bytes()) == unstamped(want.read_bytes()), rel
+    else:
+        assert got.stat().st_size == want.stat().st_size, rel
+        assert got.read_bytes() == want.read_bytes(), rel

@@ -1,0 +1,105 @@
+"""Every byte source runs the one ByteSource conformance suite (tests/support/source_conformance.py):
+local directories, plain HTTP, the GCS JSON API stand-in, S3 through moto, and the disk-cache and
+counting layers."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.support.s3 import CREDENTIALS, moto_s3, upload
+from tests.support.source_conformance import Change, MakeSource, SourceConformance
+from unshardfs.sources import CountingSource, LocalSource
+from unshardfs.sources.diskcache import DiskCachedSource
+from unshardfs.sources.http import HttpOptions, HttpSource
+from unshardfs.sources.objectstore import GcsSource, S3Source
+from unshardfs.testing.http_servers import DatasetServer
+
+# Failures are final at once: a conformance failure must not hide behind retries.
+FAST = HttpOptions(retries=0, timeout=10)
+
+
+class TestLocal(SourceConformance):
+    listable, remote = True, False
+
+    @pytest.fixture
+    def make(self, tree: Path) -> MakeSource:
+        return lambda: LocalSource(str(tree))
+
+
+class TestCounting(SourceConformance):
+    listable, remote = True, False
+
+    @pytest.fixture
+    def make(self, tree: Path) -> MakeSource:
+        return lambda: CountingSource(LocalSource(str(tree)))
+
+
+class TestDiskCached(SourceConformance):
+    listable, remote = True, False
+
+    @pytest.fixture
+    def make(self, tree: Path, tmp_path: Path) -> MakeSource:
+        return lambda: DiskCachedSource(LocalSource(str(tree)), str(tmp_path / "index-cache"))
+
+
+class TestHttp(SourceConformance):
+    listable, remote = False, True
+
+    @pytest.fixture
+    def make(self, tree: Path) -> Iterator[MakeSource]:
+        with DatasetServer(tree) as server:
+            yield lambda: HttpSource(server.url, FAST)
+
+
+class TestGcs(SourceConformance):
+    """Under a prefix of the bucket, listed in pages of two (page tokens followed)."""
+
+    listable, remote = True, True
+
+    @pytest.fixture
+    def make(self, tree: Path) -> Iterator[MakeSource]:
+        with DatasetServer(tree.parent, gcs_bucket="bkt", page_size=2) as server:
+            yield lambda: GcsSource("bkt", tree.name, FAST, server.url)
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[tuple[str, Any]]:
+    """One S3 emulator for the module, with the credentials S3Source's signer reads when it is made."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in CREDENTIALS.items():
+            mp.setenv(name, value)
+        with moto_s3() as server:
+            yield server
+
+
+class TestS3(SourceConformance):
+    """A bucket per test, the tree under a prefix; objects changed through the S3 API."""
+
+    listable, remote = True, True
+    buckets = itertools.count()
+
+    @pytest.fixture
+    def bucket(self, tree: Path, moto: tuple[str, Any]) -> str:
+        name = f"conformance-{next(self.buckets)}"
+        upload(moto[1], name, tree, "data")
+        return name
+
+    @pytest.fixture
+    def make(self, bucket: str, moto: tuple[str, Any]) -> MakeSource:
+        return lambda: S3Source(bucket, "data", FAST, moto[0])
+
+    @pytest.fixture
+    def change(self, bucket: str, moto: tuple[str, Any]) -> Change:
+        client = moto[1]
+
+        def change(key: str, data: bytes | None) -> None:
+            if data is None:
+                client.delete_object(Bucket=bucket, Key=f"data/{key}")
+            else:
+                client.put_object(Bucket=bucket, Key=f"data/{key}", Body=data)
+
+        return change

@@ -1,0 +1,105 @@
+"""What every format must do on a real FUSE mount, as one suite each format inherits.
+
+A format's test module subclasses `FormatConformance` and provides a
+module-scoped `case` fixture (datasets are written once) from its own
+dataset writer: the sharded source, its unsharded twin, a way to damage
+one shard, and the chunk files of one index table. The suite then checks
+that
+
+- the mount equals the unsharded twin, byte for byte;
+- after damage the affected files fail with EIO (or are absent), every
+  other file is still exact, the damage is logged, and the daemon serves on;
+- every file can be found by name in a fresh mount before any listing;
+- once a table is cached, each further chunk of it costs one backing read.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tests.support.trees import assert_same_file, assert_same_tree, walk_files
+
+
+@dataclass(frozen=True)
+class Damaged:
+    shard: Path  # the damaged shard file (its name must appear in the log)
+    files: frozenset[str]  # twin-relative paths of the files whose bytes lived there
+
+
+@dataclass
+class FormatCase:
+    sharded: Path  # the source to mount (never modified: damage goes to a copy)
+    twin: Path  # the same data as an unsharded writer lays it out
+    # Damages one shard of a copy of `sharded` (given its root).
+    damage: Callable[[Path], Damaged]
+    # Twin-relative paths of chunk files stored in one index table (a minishard, a shard).
+    same_table: list[str]
+    args: tuple[str, ...] = ()  # mount options the format needs
+    json_files: tuple[str, ...] = ()  # metadata files compared as parsed JSON
+    absent: list[str] = field(default_factory=list)  # names of the computed form with no chunk
+
+
+def stats(mountpoint: Path) -> dict:
+    return json.loads(os.getxattr(mountpoint, "user.unshardfs.stats"))
+
+
+class FormatConformance:
+    def test_mount_equals_unsharded_twin(self, case: FormatCase, mount) -> None:
+        m = mount(case.sharded, *case.args)
+        assert assert_same_tree(m.path, case.twin, case.json_files) >= len(case.same_table)
+
+    def test_lookup_without_listing(self, case: FormatCase, mount) -> None:
+        """Every file (and directory on the way) found by name alone in a fresh mount."""
+        m = mount(case.sharded, *case.args)
+        for rel, path in walk_files(case.twin).items():
+            assert_same_file(m.path / rel, path, rel, case.json_files)
+        for rel in case.absent:
+            assert not (m.path / rel).exists(), rel
+
+    def test_damage_fails_only_the_damaged_shard(self, case: FormatCase, mount, tmp_path: Path) -> None:
+        source = tmp_path / "damaged"
+        shutil.copytree(case.sharded, source)
+        damaged = case.damage(source)
+        assert damaged.files, "the damage must hit some files"
+        m = mount(source, *case.args)
+        want = walk_files(case.twin)
+        listed = set(walk_files(m.path))
+        assert set(want) - damaged.files <= listed <= set(want)
+        failed = 0
+        for rel, path in want.items():
+            if rel not in damaged.files:
+                assert_same_file(m.path / rel, path, rel, case.json_files)
+                continue
+            try:
+                (m.path / rel).read_bytes()
+            except FileNotFoundError:
+                assert rel not in listed, rel
+                continue
+            except OSError as e:
+                assert e.errno == errno.EIO, (rel, e)
+                failed += 1
+                continue
+            raise AssertionError(f"{rel} lives in the damaged shard, yet it was read")
+        assert failed, "damage must surface as EIO, not vanish silently"
+        assert damaged.shard.name in m.log_text()
+        assert os.path.ismount(m.path)
+        rel = next(rel for rel in want if rel not in damaged.files)
+        assert_same_file(m.path / rel, want[rel], rel, case.json_files)  # still serving
+
+    def test_one_backing_read_per_further_chunk(self, case: FormatCase, mount) -> None:
+        """The first chunk of a table reads its shard's indexes; every further chunk just its bytes.
+        (No read-ahead: it would fetch the later chunks of a recognised scan early.)"""
+        m = mount(case.sharded, *case.args, "--no-read-ahead")
+        first, *rest = case.same_table
+        assert len(rest) >= 2, "a table of at least three chunks"
+        assert_same_file(m.path / first, case.twin / first, first)
+        for rel in rest:
+            before = stats(m.path)["source"]["reads"]
+            assert_same_file(m.path / rel, case.twin / rel, rel)
+            assert stats(m.path)["source"]["reads"] - before == 1, rel

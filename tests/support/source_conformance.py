@@ -1,0 +1,190 @@
+"""The ByteSource contract as one suite every source runs.
+
+A subclass says what its source claims (`listable`, `remote`, `versioned`)
+and provides a `make` fixture: a function building the source over the
+`tree` fixture's files (served, uploaded or layered as that source needs).
+Where the objects live elsewhere (an S3 emulator), it also overrides
+`change`, which replaces or removes an object behind the source's back.
+Each test drives one fresh source in one `trio.run` and closes it.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import Awaitable, Callable, ClassVar, TypeVar
+
+import numpy as np
+import pytest
+import trio
+
+from unshardfs.errors import StaleError
+from unshardfs.sources.base import ByteSource
+
+T = TypeVar("T")
+MakeSource = Callable[[], ByteSource]
+# Replace the object at a key with new bytes, or remove it (None).
+Change = Callable[[str, "bytes | None"], None]
+
+_rng = np.random.default_rng(7)
+TREE: dict[str, bytes] = {
+    "a.bin": _rng.bytes(1000),
+    "empty.bin": b"",
+    "dir/b.bin": _rng.bytes(300),
+    "dir/sub/c.bin": _rng.bytes(10),
+    "dir/odd name%20+.bin": _rng.bytes(5),  # must be quoted in URLs, and not unquoted twice
+}
+
+
+def children(key: str) -> dict[str, int | None]:
+    """Direct children of directory `key` in TREE: name -> size (None for directories)."""
+    out: dict[str, int | None] = {}
+    prefix = f"{key}/" if key else ""
+    for path, data in TREE.items():
+        if path.startswith(prefix):
+            name, sep, _ = path[len(prefix):].partition("/")
+            out[name] = None if sep else len(data)
+    return out
+
+
+def write_tree(root: Path) -> Path:
+    for key, data in TREE.items():
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+    return root
+
+
+def run(make: MakeSource, work: Callable[[ByteSource], Awaitable[T]]) -> T:
+    """`work` on a fresh source, in one trio run; the source is closed however `work` ends."""
+    async def main() -> T:
+        source = make()
+        try:
+            return await work(source)
+        finally:
+            await source.aclose()
+
+    return trio.run(main)
+
+
+class SourceConformance:
+    listable: ClassVar[bool]
+    remote: ClassVar[bool]
+    # Reads made with a version from an earlier stat notice a changed object (StaleError).
+    versioned: ClassVar[bool] = True
+
+    @pytest.fixture
+    def tree(self, tmp_path: Path) -> Path:
+        return write_tree(tmp_path / "tree")
+
+    @pytest.fixture
+    def make(self, tree: Path) -> MakeSource:
+        raise NotImplementedError("a SourceConformance subclass provides the `make` fixture")
+
+    @pytest.fixture
+    def change(self, tree: Path) -> Change:
+        def change(key: str, data: bytes | None) -> None:
+            if data is None:
+                (tree / key).unlink()
+            else:
+                (tree / key).write_bytes(data)
+
+        return change
+
+    # -- the contract ------------------------------------------------------------------
+
+    def test_flags(self, make: MakeSource) -> None:
+        async def work(source: ByteSource) -> None:
+            assert (source.listable, source.remote) == (self.listable, self.remote)
+            assert isinstance(source.description, str) and source.description
+            assert isinstance(source.stats(), dict)
+
+        run(make, work)
+
+    def test_stat(self, make: MakeSource) -> None:
+        async def work(source: ByteSource) -> None:
+            for key, data in TREE.items():
+                st = await source.stat(key)
+                assert st is not None and not st.is_dir and st.size == len(data), key
+            root = await source.stat("")
+            assert root is not None and root.is_dir
+            for key in ("dir", "dir/sub"):  # directories: a directory stat, or unknown to `stat`
+                st = await source.stat(key)
+                assert st is None or st.is_dir, key
+            for key in ("missing", "dir/missing.bin", "a.bin/below", "dir/su"):
+                assert await source.stat(key) is None, key
+
+        run(make, work)
+
+    def test_stat_dir(self, make: MakeSource) -> None:
+        async def work(source: ByteSource) -> None:
+            root = await source.stat_dir("")
+            assert root is not None and root.is_dir
+            for key in ("dir", "dir/sub"):
+                st = await source.stat_dir(key)
+                # A source that cannot list cannot know its directories either.
+                assert (st is not None and st.is_dir) if self.listable else st is None, key
+            for key in ("a.bin", "missing", "dir/su", "dir/b.bin"):
+                assert await source.stat_dir(key) is None, key
+
+        run(make, work)
+
+    @pytest.mark.parametrize("index", [False, True], ids=["read", "read_index"])
+    def test_read_ranges(self, make: MakeSource, index: bool) -> None:
+        data = TREE["a.bin"]
+        ranges = [(0, len(data)), (0, 1), (100, 50), (999, 1), (990, 100), (0, 5000), (1000, 10), (4000, 10),
+                  (10, 0)]
+
+        async def work(source: ByteSource) -> None:
+            read = source.read_index if index else source.read
+            st = await source.stat("a.bin")
+            assert st is not None
+            for offset, size in ranges:
+                want = data[offset:offset + size]  # shorter only at the end, empty at or after it
+                assert await read("a.bin", offset, size) == want, (offset, size)
+                assert await read("a.bin", offset, size, st.version) == want, (offset, size)
+            for key in ("empty.bin", "dir/odd name%20+.bin", "dir/sub/c.bin"):
+                assert await read(key, 0, 1 << 20) == TREE[key], key
+
+        run(make, work)
+
+    @pytest.mark.parametrize("how", ["rewritten", "removed"])
+    def test_read_after_change_is_stale(self, make: MakeSource, change: Change, how: str) -> None:
+        if not self.versioned:
+            pytest.skip("this source has no object versions")
+
+        async def work(source: ByteSource) -> None:
+            st = await source.stat("dir/b.bin")
+            assert st is not None
+            assert await source.read("dir/b.bin", 0, 10, st.version) == TREE["dir/b.bin"][:10]
+            change("dir/b.bin", None if how == "removed" else b"new and shorter")
+            for read in (source.read, source.read_index):
+                with pytest.raises(StaleError):
+                    await read("dir/b.bin", 0, 10, st.version)
+            if how == "rewritten":  # without a version: whatever is there now
+                assert await source.read("dir/b.bin", 0, 10) == b"new and sh"
+
+        run(make, work)
+
+    def test_list(self, make: MakeSource) -> None:
+        async def work(source: ByteSource) -> None:
+            for key in ("", "dir", "dir/sub", "missing", "a.bin"):
+                listed: dict[str, int | None] = {}
+                async for name, st in source.list(key):
+                    assert name not in listed and "/" not in name, (key, name)
+                    listed[name] = None if st.is_dir else st.size
+                if not self.listable:
+                    assert listed == {}, key  # an honest `listable = False`: nothing to enumerate
+                elif posixpath.basename(key) in ("missing", "a.bin"):
+                    assert listed == {}, key
+                else:
+                    assert listed == children(key), key
+
+        run(make, work)
+
+    def test_aclose_is_idempotent(self, make: MakeSource) -> None:
+        async def work(source: ByteSource) -> None:
+            assert await source.read("a.bin", 0, 4) == TREE["a.bin"][:4]
+            await source.aclose()
+            # ...and `run` closes it once more.
+
+        run(make, work)
