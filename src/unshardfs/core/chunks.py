@@ -205,6 +205,7 @@ class ChunkContext:
         ahead: deque[Shard] = deque()
         window = max(1, self.fetcher.policy.concurrency) if self.fetcher.can_prefetch else 0
         shards = store.shards(within).__aiter__()
+        keep = store.runtime.shard_filter
         exhausted = False
         while True:
             while not exhausted and len(ahead) <= window:
@@ -213,6 +214,8 @@ class ChunkContext:
                 except StopAsyncIteration:
                     exhausted = True
                     break
+                if keep is not None and not keep(store.label, shard):
+                    continue  # another part of a split check/export lists this shard
                 ahead.append(shard)
                 if window and len(ahead) > 1:
                     self.fetcher.spawn(self._warm, shard)

@@ -60,9 +60,9 @@ def _spatial_level(writer, path: Path, info: dict, grid: list[int]) -> None:
         cell = tuple(int(c) for c in np.clip(((point - lower) // size).astype(int), 0, np.asarray(grid) - 1))
         cells.setdefault(cell, []).append(annotation)
     (path / "spatial1").mkdir()
-    for cell, annotations in cells.items():
+    for cell, members in cells.items():
         with open(path / "spatial1" / "_".join(map(str, cell)), "wb") as f:
-            writer._serialize_annotations(f, annotations)  # the writer's own multi-annotation encoding
+            writer._serialize_annotations(f, members)  # the writer's own multi-annotation encoding
     info["spatial"].append({"key": "spatial1", "grid_shape": grid, "chunk_size": size.tolist(),
                             "limit": max(len(a) for a in cells.values())})
 

@@ -3,9 +3,9 @@
 A part is a small, picklable description (the SOURCE, the options, which
 part of how many); the worker opens the source itself (remote sources take
 credentials from the worker's own environment), walks the whole tree
-(listings are index reads only) and reads the files whose backing shard
-hashes to its part, so each shard's payloads are read by exactly one part,
-in order. Files with no shard (metadata, unsharded data) go by their path.
+but its listings show only the shards that hash to its part, so each
+shard's indexes and payloads are read by exactly one part, in order. Files
+with no shard (metadata, unsharded data) go by their path.
 Only counts and problem lines travel back.
 """
 
@@ -14,15 +14,16 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Hashable
 
 import trio
 
 from ..logonce import collect_problems
 from ..session import Session
-from ..vtree import FileNode
 from .walk import Select, WalkSummary, check, export
 
-SOURCE_XATTR = "user.unshardfs.source"
+# Files held in a shard carry their chunk id (passthrough files only their source key).
+CHUNK_XATTR = "user.unshardfs.chunk_id"
 
 
 @dataclass(frozen=True)
@@ -42,19 +43,27 @@ class PartResult:
     reads: int
 
 
-def shard_of(rel: str, node: FileNode) -> str:
-    source = node.xattrs().get(SOURCE_XATTR)
-    return source.decode() if source else rel
+def _bucket(text: str, parts: int) -> int:
+    return zlib.crc32(text.encode()) % parts
+
+
+def shard_filter(part: int, parts: int) -> Callable[[str, Hashable], bool]:
+    """Listings of this part show only the shards that hash to it (so only their indexes are read)."""
+    return lambda label, shard: _bucket(f"{label}\0{shard!r}", parts) == part
 
 
 def selector(part: int, parts: int) -> Select | None:
+    """Files of this part: every chunk file its listings show (their shards are its own), and the
+    files with no shard (metadata, unsharded data) whose path hashes to it."""
     if parts <= 1:
         return None
-    return lambda rel, node: zlib.crc32(shard_of(rel, node).encode()) % parts == part
+    return lambda rel, node: CHUNK_XATTR in node.xattrs() or _bucket(rel, parts) == part
 
 
 async def _run(job: Part) -> PartResult:
     session = await Session.open(job.source, job.formats)
+    if job.parts > 1:
+        session.runtime.shard_filter = shard_filter(job.part, job.parts)
     try:
         with collect_problems() as problems:
             async with session.running():
