@@ -197,13 +197,15 @@ class ChunkContext:
     async def shard_tables(self, within: object = None) -> AsyncIterator[tuple[Shard, list[ChunkTable]]]:
         """Every readable shard's tables in order; damaged shards logged and skipped.
 
-        The indexes of the next shards are read in the background while this
-        one is listed, so a directory of N shards costs a few round trips,
-        not N (bounded by the fetcher's concurrency).
+        On a remote source the indexes of the next shards are read in the
+        background while this one is listed, so a directory of N shards
+        costs a few round trips, not N (bounded by the fetcher's
+        concurrency). This is not read-ahead of chunks: the listing needs
+        every one of these indexes, so `--no-read-ahead` keeps it.
         """
         store = self.store
         ahead: deque[Shard] = deque()
-        window = max(1, self.fetcher.policy.concurrency) if self.fetcher.can_prefetch else 0
+        window = max(1, self.fetcher.policy.concurrency) if self.fetcher.background and store.source.remote else 0
         shards = store.shards(within).__aiter__()
         keep = store.runtime.shard_filter
         exhausted = False
@@ -223,7 +225,7 @@ class ChunkContext:
                 return
             shard = ahead.popleft()
             try:
-                tables = await store.tables(shard)
+                tables = await self._tables(shard)
             except DataError as e:
                 log_once(log, f"list:{e}", "listing %s: skipping shard: %s", store.label, e)
                 continue
@@ -231,9 +233,14 @@ class ChunkContext:
 
     async def _warm(self, shard: Shard) -> None:
         try:
-            await self.store.tables(shard)
+            await self._tables(shard)
         except DataError:
             pass  # reported when the listing reaches it
+
+    async def _tables(self, shard: Shard) -> list[ChunkTable]:
+        """The shard's tables, read once when the listing reaches a shard its look-ahead is
+        still reading (else both would send the shard's HEAD and index reads)."""
+        return await self.fetcher.flights.run(("tables", id(self.store), shard), lambda: self.store.tables(shard))
 
     async def listing(self, select=None, within: object = None) -> AsyncIterator[EntryBatch]:
         """The directory's chunk files in batches of about LIST_BATCH, shard by shard.

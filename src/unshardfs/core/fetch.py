@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import trio
 
@@ -70,6 +70,8 @@ class FetchCounters:
     prefetch_bytes: int = 0
     prefetch_hits: int = 0
     prefetch_hit_bytes: int = 0
+    # Prefetched bytes never read: evicted unread, a failed prefetch, and the
+    # gaps a prefetch read only to join its extents into one request.
     prefetch_wasted_bytes: int = 0
     prefetch_skipped: int = 0  # prefetches not issued (budget full)
 
@@ -98,9 +100,17 @@ class _Run:
     start: int
     end: int
     extents: list[Extent] = field(default_factory=list)
+    prefetch: bool = False  # its extents go to the prefetch cache when it lands
+    # Extents a prefetch wanted that lie inside this run, already in flight:
+    # they go to the prefetch cache too (else the bytes would be read twice).
+    adopted: list[Extent] = field(default_factory=list)
     done: trio.Event = field(default_factory=trio.Event)
     data: bytes = b""
     error: BaseException | None = None
+
+    def adopt(self, ext: Extent) -> None:
+        if all(e.key != ext.key for e in self.extents + self.adopted):
+            self.adopted.append(ext)
 
 
 def plan(extents: Sequence[Extent], max_gap: int, max_span: int) -> list[_Run]:
@@ -149,6 +159,11 @@ class Fetcher:
         self._nursery = nursery
 
     @property
+    def background(self) -> bool:
+        """Whether background work can run (a nursery is attached)."""
+        return self._nursery is not None
+
+    @property
     def can_prefetch(self) -> bool:
         return self._nursery is not None and self.policy.read_ahead
 
@@ -180,14 +195,14 @@ class Fetcher:
                 if stored is not None and len(stored) == ext.length:
                     results[i] = stored
                     continue
-            hit = self.prefetched.pop(ext.key, None)
+            hit = self._prefetched(ext)
             if hit is not None:
-                self.counters.prefetch_hits += 1
-                self.counters.prefetch_hit_bytes += len(hit)
                 results[i] = hit
                 continue
             run = self._covering(ext)
             if run is not None:
+                if run.prefetch:
+                    run.adopt(ext)  # gap bytes of a prefetch, used after all
                 joins.append((i, ext, run))
             else:
                 wanted.append((i, ext))
@@ -211,6 +226,9 @@ class Fetcher:
             if run.error is not None:
                 retry.append((i, ext))  # a failed or cancelled prefetch: read it ourselves
             else:
+                # A prefetch that landed also cached the extent: take it out
+                # (a hit), or it would later be evicted as wasted.
+                self._prefetched(ext)
                 results[i] = _slice(run, ext)
         if retry:
             runs = plan([ext for _, ext in retry], 0, self.policy.max_span)
@@ -224,6 +242,14 @@ class Fetcher:
                 if ext.blob.versioned:
                     kept.put(ext.key, results[i])  # type: ignore[arg-type]
         return results  # type: ignore[return-value]
+
+    def _prefetched(self, ext: Extent) -> bytes | None:
+        """The extent's bytes if a prefetch brought them (taken out of the prefetch cache)."""
+        hit = self.prefetched.pop(ext.key, None)
+        if hit is not None:
+            self.counters.prefetch_hits += 1
+            self.counters.prefetch_hit_bytes += len(hit)
+        return hit
 
     @staticmethod
     def _raise(run: _Run) -> None:
@@ -243,79 +269,115 @@ class Fetcher:
                 return run
         return None
 
+    def _track(self, run: _Run) -> None:
+        """Make the run visible to readers and prefetches (to join) until it is done."""
+        self._in_flight.setdefault(run.blob.ident, []).append(run)
+
+    def _untrack(self, run: _Run) -> None:
+        flying = self._in_flight[run.blob.ident]
+        flying.remove(run)
+        if not flying:
+            del self._in_flight[run.blob.ident]
+        run.done.set()
+
     async def _read_run(self, run: _Run, index: bool) -> None:
         """Read one run; failures are stored on the run (every extent of it shares them)."""
-        flying = self._in_flight.setdefault(run.blob.ident, [])
-        flying.append(run)
+        self._track(run)
         try:
             async with self._limiter:
                 self.counters.reads += 1
                 run.data = await run.blob.read(self.source, run.start, run.end - run.start, index=index)
+            self._land(run)
         except DataError as e:
             run.error = e
         except trio.Cancelled:
             run.error = DataError(run.blob.label, "read cancelled")
             raise
         finally:
-            flying.remove(run)
-            if not flying:
-                del self._in_flight[run.blob.ident]
-            run.done.set()
+            self._untrack(run)
 
     # -- prefetch --------------------------------------------------------------------
 
-    def prefetch(self, extents: Sequence[Extent]) -> int:
-        """Fetch `extents` in the background into the prefetch cache; returns how many were scheduled.
+    def prefetch(self, extents: Sequence[Extent],
+                 fill: Callable[[Blob, int, int], Iterable[Extent]] | None = None) -> int:
+        """Fetch `extents` in the background into the prefetch cache.
 
-        Bounded: nothing is scheduled beyond the prefetch budget (bytes in
-        flight plus cached must fit), and extents already cached or in
-        flight are skipped.
+        Returns how many of `extents`, from the first, are taken care of
+        (cached, on their way, or scheduled now): the prefetch budget (bytes
+        in flight at most half of the cache's) may stop it early, and the
+        caller asks again for the rest later. An extent inside a read already
+        in flight is adopted by that read rather than read again. `fill(blob,
+        start, end)` names the other extents a read will cover between the
+        ones wanted (the gaps it reads to save a round trip): they are kept
+        too, instead of being read again when their turn comes.
         """
         if not self.can_prefetch:
             return 0
-        fresh = [e for e in extents if e.key not in self.prefetched and self._covering(e) is None]
         budget = self.policy.prefetch_bytes // 2 - self._prefetch_in_flight
         chosen: list[Extent] = []
-        for ext in fresh:
-            if ext.length > budget:
-                self.counters.prefetch_skipped += len(fresh) - len(chosen)
-                break
-            budget -= ext.length
-            chosen.append(ext)
-        if not chosen:
-            return 0
+        taken = 0
+        for ext in extents:
+            if ext.key not in self.prefetched:
+                run = self._covering(ext)
+                if run is not None:
+                    run.adopt(ext)
+                elif ext.length > budget:
+                    self.counters.prefetch_skipped += len(extents) - taken
+                    break
+                else:
+                    budget -= ext.length
+                    chosen.append(ext)
+            taken += 1
         for run in plan(chosen, self.policy.prefetch_gap, self.policy.max_span):
+            if fill is not None and len(run.extents) > 1:
+                known = {ext.key for ext in run.extents}
+                run.extents += [ext for ext in fill(run.blob, run.start, run.end)
+                                if run.start <= ext.start and ext.end <= run.end and ext.key not in known
+                                and ext.key not in self.prefetched and self._covering(ext) is None]
+            run.prefetch = True
             self._prefetch_in_flight += run.end - run.start
-            flying = self._in_flight.setdefault(run.blob.ident, [])
-            flying.append(run)  # visible to readers before it starts
-            self.spawn(self._prefetch_run, run, flying)
-        return len(chosen)
+            self.counters.prefetch_bytes += run.end - run.start
+            self._track(run)  # visible to readers before it starts
+            self.spawn(self._prefetch_run, run)
+        return taken
 
-    async def _prefetch_run(self, run: _Run, flying: list[_Run]) -> None:
+    async def _prefetch_run(self, run: _Run) -> None:
         size = run.end - run.start
         try:
             async with self._prefetch_limiter:
                 self.counters.prefetch_reads += 1
-                self.counters.prefetch_bytes += size
                 run.data = await run.blob.read(self.source, run.start, size)
-            for ext in run.extents:
-                self.prefetched.put(ext.key, _slice(run, ext))
+            self._land(run)
         except DataError as e:
             run.error = e  # a reader joining it gets the same error; logged when it is read
+            self.counters.prefetch_wasted_bytes += size
             log_once(log, f"prefetch:{run.blob.label}", "prefetch of %s failed: %s", run.blob.label, e)
         except trio.Cancelled:
             run.error = DataError(run.blob.label, "prefetch cancelled")
             raise
         finally:
             self._prefetch_in_flight -= size
-            flying.remove(run)
-            if not flying and self._in_flight.get(run.blob.ident) is flying:
-                del self._in_flight[run.blob.ident]
-            run.done.set()
+            self._untrack(run)
+
+    def _land(self, run: _Run) -> None:
+        """Put what prefetches wanted of a run that has been read into the prefetch cache."""
+        wanted = (run.extents if run.prefetch else []) + run.adopted
+        for ext in wanted:
+            self.prefetched.put(ext.key, _slice(run, ext))
+            if ext.key not in self.prefetched:  # larger than the whole cache
+                self.counters.prefetch_wasted_bytes += ext.length
+        if run.prefetch:
+            # Bytes read only to join extents into one request were read for nothing.
+            self.counters.prefetch_wasted_bytes += (run.end - run.start) - _covered(run.extents + run.adopted)
+        else:
+            # Adopted by a reader's read: prefetched at no cost of their own, but counted
+            # like any prefetched bytes (so hits + wasted + cached add up to them).
+            self.counters.prefetch_bytes += sum(ext.length for ext in run.adopted)
 
     def stats(self) -> dict[str, int]:
         return {**self.counters.as_dict(), "prefetch_cached_bytes": int(self.prefetched.currsize),
-                "prefetch_limit": int(self.prefetched.maxsize)}
+                "prefetch_cached_entries": len(self.prefetched), "prefetch_limit": int(self.prefetched.maxsize),
+                "prefetch_in_flight_bytes": self._prefetch_in_flight}
 
 
 async def _guarded(work, args: tuple) -> None:
@@ -328,6 +390,16 @@ async def _guarded(work, args: tuple) -> None:
     except Exception as e:  # noqa: BLE001 - the daemon outlives any bug in read-ahead
         log_once(log, f"background:{type(e).__name__}:{e}", "background %s failed: %s: %s",
                  getattr(work, "__qualname__", work), type(e).__name__, e)
+
+
+def _covered(extents: Sequence[Extent]) -> int:
+    """Bytes covered by the union of `extents` (of one blob)."""
+    total, reach = 0, -1
+    for ext in sorted(extents, key=lambda e: e.start):
+        if ext.end > reach:
+            total += ext.end - max(ext.start, reach)
+            reach = ext.end
+    return total
 
 
 def _slice(run: _Run, ext: Extent) -> bytes:

@@ -8,26 +8,31 @@ of scan:
 - key order: ascending chunk keys, which is inode order (`cp -r` sorts a
   directory by inode number before copying, and our computed inodes are the
   keys) and, for grids, a walk over neighbouring cells;
-- table order: consecutive entries of one index table (a minishard, a Zarr
-  shard), which is listing order (`tar`, `find`, `ls -f | xargs`).
+- listing order: the order of the directory's listing (`tar`, `find`,
+  `ls -f | xargs`), which is the order of the index tables, shard by shard;
+  before any listing, consecutive entries of one index table.
 
 A guess becomes a stream after two reads that match it, so a viewer reading
 scattered chunks starts no prefetch. A confirmed stream keeps a window of
 upcoming chunks prefetched (doubling up to MAX_WINDOW), coalesced by the
-fetcher. Several streams per directory are tracked at once (parallel
-readers each scanning their part).
+fetcher; a window that ends inside a shard's run of upcoming chunks is
+stretched to the end of that run, so each run of adjacent chunks costs one
+request rather than one per window. Several streams per directory are
+tracked at once (parallel readers each scanning their part).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from ..errors import DataError
+from .blob import Blob
 from .fetch import Extent
+from .table import ChunkTable
 
 if TYPE_CHECKING:
     from .chunks import ChunkContext, ChunkFile
@@ -35,9 +40,13 @@ if TYPE_CHECKING:
 MAX_STREAMS = 16
 FIRST_WINDOW = 8
 MAX_WINDOW = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
-SLACK = 8  # a read may skip this many predicted chunks and still continue the stream
+SLACK = 8  # a read may skip this many predicted chunks and still continue a confirmed stream
 CONFIRM = 2  # matches before a guess starts prefetching
-LISTED_KEYS_MAX = 4 << 20  # keys remembered from listings, for key order over sparse keys
+# Listed entries remembered (listing order; key order over sparse keys; the chunks in a
+# prefetch's gaps): about 50 bytes each at most.
+LISTED_KEYS_MAX = 1 << 20
+
+Picked = tuple[int, Extent, ChunkTable]  # a stream position, its chunk's extent, and the chunk's table
 
 
 @dataclass(eq=False)
@@ -50,13 +59,90 @@ class _Stream:
     window: int = FIRST_WINDOW
 
     def match(self, key: int) -> bool:
+        # A guess must be followed exactly: scattered reads (a viewer) would
+        # otherwise land within the slack of some guess often enough to look
+        # like a scan on a small directory. A confirmed stream tolerates skips.
+        reach = SLACK if self.hits >= CONFIRM else 1
         try:
-            i = self.upcoming.index(key, self.cursor, self.cursor + SLACK)
+            i = self.upcoming.index(key, self.cursor, self.cursor + reach)
         except ValueError:
             return False
         self.cursor = i + 1
         self.hits += 1
         return True
+
+
+class Listings:
+    """What a directory's listing batches said: keys in listing order, to continue a scan where
+    the listing goes next (the next table, the next shard), and each blob's chunk extents, to
+    name the chunks a prefetch reads in its gaps. Bounded by LISTED_KEYS_MAX entries; a
+    listing read again adds nothing."""
+
+    def __init__(self) -> None:
+        self.batches: list[np.ndarray] = []
+        self.count = 0
+        self._seen: set[tuple] = set()
+        self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its keys (on demand)
+        self._last = 0  # the batch the last question was answered from (scans move forward)
+        self._sorted: np.ndarray | None = None
+        self._tables: dict[tuple, list] = {}  # blob ident -> its listed tables
+        self._spans: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # ... as sorted (starts, lengths)
+
+    def add(self, table) -> None:
+        mark = (table.blob.ident, int(table.keys[0]), len(table))
+        if mark in self._seen or self.count >= LISTED_KEYS_MAX:
+            return
+        self._seen.add(mark)
+        self.batches.append(table.keys)
+        self.count += len(table.keys)
+        self._sorted = None
+        self._tables.setdefault(table.blob.ident, []).append(table)
+        self._spans.pop(table.blob.ident, None)
+
+    def within(self, blob: Blob, start: int, end: int) -> list[Extent]:
+        """Listed chunk extents of `blob` lying inside [start, end)."""
+        spans = self._spans.get(blob.ident)
+        if spans is None:
+            tables = self._tables.get(blob.ident)
+            if not tables:
+                return []
+            starts = np.concatenate([t.starts for t in tables])
+            order = np.argsort(starts, kind="stable")
+            spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order])
+        starts, lengths = spans
+        lo, hi = np.searchsorted(starts, [np.uint64(start), np.uint64(end)])
+        return [Extent(blob, s, n) for s, n in zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist())
+                if s + n <= end]
+
+    def after(self, key: int, n: int) -> list[int] | None:
+        """Up to `n` keys listed after `key`; None if `key` was not listed."""
+        count = len(self.batches)
+        for b in [self._last, *range(self._last + 1, count), *range(self._last)] if count else []:
+            i = self._position(b, key)
+            if i is not None:
+                self._last = b
+                out = self.batches[b][i + 1:i + 1 + n].tolist()
+                for later in self.batches[b + 1:]:
+                    if len(out) >= n:
+                        break
+                    out += later[:n - len(out)].tolist()
+                return out
+        return None
+
+    def _position(self, b: int, key: int) -> int | None:
+        keys = self.batches[b]
+        order = self._orders.get(b)
+        if order is None:
+            order = self._orders[b] = np.argsort(keys, kind="stable")
+        j = int(np.searchsorted(keys, np.uint64(key), sorter=order))
+        return int(order[j]) if j < len(keys) and int(keys[order[j]]) == key else None
+
+    def sorted_keys(self) -> np.ndarray | None:
+        if not self.batches:
+            return None
+        if self._sorted is None:
+            self._sorted = np.unique(np.concatenate(self.batches))
+        return self._sorted
 
 
 @dataclass(eq=False)
@@ -65,9 +151,7 @@ class ScanScope:
     streams: list[_Stream] = field(default_factory=list)
     pending: deque = field(default_factory=lambda: deque(maxlen=4096))
     working: bool = False
-    _listed: list[np.ndarray] = field(default_factory=list)
-    _listed_count: int = 0
-    _sorted: np.ndarray | None = None
+    listings: Listings = field(default_factory=Listings)
 
     # -- fed by the chunk files and listings --------------------------------------------
 
@@ -81,12 +165,9 @@ class ScanScope:
             self.working = fetcher.spawn(self._work)
 
     def listed(self, table) -> None:
-        """Keys of a listing batch; they give key order where keys are sparse (segment ids)."""
-        if self.ctx.naming.dense or self._listed_count >= LISTED_KEYS_MAX:
-            return
-        self._listed.append(table.keys)
-        self._listed_count += len(table.keys)
-        self._sorted = None
+        """Keys of a listing batch, in listing order."""
+        if len(table):
+            self.listings.add(table)
 
     # -- the background worker -------------------------------------------------------------
 
@@ -98,43 +179,74 @@ class ScanScope:
             self.working = False
 
     async def _observe(self, key: int) -> None:
-        for i, stream in enumerate(self.streams):
-            if stream.match(key):
-                if i:
-                    self.streams.insert(0, self.streams.pop(i))
-                if stream.hits >= CONFIRM:
-                    await self._extend(stream)
-                return
-        for order in ("key", "table"):
+        # Every stream that predicted the key moves on, not only the first; the first
+        # confirmed one reads ahead, or the next where it has nothing more ahead: a
+        # listing stream ends with its directory, and the key stream beside it then
+        # carries the scan into the next one (`cp -r` of nested Zarr chunk directories).
+        matched = [stream for stream in self.streams if stream.match(key)]
+        if matched:
+            self.streams = matched + [stream for stream in self.streams if stream not in matched]
+            for stream in matched:
+                if stream.hits >= CONFIRM and await self._extend(stream):
+                    break
+            return
+        for order in ("key", "listing"):
             upcoming = await self._successors(order, key, FIRST_WINDOW + SLACK)
             if upcoming:
                 self.streams.insert(0, _Stream(order, upcoming))
         del self.streams[MAX_STREAMS:]
 
-    async def _extend(self, stream: _Stream) -> None:
-        """Keep `window` chunks prefetched ahead of the stream's reader."""
+    async def _extend(self, stream: _Stream) -> bool:
+        """Keep `window` chunks prefetched ahead of the stream's reader; whether any are."""
         if stream.frontier - stream.cursor >= stream.window // 2:
-            return
+            return True
         if stream.cursor > MAX_WINDOW:  # forget what the reader has passed
             del stream.upcoming[:stream.cursor]
             stream.frontier -= stream.cursor
             stream.cursor = 0
-        want = stream.cursor + stream.window
-        if len(stream.upcoming) < want + SLACK:
-            more = await self._successors(stream.order, stream.upcoming[-1],
-                                          want + SLACK - len(stream.upcoming))
-            stream.upcoming.extend(more)
         start = max(stream.frontier, stream.cursor)
-        keys = stream.upcoming[start:want]
-        stream.frontier = max(stream.frontier, start + len(keys))
+        picked, stop = await self._window(stream, start, stream.cursor + stream.window)
+        tables: dict[tuple, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
+        for _, _, table in picked:
+            tables.setdefault(table.blob.ident, {})[id(table)] = table
+
+        def fill(blob: Blob, start: int, end: int) -> list[Extent]:
+            return self._fill(blob, start, end, tables.get(blob.ident, {}).values())
+
+        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill)
+        # The frontier passes only what the fetcher took (its budget may stop it
+        # early): the rest is asked for again at the next extension.
+        stream.frontier = picked[taken][0] if taken < len(picked) else stop
         stream.window = min(stream.window * 2, MAX_WINDOW)
-        extents = [ext for ext in [await self._extent(k) for k in keys] if ext is not None]
-        if extents:
-            self.ctx.fetcher.prefetch(extents)
+        return stream.frontier > stream.cursor
 
-    async def _extent(self, key: int) -> Extent | None:
-        from .chunks import WHOLE_READ_MAX
+    async def _window(self, stream: _Stream, start: int, want: int) -> tuple[list[Picked], int]:
+        """(position, extent, table) of the stream's upcoming keys from `start` on, and where they stop:
+        up to `want`, then on while they stay in the last one's blob (a window never splits
+        a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW more
+        keys and a quarter of the prefetch budget in bytes."""
+        picked: list[Picked] = []
+        limit = want + MAX_WINDOW
+        budget = self.ctx.fetcher.policy.prefetch_bytes // 4
+        i = start
+        while i < limit and budget > 0:
+            if i >= len(stream.upcoming):
+                more = await self._successors(stream.order, stream.upcoming[-1], max(want - i, FIRST_WINDOW) +
+                                              SLACK) if stream.upcoming else []
+                if not more:
+                    break
+                stream.upcoming.extend(more)
+            found = await self._extent(stream.upcoming[i])
+            if i >= want and (found is None or not picked or found[0].blob.ident != picked[-1][1].blob.ident):
+                break
+            if found is not None:
+                picked.append((i, *found))
+                budget -= found[0].length
+            i += 1
+        return picked, i
 
+    async def _extent(self, key: int) -> tuple[Extent, ChunkTable] | None:
+        """The chunk's extent and the table it is in, if it is worth prefetching."""
         try:
             found = await self.ctx.store.locate(key)
         except DataError:
@@ -143,21 +255,40 @@ class ScanScope:
             return None
         table, i = found
         ext = Extent(table.blob, int(table.starts[i]), int(table.lengths[i]))
-        if ext.length > WHOLE_READ_MAX or ext.key in self.ctx.caches.encoded_chunk:
-            return None
-        return ext
+        return (ext, table) if self._wanted(ext) else None
+
+    def _wanted(self, ext: Extent) -> bool:
+        """Whether prefetching the chunk's payload could save its reader a request."""
+        from .chunks import WHOLE_READ_MAX
+
+        return ext.length <= WHOLE_READ_MAX and ext.key not in self.ctx.caches.encoded_chunk
+
+    def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable]) -> list[Extent]:
+        """The chunks a prefetch of [start, end) of `blob` reads anyway, known from the listing
+        and from `tables` (a scan in key order wants them later: keep them rather than read them
+        again)."""
+        found = {ext.key: ext for ext in self.listings.within(blob, start, end)}
+        for table in tables:
+            ends = table.starts + table.lengths
+            for i in np.nonzero((table.starts >= np.uint64(start)) & (ends <= np.uint64(end)))[0].tolist():
+                ext = Extent(blob, int(table.starts[i]), int(table.lengths[i]))
+                found.setdefault(ext.key, ext)
+        return [ext for ext in found.values() if self._wanted(ext)]
 
     async def _successors(self, order: str, key: int, n: int) -> list[int]:
         """Up to `n` keys expected after `key` in a scan of the given order."""
         if order == "key":
             if self.ctx.naming.dense:
                 return list(range(key + 1, key + 1 + n))
-            listed = self._sorted_keys()
+            listed = self.listings.sorted_keys()
             if listed is None:
                 return []
             i = int(np.searchsorted(listed, np.uint64(key), side="right"))
             return listed[i:i + n].tolist()
-        try:
+        listed_after = self.listings.after(key, n)
+        if listed_after is not None:
+            return listed_after
+        try:  # not listed: the entries after it in its index table
             found = await self.ctx.store.locate(key)
         except DataError:
             return []
@@ -165,10 +296,3 @@ class ScanScope:
             return []
         table, i = found
         return table.keys[i + 1:i + 1 + n].tolist()
-
-    def _sorted_keys(self) -> np.ndarray | None:
-        if not self._listed:
-            return None
-        if self._sorted is None:
-            self._sorted = np.unique(np.concatenate(self._listed))
-        return self._sorted

@@ -22,7 +22,7 @@ from pathlib import Path
 
 @dataclass
 class Faults:
-    delay: float = 0.0  # seconds before every response
+    delay: float = 0.0  # seconds before every response: an object store's latency
     error_every: int = 0  # every Nth request answers `error_status` (0: never)
     error_status: int = 500
     drop_every: int = 0  # every Nth GET sends half its body, then closes the connection
@@ -39,10 +39,13 @@ class Logged:
     range: str | None
     status: int
     sent: int
+    start: float = 0.0  # time.monotonic() when the request had arrived
+    end: float = 0.0  # ... and when its answer started going out
 
 
 class DatasetServer:
-    def __init__(self, root: Path, gcs_bucket: str | None = None, page_size: int = 3) -> None:
+    def __init__(self, root: Path, gcs_bucket: str | None = None, page_size: int = 3,
+                 host: str = "127.0.0.1") -> None:
         self.root = root
         self.faults = Faults()
         self.log: list[Logged] = []
@@ -68,16 +71,22 @@ class DatasetServer:
                 server.handle(self, head=False)
 
         class Server(ThreadingHTTPServer):
+            # socketserver's default listen backlog (5) drops the SYNs of a client opening
+            # more connections at once, which it resends a second later: a stall that is
+            # the test server's, not the client's.
+            request_queue_size = 128
+
             def handle_error(self, request, client_address) -> None:
                 pass  # clients hanging up early (a dropped fallback download) are expected here
 
-        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.httpd = Server((host, 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_port}"
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
 
     def __enter__(self) -> "DatasetServer":
         self.thread.start()
@@ -95,10 +104,19 @@ class DatasetServer:
         with self._lock:
             return [r for r in self.log if method is None or r.method == method]
 
+    def round_trips(self) -> int:
+        """The longest chain of logged requests each sent after the one before it was answered:
+        the round trips a client waited for one after another, however many requests overlapped."""
+        chains: list[tuple[float, int]] = []  # (answered at, longest chain ending there)
+        for r in sorted(self.requests(), key=lambda r: r.start):
+            chains.append((r.end, 1 + max((n for end, n in chains if end <= r.start), default=0)))
+        return max((n for _, n in chains), default=0)
+
     # -- request handling ------------------------------------------------------
 
     def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str],
                head: bool, rng: str | None, drop: bool = False, length: int | None = None) -> None:
+        answered = time.monotonic()
         h.send_response(status)
         for k, v in headers.items():
             h.send_header(k, v)
@@ -115,9 +133,11 @@ class DatasetServer:
                 h.wfile.write(body)
                 sent = len(body)
         with self._lock:
-            self.log.append(Logged("HEAD" if head else "GET", h.path, rng, status, sent))
+            self.log.append(Logged("HEAD" if head else "GET", h.path, rng, status, sent,
+                                   getattr(h, "arrived", answered), answered))
 
     def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        h.arrived = time.monotonic()  # type: ignore[attr-defined]
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)

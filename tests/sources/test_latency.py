@@ -1,0 +1,469 @@
+"""Object-store latency through real mounts over the test HTTP server: what scans, listings,
+lookups and scattered reads cost in requests and round trips, and that read-ahead changes
+those costs only, never the bytes.
+
+The precomputed volume is 256 raw chunks of 4 KiB (16^3 uint8) in 4 shards x 4 minishards
+(murmurhash), in two layouts of the same chunks: TensorStore's, which writes each minishard
+index right after its chunks, and CloudVolume's (Igneous), which writes all minishard indexes
+together after the data. The Zarr v3 array (zarr-python) holds 128 inner chunks of 4 KiB in 8
+shards. Round trips are counted by the server: the longest chain of requests each sent after
+the one before it was answered (`DatasetServer.round_trips`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.mounts import daemon_pids
+from tests.support.trees import assert_same_tree
+from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, sharding as zsharding, write_case
+
+SPEC = sharding(minishard=2, shard=2)
+SCALE = Scale((128, 128, 64), (16, 16, 16), SPEC)
+KEY = "1_1_1"
+# Segmentation as viewers read it: a file's size is known only from its payload (gzip trailer).
+SEG_SCALE = Scale((128, 128, 64), (16, 16, 16), sharding(minishard=2, shard=2, data_enc="gzip"),
+                  encoding="compressed_segmentation", extra={"compressed_segmentation_block_size": [8, 8, 8]})
+SCANNED_BEFORE_READ_AHEAD = 3  # reads of a scan before it is recognised (a first read, then two that follow it)
+ZCASE = ZCase((64, 64, 128), "uint8", (32, 32, 64), [zsharding((16, 16, 16), [BYTES_LE])], (16, 16, 16),
+              [BYTES_LE], key_encoding=codec("default", separator="."), holes=False)
+
+
+def chunk_keys(plain_dir: Path) -> dict[str, int]:
+    """Chunk name -> chunk id (compressed Morton code of its grid cell), computed with CloudVolume."""
+    from cloudvolume.datasource.precomputed.common import compressed_morton_code
+
+    grid = [s // c for s, c in zip(SCALE.size, SCALE.chunk)]
+    keys = {}
+    for name in os.listdir(plain_dir):
+        cell = [int(part.split("-")[0]) // c for part, c in zip(name.split("_"), SCALE.chunk)]
+        keys[name] = int(compressed_morton_code(cell, grid))
+    return keys
+
+
+def igneous_layout(target: Path, tensorstore: Path, plain_dir: Path) -> None:
+    """The chunks of `plain_dir` sharded by CloudVolume (minishard indexes together after the data)."""
+    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
+
+    chunks = {key: (plain_dir / name).read_bytes() for name, key in chunk_keys(plain_dir).items()}
+    (target / KEY).mkdir(parents=True)
+    shutil.copy(tensorstore / "info", target / "info")
+    for name, data in synthesize_shard_files(ShardingSpecification.from_dict(dict(SPEC)), chunks).items():
+        (target / KEY / name).write_bytes(data)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("latency")
+    volume = write_volume(root / "tensorstore", [SCALE], "uint8")
+    volume["sharded"].rename(root / "ts")
+    igneous_layout(root / "igneous", root / "ts", volume["plain"] / KEY)
+    write_case(root / "zarr", "arr", ZCASE)
+    write_case(root / "nested", "arr", replace(ZCASE, key_encoding=codec("default", separator="/")))
+    write_volume(root / "seg", [SEG_SCALE], "uint64", volume_type="segmentation")
+    return root
+
+
+@pytest.fixture
+def server(site):
+    with DatasetServer(site) as srv:
+        yield srv
+
+
+def plain(site: Path) -> Path:
+    return site / "tensorstore" / "plain" / KEY
+
+
+# -- what each request was for ------------------------------------------------------------
+
+class Shards:
+    """Byte ranges of a served precomputed chunk directory, parsed here from the files."""
+
+    def __init__(self, directory: Path) -> None:
+        self.index_size = 16 << SPEC["minishard_bits"]
+        self.minishards: dict[str, list[range]] = {}
+        self.chunks: dict[str, list[range]] = {}
+        for shard in sorted(directory.glob("*.shard")):
+            raw = shard.read_bytes()
+            index = np.frombuffer(raw[:self.index_size], "<u8").reshape(-1, 2)
+            self.minishards[shard.name] = [range(self.index_size + int(a), self.index_size + int(b))
+                                           for a, b in index if a != b]
+            chunks = []
+            for r in self.minishards[shard.name]:
+                table = np.frombuffer(raw[r.start:r.stop], "<u8").reshape(3, -1)
+                ends = self.index_size + np.cumsum(table[1] + table[2])
+                chunks += [range(int(e - n), int(e)) for e, n in zip(ends, table[2])]
+            self.chunks[shard.name] = sorted(chunks, key=lambda c: c.start)
+
+    def kind(self, shard: str, method: str, rng: str | None) -> str:
+        if method == "HEAD":
+            return "head"
+        first, last = (int(x) for x in rng[len("bytes="):].split("-"))  # type: ignore[index]
+        if (first, last) == (0, self.index_size - 1):
+            return "index"
+        if any(first < r.stop and r.start <= last for r in self.chunks[shard]):
+            return "payload"  # (with any minishard index between its chunks)
+        if any(first < r.stop and r.start <= last for r in self.minishards[shard]):
+            return "minishard"
+        return "other"
+
+    def costs(self, server: DatasetServer) -> dict[str, Counter]:
+        """Requests per shard file and kind (head, index, minishard, payload)."""
+        out: dict[str, Counter] = {name: Counter() for name in self.chunks}
+        for r in server.requests():
+            name = r.path.rsplit("/", 1)[-1]
+            if name in out:
+                out[name][self.kind(name, r.method, r.range)] += 1
+        return out
+
+    def payload_ranges(self, server: DatasetServer) -> dict[str, list[range]]:
+        out: dict[str, list[range]] = {name: [] for name in self.chunks}
+        for r in server.requests("GET"):
+            name = r.path.rsplit("/", 1)[-1]
+            if name in out and self.kind(name, r.method, r.range) == "payload":
+                first, last = (int(x) for x in r.range[len("bytes="):].split("-"))  # type: ignore[index]
+                out[name].append(range(first, last + 1))
+        return out
+
+    def check_payloads(self, server: DatasetServer, reread: int = 0) -> int:
+        """Every chunk fetched, every read whole chunks (with what lies between them), at most
+        `reread` chunks fetched twice; returns the bytes fetched beyond each chunk once."""
+        extra = 0
+        for name, reads in self.payload_ranges(server).items():
+            starts = {c.start for c in self.chunks[name]}
+            stops = {c.stop for c in self.chunks[name]}
+            assert all(r.start in starts and r.stop in stops for r in reads), f"{name}: {reads} cut chunks"
+            times = [sum(c.start >= r.start and c.stop <= r.stop for r in reads) for c in self.chunks[name]]
+            assert min(times) == 1, f"{name}: chunks never fetched"
+            reread -= sum(t - 1 for t in times)
+            extra += sum(len(r) for r in reads) - sum(len(c) for c in self.chunks[name])
+        assert reread >= 0, "chunks fetched twice"
+        return extra
+
+
+def stats(mnt: Path) -> dict:
+    return json.loads(os.getxattr(mnt, "user.unshardfs.stats"))
+
+
+# -- scans ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["igneous", "ts"])
+def test_scan_in_listing_order(site, server, mount, layout):
+    """Reading every file in listing order costs, per shard: 1 HEAD, its shard index, its
+    minishard indexes (one read where they are contiguous; TensorStore puts each after its own
+    chunks, so one per minishard, all in one round trip) and one payload read; the shard the scan
+    starts in also pays the reads before the scan is recognised."""
+    shards = Shards(site / layout / KEY)
+    m = mount(f"{server.url}/{layout}")
+    server.reset_log()
+    names = os.listdir(m.path / KEY)
+    for name in names:
+        assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes(), name
+    costs = shards.costs(server)
+    first = next(s for s in costs if costs[s]["payload"] > 1)
+    minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
+    assert costs == {s: Counter(head=1, index=1, minishard=minishards,
+                                payload=1 + SCANNED_BEFORE_READ_AHEAD * (s == first)) for s in costs}
+    # The first prefetch may span the chunks read before it (CloudVolume does not write a
+    # shard's chunks in listing order): re-read rather than cost a request more. What it reads
+    # beyond its chunks is wasted, and counted so: those, and the minishard indexes TensorStore
+    # puts between its chunk runs.
+    wasted = shards.check_payloads(server, reread=SCANNED_BEFORE_READ_AHEAD)
+    fetch = stats(m.path)["fetch"]
+    assert fetch["prefetch_wasted_bytes"] == wasted
+    assert fetch["prefetch_cached_entries"] == 0  # every prefetched chunk was read
+    assert fetch["prefetch_bytes"] == fetch["prefetch_hit_bytes"] + fetch["prefetch_wasted_bytes"]
+
+
+def test_cp_r_scan(site, server, mount, tmp_path):
+    """`cp -r` reads in inode (= key) order, which murmurhash spreads over every shard and
+    minishard: the same index costs; reads of whole chunks, every chunk fetched, and a few twice
+    (those a later read spans in its gaps after they were read)."""
+    shards = Shards(site / "igneous" / KEY)
+    m = mount(f"{server.url}/igneous")
+    server.reset_log()
+    subprocess.run(["cp", "-r", str(m.path / KEY), str(tmp_path / "copy")], check=True, timeout=60)
+    assert_same_tree(tmp_path / "copy", plain(site))
+    costs = shards.costs(server)
+    assert all(c["head"] == c["index"] == c["minishard"] == 1 for c in costs.values()), costs
+    # 3 reads before the scan is recognised, then one read per run of adjacent chunks of each
+    # shard that each window of keys (8, 9, 17, 33, 65, 129) touches; what the reads cover
+    # between the chunks they want is kept, except 8 chunks already read.
+    assert sum(c["payload"] for c in costs.values()) == 41
+    fetch = stats(m.path)["fetch"]
+    wasted = shards.check_payloads(server, reread=8)
+    assert fetch["prefetch_wasted_bytes"] == wasted == 8 * 4096
+    assert fetch["prefetch_cached_entries"] == 0
+    assert fetch["prefetch_bytes"] == fetch["prefetch_hit_bytes"] + fetch["prefetch_wasted_bytes"]
+
+
+def test_zarr_scan_in_listing_order(site, server, mount):
+    """A sharded Zarr v3 array read in listing order: per shard 1 HEAD, its index and one
+    payload read (the shard the scan starts in also pays the reads before it is recognised)."""
+    m = mount(f"zarr3://{server.url}/zarr/sharded/arr")
+    server.reset_log()
+    names = [n for n in os.listdir(m.path) if n.startswith("c.")]
+    assert len(names) == 128
+    for name in names:
+        assert (m.path / name).read_bytes() == (site / "zarr" / "plain" / "arr" / name).read_bytes(), name
+    costs: dict[str, Counter] = {}
+    for r in server.requests():
+        shard = r.path.rsplit("/", 1)[-1]
+        if shard.startswith("c."):
+            size = (site / "zarr" / "sharded" / "arr" / shard).stat().st_size
+            index = f"bytes={size - (16 * 16 + 4)}-{size - 1}"  # 16 entries and a crc32c, at the end
+            kind = "head" if r.method == "HEAD" else "index" if r.range == index else "payload"
+            costs.setdefault(shard, Counter())[kind] += 1
+    assert len(costs) == 8
+    first = next(s for s in costs if costs[s]["payload"] > 1)
+    assert costs == {s: Counter(head=1, index=1, payload=1 + SCANNED_BEFORE_READ_AHEAD * (s == first))
+                     for s in costs}
+
+
+def test_zarr_cp_r_of_nested_chunk_directories(site, server, mount, tmp_path):
+    """`cp -r` of a Zarr array with nested chunk keys (c/i/j/k): directory by directory in key
+    order; the scan carries on from one directory into the next, so only the reads before it is
+    recognised reach the server themselves, and the chunks that zarr-python's Morton-ordered shards
+    put in the gaps of the prefetches are kept, not read again."""
+    m = mount(f"zarr3://{server.url}/nested/sharded/arr")
+    server.reset_log()
+    subprocess.run(["cp", "-r", str(m.path / "c"), str(tmp_path / "copy")], check=True, timeout=60)
+    assert assert_same_tree(tmp_path / "copy", site / "nested" / "plain" / "arr" / "c") == 128
+    fetch = stats(m.path)["fetch"]
+    shards = 8
+    assert fetch["reads"] == shards + SCANNED_BEFORE_READ_AHEAD  # shard indexes, and the reads before the scan
+    assert fetch["prefetch_hits"] == 128 - SCANNED_BEFORE_READ_AHEAD
+    assert fetch["prefetch_wasted_bytes"] <= fetch["prefetch_bytes"] // 5
+    # Without read-ahead: a HEAD and an index per shard, and a request per chunk (144).
+    assert len(server.requests()) == 2 * shards + SCANNED_BEFORE_READ_AHEAD + fetch["prefetch_reads"] <= 40
+
+
+# -- scattered reads: a viewer -----------------------------------------------------------------
+
+def scattered(site: Path, n: int, seed: int) -> list[str]:
+    """`n` chunk names, none next to another in key order or in its minishard's table: no two
+    of them could be the start of a scan, in whatever order they are read."""
+    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
+
+    spec = ShardingSpecification.from_dict(dict(SPEC))
+    key = chunk_keys(plain(site))
+    table: dict[tuple, list[int]] = {}
+    for k in sorted(key.values()):
+        loc = spec.compute_shard_location(k)
+        table.setdefault((loc.shard_number, int(loc.minishard_number)), []).append(k)
+    near: dict[int, set[int]] = {k: {k - 1, k + 1} for k in key.values()}
+    for keys in table.values():
+        for a, b in zip(keys, keys[1:]):
+            near[a].add(b)
+            near[b].add(a)
+    names = sorted(key)
+    random.Random(seed).shuffle(names)
+    picked: list[str] = []
+    taken: set[int] = set()
+    for name in names:
+        if len(picked) < n and not near[key[name]] & taken:
+            picked.append(name)
+            taken.add(key[name])
+    assert len(picked) == n
+    return picked
+
+
+def test_scattered_reads_pay_nothing_for_read_ahead(site, server, mount):
+    """A viewer reading scattered chunks (no listing) sends exactly the requests it sends
+    with --no-read-ahead, and with 8 readers at once no prefetch starts either."""
+    names = scattered(site, 48, seed=5)
+    sent = {}
+    for options in ((), ("--no-read-ahead",)):
+        m = mount(f"{server.url}/igneous", *options)
+        server.reset_log()
+        for name in names:
+            assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes()
+        sent[options] = sorted((r.method, r.path, r.range or "") for r in server.requests())
+        assert stats(m.path)["fetch"]["prefetch_bytes"] == 0
+    assert sent[()] == sent[("--no-read-ahead",)]
+    m = mount(f"{server.url}/igneous")
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda n: (m.path / KEY / n).read_bytes(), names))
+    assert got == [(plain(site) / n).read_bytes() for n in names]
+    assert stats(m.path)["fetch"]["prefetch_bytes"] == 0
+
+
+# -- listings and lookups ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout, options", [("igneous", ()), ("igneous", ("--no-read-ahead",)), ("ts", ())])
+def test_ls_lR_costs_three_round_trips(site, server, mount, layout, options):
+    """`ls -lR` of a chunk directory: HEADs of every shard, then their shard indexes, then their
+    minishard indexes, each step all shards at once (not read-ahead: --no-read-ahead keeps it)."""
+    shards = Shards(site / layout / KEY)
+    m = mount(f"{server.url}/{layout}", *options)
+    server.faults.delay = 0.2  # long enough that requests sent together never look chained
+    server.reset_log()
+    subprocess.run(["ls", "-lR", str(m.path / KEY)], check=True, capture_output=True, timeout=60)
+    minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
+    assert shards.costs(server) == {s: Counter(head=1, index=1, minishard=minishards) for s in shards.chunks}
+    assert server.round_trips() == 3
+
+
+def libfuse_version() -> tuple[int, ...]:
+    lib = ctypes.CDLL(ctypes.util.find_library("fuse3") or "libfuse3.so.3")
+    lib.fuse_pkgversion.restype = ctypes.c_char_p
+    return tuple(int(x) for x in lib.fuse_pkgversion().decode().split(".")[:3])
+
+
+# libfuse before 3.17.1 enables FUSE_CAP_PARALLEL_DIROPS by default but never tells the kernel
+# (libfuse commit c9905341, "Pass FUSE_PARALLEL_DIROPS to kernel", #861), so the kernel sends the
+# lookups of one directory one at a time; pyfuse3 cannot set it. Measured here: 8 cold lookups
+# in one directory take 8 round trips, in 8 directories 1.
+SERIAL_LOOKUPS = pytest.mark.xfail(libfuse_version() < (3, 17, 1), strict=True,
+                                   reason="libfuse < 3.17.1 does not pass FUSE_PARALLEL_DIROPS to the kernel")
+
+
+@SERIAL_LOOKUPS
+def test_lookups_in_one_directory_overlap(site, server, mount):
+    """8 threads stat 8 chunk names of one directory, each lookup needing one payload round trip
+    (gzip data: the size is in the gzip trailer): together they take about one round trip."""
+    latency = 0.3
+    names = sorted(os.listdir(site / "seg" / "plain" / KEY))
+    m = mount(f"{server.url}/seg/sharded")
+    warm, wanted = names[::2], names[1::2][:8]
+    for name in warm:  # every shard and minishard index read
+        os.stat(m.path / KEY / name)
+    server.faults.delay = latency
+    server.reset_log()
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        sizes = list(pool.map(lambda n: os.stat(m.path / KEY / n).st_size, wanted))
+    elapsed = time.monotonic() - start
+    assert sizes == [(site / "seg" / "plain" / KEY / n).stat().st_size for n in wanted]
+    assert len(server.requests()) == 8
+    assert server.round_trips() <= 2 and elapsed < 4 * latency, (server.round_trips(), elapsed)
+
+
+# -- read-ahead changes no byte ----------------------------------------------------------------
+
+def forget_pages(paths: list[Path]) -> None:
+    """Drop the kernel's cached pages of `paths`, so the next reads reach the daemon again."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_pieces(path: Path, rng: random.Random) -> bytes:
+    """The whole file, read whole or in pieces of random sizes at random offsets."""
+    size = path.stat().st_size
+    if rng.random() < 0.5:
+        return path.read_bytes()
+    cuts = sorted({0, size, *(rng.randrange(size) for _ in range(rng.randrange(1, 4)))})
+    pieces = list(zip(cuts, cuts[1:]))
+    rng.shuffle(pieces)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = {lo: os.pread(fd, hi - lo, lo) for lo, hi in pieces}
+    finally:
+        os.close(fd)
+    return b"".join(got[lo] for lo, _ in sorted(pieces))
+
+
+@pytest.mark.parametrize("source", ["igneous", "ts", "zarr"])
+def test_read_ahead_changes_no_byte(site, server, mount, source):
+    """Every file read under random orders (shuffled, listing, reversed, name order) by 1-8
+    threads, whole or in random pieces, with and without read-ahead and coalescing: the bytes of
+    the unsharded files. No chunk cache, and the kernel's pages dropped between rounds, so every
+    round goes through the fetcher."""
+    if source == "zarr":
+        url, sub, reference = f"zarr3://{server.url}/zarr/sharded/arr", ".", site / "zarr" / "plain" / "arr"
+    else:
+        url, sub, reference = f"{server.url}/{source}", KEY, plain(site)
+    rng = random.Random(f"differential-{source}")
+    for options in ((), ("--no-read-ahead", "--coalesce-gap", "0")):
+        m = mount(url, "--chunk-cache", "0", *options)
+        listed = [n for n in os.listdir(m.path / sub) if n != "zarr.json"]
+        assert sorted(listed) == sorted(n for n in os.listdir(reference) if n != "zarr.json")
+        for round_ in range(3):
+            forget_pages([m.path / sub / n for n in listed])
+            server.reset_log()
+            wrong = read_round(m.path / sub, reference, listed, rng)
+            assert not wrong, (options, round_, wrong[:5])
+            assert len(server.requests("GET")) >= len(listed) // 64  # read again, not from the kernel's pages
+
+
+def read_round(directory: Path, reference: Path, listed: list[str], rng: random.Random) -> list[str]:
+    """Read every file once, in a random order by 1, 3 or 8 threads; the names read wrong."""
+    order = rng.choice(["shuffled", "listing", "reversed", "names"])
+    names = {"shuffled": lambda: rng.sample(listed, len(listed)), "listing": lambda: listed,
+             "reversed": lambda: listed[::-1], "names": lambda: sorted(listed)}[order]()
+    threads = rng.choice([1, 3, 8])
+    # Interleaved (each thread every n-th file) or in blocks (each thread a run of them).
+    parts = ([names[i::threads] for i in range(threads)] if rng.random() < 0.5 else
+             [names[i * len(names) // threads:(i + 1) * len(names) // threads] for i in range(threads)])
+    seeds = [rng.random() for _ in parts]
+
+    def read(part: list[str], seed: float) -> list[str]:
+        piece_rng = random.Random(seed)
+        return [n for n in part if read_pieces(directory / n, piece_rng) != (reference / n).read_bytes()]
+
+    with ThreadPoolExecutor(threads) as pool:
+        return [n for bad in pool.map(read, parts, seeds) for n in bad]
+
+
+# -- the prefetch budget -------------------------------------------------------------------------
+
+def test_prefetch_stays_within_its_budget(site, server, mount):
+    """With a 1 MiB prefetch cache, a scan of 1 MiB of chunks (in key order: windows spread over
+    every shard) never holds more than 1 MiB prefetched, nor more than half of it in flight; what
+    was prefetched was read, wasted or is still held, to the byte."""
+    m = mount(f"{server.url}/igneous", "--prefetch-cache", "1")
+    names = sorted(os.listdir(m.path / KEY), key=lambda n: os.stat(m.path / KEY / n).st_ino)  # cp -r's order
+    for name in names:
+        assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes()
+        fetch = stats(m.path)["fetch"]
+        assert fetch["prefetch_limit"] == 1 << 20
+        assert fetch["prefetch_cached_bytes"] <= fetch["prefetch_limit"]
+        assert fetch["prefetch_in_flight_bytes"] <= fetch["prefetch_limit"] // 2
+    assert fetch["prefetch_hits"] > len(names) // 2  # the scan was recognised all the same
+    held = fetch["prefetch_cached_bytes"] - 64 * fetch["prefetch_cached_entries"]  # the cache counts 64 B per entry
+    assert fetch["prefetch_bytes"] == fetch["prefetch_hit_bytes"] + fetch["prefetch_wasted_bytes"] + held
+
+
+def test_unmount_cancels_prefetch(site, server, mount):
+    """A prefetch waiting on a slow server does not hold up unmounting: the daemon exits promptly."""
+    m = mount(f"{server.url}/igneous", "--timeout", "30")
+    d = m.path / KEY
+    names = os.listdir(d)
+    # The third file of a listing-order scan starts the prefetch of the rest of its shard; it is
+    # read first (so its own read is served from the daemon's cache), then forgotten by the kernel.
+    (d / names[2]).read_bytes()
+    forget_pages([d / names[2]])
+    (d / names[0]).read_bytes()
+    (d / names[1]).read_bytes()
+    server.faults.delay = 20
+    server.reset_log()
+    (d / names[2]).read_bytes()
+    deadline = time.monotonic() + 5
+    while server.in_flight == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.in_flight >= 1, "no prefetch was sent"
+    start = time.monotonic()
+    subprocess.run(["fusermount3", "-u", str(m.path)], check=True, timeout=30)
+    while daemon_pids(m.path) and time.monotonic() - start < 15:
+        time.sleep(0.05)
+    assert not daemon_pids(m.path) and time.monotonic() - start < 5, time.monotonic() - start
