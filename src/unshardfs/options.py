@@ -27,6 +27,9 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
                              "%(default)s)")
     remote.add_argument("--backoff", type=float, default=defaults.backoff, metavar="SECONDS",
                         help="first retry delay, doubling each retry (default %(default)s)")
+    remote.add_argument("--request-deadline", type=float, default=None, metavar="SECONDS",
+                        help="the most one request may take in all (every retry, redirect and the body), so a "
+                             "server dripping bytes cannot hold a slot (default 4 x --timeout)")
     remote.add_argument("--stat-ttl", type=float, default=defaults.stat_ttl, metavar="SECONDS",
                         help="how long object sizes and absences are trusted (default %(default)s)")
     remote.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint (default: AWS)")
@@ -73,7 +76,7 @@ def cache_sizes(args: argparse.Namespace) -> CacheSizes:
 def format_options(args: argparse.Namespace) -> dict:
     """Keyword arguments of `Session.open` from the command line (picklable, for workers)."""
     http = HttpOptions(concurrency=max(1, args.concurrency), timeout=args.timeout, retries=max(0, args.retries),
-                       backoff=max(0.0, args.backoff), stat_ttl=args.stat_ttl)
+                       backoff=max(0.0, args.backoff), stat_ttl=args.stat_ttl, deadline=args.request_deadline)
     remote = RemoteOptions(http, args.s3_endpoint, args.gcs_endpoint,
                            args.cache_dir and os.path.abspath(os.path.expanduser(args.cache_dir)),
                            args.cache_dir_size * MiB)

@@ -202,13 +202,13 @@ def test_source_urls():
     from unshardfs.sources import RemoteOptions, open_source
     from unshardfs.sources.objectstore import GcsSource, S3Source
 
-    assert split_format("zarr3://gs://b/x") == ("zarr", "gs://b/x")
+    assert split_format("zarr3://gs://bkt/x") == ("zarr", "gs://bkt/x")
     gcs = open_source("gs://my-bucket/some/data/")
     assert isinstance(gcs, GcsSource) and gcs.object_url("info") == \
         "https://storage.googleapis.com/my-bucket/some/data/info"
-    s3 = open_source("s3://b/p", RemoteOptions(s3_endpoint="http://minio:9000"))
-    assert isinstance(s3, S3Source) and s3.object_url("a b") == "http://minio:9000/b/p/a%20b"
-    assert open_source("s3://b").object_url("k") .startswith("https://b.s3.")  # type: ignore[attr-defined]
+    s3 = open_source("s3://bkt/p", RemoteOptions(s3_endpoint="http://minio:9000"))
+    assert isinstance(s3, S3Source) and s3.object_url("a b") == "http://minio:9000/bkt/p/a%20b"
+    assert open_source("s3://bkt").object_url("k").startswith("https://bkt.s3.")  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="bucket"):
         open_source("gs:///x")
     with pytest.raises(ConfigError, match="unsupported source scheme"):
@@ -280,8 +280,8 @@ def test_dvid_export_over_gcs(tmp_path, mount):
                 VARIANTS["csv-stream-zstd"])
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(info_for([size], SHARDING)))
-    with DatasetServer(site, gcs_bucket="b") as gcs:
-        m = mount("gs://b/export", "--gcs-endpoint", gcs.url, "--info", str(spec))
+    with DatasetServer(site, gcs_bucket="bkt") as gcs:
+        m = mount("gs://bkt/export", "--gcs-endpoint", gcs.url, "--info", str(spec))
         np.testing.assert_array_equal(read_tensorstore(m.path, 0), agglomerate(vol))
         mnt = tmp_path / "mnt-http"
         mnt.mkdir()

@@ -55,7 +55,8 @@ def open_source(url: str, remote: RemoteOptions | None = None) -> ByteSource:
         from .objectstore import GcsSource
 
         bucket, prefix = _bucket(rest, scheme)
-        source = GcsSource(bucket, prefix, remote.http, remote.gcs_endpoint or "https://storage.googleapis.com")
+        # Without --gcs-endpoint, Google's: the only host that may see the user's Google credentials.
+        source = GcsSource(bucket, prefix, remote.http, remote.gcs_endpoint)
     elif scheme == "s3":
         from .objectstore import S3Source
 

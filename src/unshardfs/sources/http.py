@@ -11,6 +11,16 @@ seconds: a lookup would otherwise cost a HEAD round trip every time.
 Object versions are the server's ETag (else Last-Modified) plus the size;
 reads made with a version send `If-Match`, so a shard replaced on the server
 is noticed (412 -> StaleError) instead of mixing an old index with new data.
+
+Every response is untrusted, so a server can cost us at most what we asked
+for: bodies are streamed raw (never decoded: `Accept-Encoding: identity`,
+and any other `Content-Encoding` is refused) up to a cap chosen per status
+(exactly the requested length for a 206, whose `Content-Range` must match),
+each request has one deadline over all its attempts, redirects and body, and
+redirects stay on the origin we were given, so neither requests nor
+credentials ever go to another host or down from https to http. Keys become
+URL paths segment by segment, percent-quoted, and keys a server (or httpx)
+would normalise into another path are never requested.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import random
+import re
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 from urllib.parse import quote, urljoin
@@ -26,9 +37,9 @@ import httpx
 import trio
 from cachetools import TTLCache
 
-from ..errors import SourceError, StaleError
+from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
-from .base import ObjectStat
+from .base import ObjectStat, name_problem
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +48,11 @@ REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS = 5
 BASE_HEADERS = {"User-Agent": "unshardfs", "Accept-Encoding": "identity"}
 ABSENT_STATUS = frozenset({404, 410})
+# Bodies we do not use (errors, redirects) are read this far, so a short one keeps its connection
+# alive; a longer one is dropped with its connection.
+ERROR_BODY_LIMIT = 64 << 10
+# Sizes beyond int64 cannot be a file size (the kernel's off_t).
+MAX_OBJECT_SIZE = (1 << 63) - 1
 
 
 @dataclass
@@ -49,6 +65,13 @@ class HttpOptions:
     stat_ttl: float = 300.0
     # A server that ignores Range sends whole objects; accept those up to this size.
     whole_object_limit: int = 64 << 20
+    # Seconds one request may take from its first attempt to its last body byte, retries,
+    # backoff and redirects included (None: 4 x timeout). `timeout` alone bounds each wait for
+    # a byte, so a server dripping bytes just fast enough would otherwise hold a slot forever.
+    deadline: float | None = None
+
+    def request_deadline(self) -> float:
+        return self.deadline if self.deadline is not None else 4 * self.timeout
 
 
 @dataclass
@@ -66,18 +89,126 @@ class HttpCounters:
                 "status": {str(k): v for k, v in sorted(self.status.items())}}
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A final response, its body read up to the limit its status allowed."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes | None  # None: longer than that limit (or a HEAD), not read
+
+
+# How many body bytes a response of each status may bring.
+BodyLimit = Callable[[int], int]
+
+
+def _error_bodies(status: int) -> int:
+    return ERROR_BODY_LIMIT
+
+
+def _encoding(headers: httpx.Headers) -> str | None:
+    """The Content-Encoding of an answer, None for identity (the only one we ask for)."""
+    encoding = headers.get("content-encoding", "").strip().lower()
+    return encoding if encoding not in ("", "identity") else None
+
+
 def _mtime_ns(headers: httpx.Headers) -> int:
     value = headers.get("last-modified")
     if value:
         try:
             return int(email.utils.parsedate_to_datetime(value).timestamp() * 1e9)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             pass
     return 0
 
 
-# Signs or otherwise authorises a request in place (S3 SigV4, GCS bearer tokens).
-Authorizer = Callable[[httpx.Request], "None"]
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot be requested as it is, or None.
+
+    '' , '.' and '..' segments would be resolved away by httpx or the server
+    (`ds/../x` is requested as `x`: another prefix, even another bucket), and
+    NUL or non-UTF-8 cannot be sent faithfully; such keys are never requested.
+    """
+    for segment in key.split("/"):
+        problem = name_problem(segment)
+        if problem is not None:
+            return f"key {key!r}: {problem}"
+    return None
+
+
+def quote_key(key: str) -> str:
+    """`key` as a URL path: each segment percent-quoted, so none of it is read as URL syntax."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise SourceError(f"{problem}: not requested")
+    return "/".join(quote(segment, safe="") for segment in key.split("/"))
+
+
+def origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port
+
+
+def redirect_refusal(current: str, location: str, follow: bool = True) -> str | None:
+    """Why a redirect from `current` to `location` must not be followed, or None to follow it.
+
+    Only to the same scheme, host and port: another host would receive our
+    requests (and reach data outside the source), https -> http would send them
+    in clear. Object stores never redirect a read we should trust (`follow`).
+    """
+    try:
+        target = urljoin(current, location)
+        same = origin(httpx.URL(target)) == origin(httpx.URL(current))
+    except (ValueError, httpx.InvalidURL):  # urljoin's own complaints are ValueErrors
+        return f"refused redirect to invalid URL {location!r}"
+    if not follow or not same:
+        return f"refused redirect to {target}"
+    return None
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
+    """The raw (never decoded) body, or None as soon as it proves longer than `limit`:
+    a declared Content-Length says so before anything is read, an endless or
+    undeclared body after at most one network chunk more."""
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        return None
+    parts: list[bytes] = []
+    got = 0
+    async for chunk in response.aiter_raw():
+        got += len(chunk)
+        if got > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def ranged_body(where: str, reply: Reply, offset: int, size: int) -> bytes:
+    """The body of a 206 to `Range: bytes=offset-(offset+size-1)`, checked against that request.
+
+    A server or cache in between may answer another range, or a length its own
+    Content-Range does not state; taken as they come, those would be bytes from
+    elsewhere in the object. The answer may be shorter only at the object's end.
+    """
+    value = reply.headers.get("content-range", "")
+    match = _CONTENT_RANGE.fullmatch(value.strip())
+    if reply.body is None or match is None:
+        got = "more bytes than" if reply.body is None else f"Content-Range {value!r} for"
+        raise SourceError(f"{where}: server sent {got} the {size} bytes at {offset} asked for")
+    start, last, total = int(match[1]), int(match[2]), match[3]
+    end = offset + size if total == "*" else min(offset + size, int(total))
+    if (start, last + 1, len(reply.body)) != (offset, end, end - offset):
+        raise SourceError(f"{where}: asked for bytes {offset}-{offset + size - 1}, server sent "
+                          f"{len(reply.body)} bytes as {value!r}")
+    return reply.body
+
+
+def _content_range_total(value: str) -> int | None:
+    # "bytes 0-0/12345"
+    match = _CONTENT_RANGE.fullmatch(value.strip())
+    return int(match[3]) if match and match[3] != "*" and int(match[3]) <= MAX_OBJECT_SIZE else None
 
 
 class HttpSource:
@@ -86,12 +217,23 @@ class HttpSource:
     listable = False
     remote = True
     index_cache = None
+    # Whether redirects (to the same origin only) are followed; object stores never need them.
+    follow_redirects = True
 
     def __init__(self, base_url: str, options: HttpOptions | None = None, description: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.options = options or HttpOptions()
         self.description = description or self.base_url
         self.counters = HttpCounters()
+        try:
+            url = httpx.URL(self.base_url)
+        except httpx.InvalidURL as e:
+            raise ConfigError(f"invalid URL {base_url!r}: {e}") from None
+        if url.scheme not in ("http", "https") or not url.host or url.query or url.fragment:
+            # Keys are appended to the path: a query or fragment would swallow them.
+            raise ConfigError(f"invalid URL {base_url!r}: need http(s)://host/path, without '?' or '#'")
+        # Credentials (`authorize`) go to this origin only: the endpoint the user configured.
+        self.credential_origin = origin(url)
         self._transport: httpx.AsyncHTTPTransport | None = None
         self._limiter: trio.CapacityLimiter | None = None
         self._stats: TTLCache = TTLCache(maxsize=200_000, ttl=self.options.stat_ttl)
@@ -99,7 +241,7 @@ class HttpSource:
     # -- plumbing ---------------------------------------------------------------
 
     def object_url(self, key: str) -> str:
-        return f"{self.base_url}/{quote(key)}" if key else self.base_url + "/"
+        return f"{self.base_url}/{quote_key(key)}" if key else self.base_url + "/"
 
     async def authorize(self, request: httpx.Request) -> None:
         """Add credentials to a request (none for plain HTTP)."""
@@ -122,68 +264,101 @@ class HttpSource:
             self._transport = None
 
     async def _send(self, method: str, url: str, headers: dict[str, str] | None) -> httpx.Response:
+        """One attempt: the request, then the redirects `redirect_refusal` allows."""
         timeout = self.options.timeout
         extensions = {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}
         for _hop in range(MAX_REDIRECTS + 1):
             request = httpx.Request(method, url, headers={**BASE_HEADERS, **(headers or {})}, extensions=extensions)
-            await self.authorize(request)
+            if origin(request.url) == self.credential_origin:
+                await self.authorize(request)
             self.counters.requests += 1
             response = await self.transport().handle_async_request(request)
             location = response.headers.get("location")
             if response.status_code not in REDIRECT_STATUS or not location:
                 return response
             await response.aclose()
+            refusal = redirect_refusal(url, location, self.follow_redirects)
+            if refusal is not None:
+                raise SourceError(f"{method} {url}: {refusal}")
             url = urljoin(url, location)
         raise SourceError(f"{method} {url}: more than {MAX_REDIRECTS} redirects")
 
+    async def _attempt(self, method: str, url: str, headers: dict[str, str] | None, limit: BodyLimit) -> Reply:
+        response = await self._send(method, url, headers)
+        try:
+            status = response.status_code
+            self.counters.status[status] = self.counters.status.get(status, 0) + 1
+            body = None
+            if method != "HEAD" and status not in RETRY_STATUS:
+                encoding = _encoding(response.headers)
+                if 200 <= status < 300 and encoding is not None:
+                    # Data we would have to decode (`gzip, gzip` of zeros is a bomb): we asked for identity.
+                    raise SourceError(f"{method} {url}: refusing Content-Encoding {encoding!r}")
+                body = await _read_capped(response, limit(status))
+        finally:
+            await response.aclose()
+        self.counters.bytes += len(body or b"")
+        return Reply(status, response.headers, body)
+
     async def request(self, method: str, url: str, headers: dict[str, str] | None = None,
-                      accept: Callable[[int], bool] = lambda status: status < 400,
-                      max_body: int | None = None) -> httpx.Response:
-        """Send with retries; returns the response (body read) once its status is accepted
-        or is a final error status (4xx other than 408/429)."""
+                      limit: BodyLimit = _error_bodies) -> Reply:
+        """Send with retries until a status other than 408/429/5xx, within one deadline counted from
+        the first attempt (waiting for a free slot does not count). The body is read up to
+        `limit(status)` bytes (None beyond)."""
         self.transport()
         assert self._limiter is not None
         delay = self.options.backoff
+        deadline: float | None = None
+        attempts = 0
         last = ""
-        for attempt in range(self.options.retries + 1):
-            if attempt:
-                self.counters.retries += 1
-                await trio.sleep(min(delay, self.options.backoff_max) * (0.5 + random.random()))
-                delay *= 2
-            try:
-                async with self._limiter:
-                    response = await self._send(method, url, headers)
-                    try:
-                        status = response.status_code
-                        self.counters.status[status] = self.counters.status.get(status, 0) + 1
-                        if status in RETRY_STATUS:
-                            last = f"HTTP {status}"
-                            retry_after = response.headers.get("retry-after", "")
-                            if retry_after.isdigit():
-                                delay = max(delay, float(retry_after))
-                            continue
-                        length = response.headers.get("content-length")
-                        if max_body is not None and accept(status) and length and int(length) > max_body:
-                            return response  # the caller decides, without downloading it
-                        await response.aread()
-                    finally:
-                        await response.aclose()
-                self.counters.bytes += len(response.content)
-                return response
-            except httpx.HTTPError as e:  # connection errors, timeouts, broken bodies
-                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        try:
+            while attempts <= self.options.retries:
+                if deadline is not None:  # a retry: the first attempt set the deadline
+                    wait = min(delay, self.options.backoff_max) * (0.5 + random.random())
+                    if trio.current_time() + wait >= deadline:
+                        break  # no time left for another attempt
+                    self.counters.retries += 1
+                    await trio.sleep(wait)
+                    delay *= 2
+                attempts += 1
+                try:
+                    async with self._limiter:
+                        if deadline is None:
+                            deadline = trio.current_time() + self.options.request_deadline()
+                        with trio.fail_at(deadline):
+                            reply = await self._attempt(method, url, headers, limit)
+                except httpx.HTTPError as e:  # connection errors, timeouts, broken bodies
+                    last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                    continue
+                if reply.status not in RETRY_STATUS:
+                    return reply
+                last = f"HTTP {reply.status}"
+                retry_after = reply.headers.get("retry-after", "")
+                if retry_after.isdigit():
+                    delay = max(delay, float(retry_after))
+        except trio.TooSlowError:
+            last = f"no complete answer within the {self.options.request_deadline():g} s deadline"
+        except SourceError:
+            self.counters.failures += 1
+            raise
         self.counters.failures += 1
-        raise SourceError(f"{method} {url}: {last} (after {self.options.retries + 1} attempts)")
+        raise SourceError(f"{method} {url}: {last} (after {attempts} attempts)")
 
     # -- the ByteSource contract ------------------------------------------------
 
-    def _stat_from(self, response: httpx.Response, size: int) -> ObjectStat:
-        tag = response.headers.get("etag") or response.headers.get("last-modified") or ""
-        return ObjectStat(size=size, mtime_ns=_mtime_ns(response.headers), is_dir=False, version=(tag, size))
+    def _stat_from(self, reply: Reply, size: int) -> ObjectStat:
+        tag = reply.headers.get("etag") or reply.headers.get("last-modified") or ""
+        return ObjectStat(size=size, mtime_ns=_mtime_ns(reply.headers), is_dir=False, version=(tag, size))
 
     async def stat(self, key: str) -> ObjectStat | None:
         if not key:
             return ObjectStat(0, 0, True)
+        problem = key_problem(key)
+        if problem is not None:
+            # Absent: a name no request can reach exactly has no object behind it for us.
+            log_once(log, f"key:{self.description}:{problem}", "%s: %s: treated as absent", self.description,
+                     problem)
+            return None
         cached = self._stats.get(key, _MISSING)
         if cached is not _MISSING:
             return cached
@@ -193,21 +368,20 @@ class HttpSource:
 
     async def _head(self, key: str) -> ObjectStat | None:
         url = self.object_url(key)
-        response = await self.request("HEAD", url, {"Accept-Encoding": "identity"})
-        if self.is_absent(response.status_code):
+        reply = await self.request("HEAD", url)
+        if self.is_absent(reply.status):
             return None
-        if response.status_code >= 400:
-            raise SourceError(f"HEAD {url}: HTTP {response.status_code}")
-        length = response.headers.get("content-length")
-        if length is not None and "gzip" not in response.headers.get("content-encoding", ""):
-            return self._stat_from(response, int(length))
+        if reply.status >= 400:
+            raise SourceError(f"HEAD {url}: HTTP {reply.status}")
+        length = reply.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= MAX_OBJECT_SIZE and _encoding(reply.headers) is None:
+            return self._stat_from(reply, int(length))
         # No usable length from HEAD: ask for one byte and read the total from Content-Range.
-        response = await self.request("GET", url, {"Range": "bytes=0-0", "Accept-Encoding": "identity"},
-                                      max_body=1 << 20)
-        total = _content_range_total(response.headers.get("content-range", ""))
-        if total is None:
+        reply = await self.request("GET", url, {"Range": "bytes=0-0"}, limit=lambda status: 1)
+        total = _content_range_total(reply.headers.get("content-range", ""))
+        if reply.status != 206 or total is None:
             raise SourceError(f"GET {url}: cannot tell the object's size")
-        return self._stat_from(response, total)
+        return self._stat_from(reply, total)
 
     def is_absent(self, status: int) -> bool:
         return status in ABSENT_STATUS
@@ -216,28 +390,25 @@ class HttpSource:
         if size <= 0:
             return b""
         url = self.object_url(key)
-        headers = {"Range": f"bytes={offset}-{offset + size - 1}", "Accept-Encoding": "identity"}
+        headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         if version and version[0] and version[0].startswith(('"', 'W/"')):
             headers["If-Match"] = version[0]
-        response = await self.request("GET", url, headers, max_body=self.options.whole_object_limit)
-        status = response.status_code
+        limits = {206: size, 200: self.options.whole_object_limit}
+        reply = await self.request("GET", url, headers, lambda status: limits.get(status, ERROR_BODY_LIMIT))
+        status = reply.status
         if status == 206:
-            data = response.content
-            if len(data) > size:
-                raise SourceError(f"GET {url}: server sent {len(data)} bytes for a {size}-byte range")
-            return data
+            return ranged_body(f"GET {url}", reply, offset, size)
         if status == 200:
             # The server ignores Range and sent the whole object.
             self.counters.whole_object_fallbacks += 1
-            length = int(response.headers.get("content-length") or len(response.content))
-            if length > self.options.whole_object_limit:
-                raise SourceError(f"GET {url}: the server ignores Range requests and the object has {length} "
-                                  f"bytes (more than the {self.options.whole_object_limit >> 20} MiB accepted "
-                                  "whole); serve the data with Range support")
+            if reply.body is None:
+                raise SourceError(f"GET {url}: the server ignores Range requests and the object has more "
+                                  f"than the {self.options.whole_object_limit >> 20} MiB accepted whole; serve "
+                                  "the data with Range support")
             log_once(log, f"norange:{self.base_url}", "%s ignores Range requests: fetching whole objects "
                      "(up to %d MiB each); a server with Range support is far faster", self.base_url,
                      self.options.whole_object_limit >> 20)
-            return response.content[offset:offset + size]
+            return reply.body[offset:offset + size]
         if status == 416:
             return b""  # the range starts at or past the end
         if status == 412 or (version and self.is_absent(status)):
@@ -260,9 +431,3 @@ class HttpSource:
 
 
 _MISSING = object()
-
-
-def _content_range_total(value: str) -> int | None:
-    # "bytes 0-0/12345"
-    _, _, total = value.rpartition("/")
-    return int(total) if total.isdigit() else None

@@ -10,104 +10,208 @@ from their usual environments when present:
 - S3: the botocore credential chain (environment, shared config, instance
   roles) with SigV4 signing, if botocore is installed and finds credentials;
   otherwise anonymous requests.
+
+Bucket names are checked against the stores' naming rules before anything
+connects, and names in listings are untrusted: a name that is not exactly one
+usable path segment below the listed prefix ('', '.', '..', '/', NUL,
+non-UTF-8, or outside the prefix) is skipped and logged once, never turned
+into a key. Listings end with an error when a page is too large, a page token
+repeats or there are too many pages, instead of running forever.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
+import ipaddress
 import logging
 import os
+import re
 import xml.etree.ElementTree as ET
 from typing import AsyncIterator
-from urllib.parse import quote, urlencode
+from urllib.parse import unquote_plus, urlencode
 
 import httpx
 import trio
 
+from ..core.fields import Fields, as_str, load_json
 from ..errors import ConfigError, SourceError
-from .base import ObjectStat
-from .http import HttpOptions, HttpSource
+from ..logonce import log_once
+from .base import ObjectStat, join_key, name_problem
+from .http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, key_problem, quote_key
 
 log = logging.getLogger(__name__)
 
+GCS_ENDPOINT = "https://storage.googleapis.com"
+# A page of 1000 names of 1 KiB each is ~1.5 MB; a larger one is refused, which
+# also bounds what parsing one costs (~10x its size in Python objects).
+LISTING_PAGE_LIMIT = 8 << 20
+# Page tokens travel back in the next URL; real ones are a few hundred bytes.
+MAX_PAGE_TOKEN = 4096
+DIRECTORY = ObjectStat(0, 0, True)
 
-def _iso_ns(value: str | None) -> int:
-    if not value:
+# The stores' bucket naming rules (S3: lowercase letters, digits, '.', '-'; GCS also '_'), both
+# starting and ending with a letter or digit. Both stores also require 3 or more characters;
+# shorter names are let through: they can address nothing but a bucket, the store refuses them
+# itself, and the test stand-ins use them.
+# At least 3 characters, as both stores require.
+_BUCKET_NAME = {"s3": re.compile(r"[a-z0-9][a-z0-9.-]+[a-z0-9]"),
+                "gs": re.compile(r"[a-z0-9][a-z0-9._-]+[a-z0-9]")}
+
+
+def bucket_problem(bucket: str, scheme: str) -> str | None:
+    """Why `bucket` is not a valid bucket name of the `scheme` ('s3' or 'gs') store, or None.
+
+    Checked before anything connects: the name becomes part of a host name (S3)
+    or URL path, where `127.0.0.1:9000#`, `a?b` or `a..b` would address
+    another host, API or bucket.
+    """
+    longest = 222 if scheme == "gs" and "." in bucket else 63  # GCS: dotted names, 63 per part
+    if not _BUCKET_NAME[scheme].fullmatch(bucket):
+        allowed = "'.', '-'" + (", '_'" if scheme == "gs" else "")
+        return (f"use 3 or more lowercase letters, digits, {allowed}, starting and ending with a letter or "
+                "digit")
+    if len(bucket) > longest or any(len(part) > 63 for part in bucket.split(".")):
+        return f"longer than {longest} characters (or 63 between dots)"
+    if ".." in bucket:
+        return "two adjacent dots"
+    try:
+        ipaddress.ip_address(bucket)
+    except ValueError:
+        return None
+    return "an IP address"
+
+
+def check_bucket(bucket: str, scheme: str) -> None:
+    problem = bucket_problem(bucket, scheme)
+    if problem is not None:
+        raise ConfigError(f"invalid {scheme}:// bucket name {bucket!r}: {problem}")
+
+
+def _iso_ns(value: object) -> int:
+    if not isinstance(value, str) or not value:
         return 0
     try:
         return int(datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9)
-    except ValueError:
+    except (ValueError, OverflowError):
         return 0
+
+
+def _size(value: object) -> int:
+    """An object size from a listing (GCS sends a decimal string, S3 an element's text)."""
+    if not isinstance(value, str) or not value.isdigit() or int(value) > MAX_OBJECT_SIZE:
+        raise ValueError(f"object size {value!r}")
+    return int(value)
 
 
 class _PrefixListing(HttpSource):
     """Shared logic: a store under `<bucket>/<prefix>` listed page by page."""
 
+    scheme = ""  # of the store's URLs: "gs" or "s3"
     listable = True
+    # A store's API never needs one to answer a read; following one would leave the bucket.
+    follow_redirects = False
+    # A listing of more pages (1000 names each) ends in an error rather than running on.
+    max_pages = 10_000
 
-    def __init__(self, base_url: str, prefix: str, options: HttpOptions | None, description: str) -> None:
-        super().__init__(base_url, options, description)
+    def __init__(self, bucket: str, base_url: str, prefix: str, options: HttpOptions | None) -> None:
+        self.bucket = bucket
         self.prefix = prefix.strip("/")
+        super().__init__(base_url, options, f"{self.scheme}://{bucket}/{self.prefix}".rstrip("/"))
+        problem = key_problem(self.prefix) if self.prefix else None
+        if problem is not None:
+            raise ConfigError(f"{self.description}: prefix {problem}")
+
+    def where(self, listed: str) -> str:
+        return f"listing {self.scheme}://{self.bucket}/{listed}"
 
     def full_key(self, key: str) -> str:
         return "/".join(p for p in (self.prefix, key) if p)
 
     def object_url(self, key: str) -> str:
-        return f"{self.base_url}/{quote(self.full_key(key))}"
+        return f"{self.base_url}/{quote_key(self.full_key(key))}"
 
     async def page(self, prefix: str, limit: int | None, token: str | None
                    ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
         """One page of the listing: (objects, sub-prefixes, token of the next page or None)."""
         raise NotImplementedError
 
-    async def listing(self, url: str, prefix: str) -> httpx.Response:
-        response = await self.request("GET", url)
-        if response.status_code >= 400:
-            raise SourceError(f"listing {self.description}/{prefix}: HTTP {response.status_code}")
-        return response
+    async def listing(self, url: str, prefix: str) -> bytes:
+        """The body of one listing page, at most LISTING_PAGE_LIMIT bytes."""
+        reply = await self.request("GET", url, limit=lambda status: LISTING_PAGE_LIMIT if status == 200
+                                   else ERROR_BODY_LIMIT)
+        if reply.status != 200:
+            raise SourceError(f"{self.where(prefix)}: HTTP {reply.status}")
+        if reply.body is None:
+            raise SourceError(f"{self.where(prefix)}: a page of more than {LISTING_PAGE_LIMIT >> 20} MiB")
+        return reply.body
 
     async def pages(self, prefix: str, limit: int | None
                     ) -> AsyncIterator[tuple[list[tuple[str, ObjectStat]], list[str]]]:
         """(objects, sub-prefixes) directly under `prefix` (ending in '/'), page by page."""
         token = None
-        while True:
+        seen: set[str] = set()
+        for _ in range(self.max_pages):
             objects, prefixes, token = await self.page(prefix, limit, token)
             yield objects, prefixes
             if not token or limit:
                 return
+            if token in seen or len(token) > MAX_PAGE_TOKEN:
+                why = "repeated page token" if token in seen else f"sent a page token of {len(token)} characters"
+                raise SourceError(f"{self.where(prefix)}: server {why}")
+            seen.add(token)
+        raise SourceError(f"{self.where(prefix)}: more than {self.max_pages} pages")
+
+    def _child(self, listed: str, name: str, directory: bool) -> str | None:
+        """The name that `name` (a key or, with `directory`, a common prefix from the listing of
+        `listed`) has in that directory; None, logged once, when it is no usable file name."""
+        if name == listed and not directory:
+            return None  # the empty "folder" object some tools write for a prefix
+        child = name[len(listed):] if name.startswith(listed) else None
+        if child is not None and directory and child.endswith("/"):
+            child = child[:-1]
+        problem = f"{name!r} (not under the listed prefix)" if child is None else name_problem(child)
+        if problem is None:
+            return child
+        where = self.where(listed)
+        log_once(log, f"{where}:{problem}", "%s: skipping %s", where, problem)
+        return None
 
     async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+        if key and key_problem(key):
+            return
         full = self.full_key(key)
-        prefix = f"{full}/" if full else ""
-        async for objects, prefixes in self.pages(prefix, None):
+        listed = f"{full}/" if full else ""
+        async for objects, prefixes in self.pages(listed, None):
             for name in prefixes:
-                child = name[len(prefix):].rstrip("/")
-                if child:
-                    yield child, ObjectStat(0, 0, True)
+                child = self._child(listed, name, directory=True)
+                if child is not None:
+                    yield child, DIRECTORY
             for name, st in objects:
-                child = name[len(prefix):]
-                if child and "/" not in child:
-                    self._stats[self._relative(name)] = st
+                child = self._child(listed, name, directory=False)
+                if child is not None:
+                    self._stats[join_key(key, child)] = st
                     yield child, st
-
-    def _relative(self, full: str) -> str:
-        return full[len(self.prefix) + 1:] if self.prefix else full
 
     async def stat_dir(self, key: str) -> ObjectStat | None:
         if not key:
-            return ObjectStat(0, 0, True)
+            return DIRECTORY
+        if key_problem(key):
+            return None
+        # Anything under the prefix makes it a directory; `list` vets the names of its children.
         async for objects, prefixes in self.pages(f"{self.full_key(key)}/", 1):
-            return ObjectStat(0, 0, True) if objects or prefixes else None
+            return DIRECTORY if objects or prefixes else None
         return None
 
 
 class GcsSource(_PrefixListing):
+    scheme = "gs"
+
     def __init__(self, bucket: str, prefix: str, options: HttpOptions | None = None,
-                 endpoint: str = "https://storage.googleapis.com") -> None:
-        self.endpoint = endpoint.rstrip("/")
-        self.bucket = bucket
-        super().__init__(f"{self.endpoint}/{quote(bucket)}", prefix, options, f"gs://{bucket}/{prefix}".rstrip("/"))
+                 endpoint: str | None = None) -> None:
+        check_bucket(bucket, self.scheme)
+        # Credentials go to the endpoint only (see `HttpSource._send`): Google's, unless one is given.
+        self.endpoint = (endpoint or GCS_ENDPOINT).rstrip("/")
+        super().__init__(bucket, f"{self.endpoint}/{bucket}", prefix, options)
         self._credentials = _google_credentials()
 
     async def authorize(self, request: httpx.Request) -> None:
@@ -127,16 +231,21 @@ class GcsSource(_PrefixListing):
             query["maxResults"] = str(limit)
         if token:
             query["pageToken"] = token
-        response = await self.listing(f"{self.endpoint}/storage/v1/b/{quote(self.bucket)}/o?{urlencode(query)}",
-                                      prefix)
+        body = await self.listing(f"{self.endpoint}/storage/v1/b/{self.bucket}/o?{urlencode(query)}", prefix)
         try:
-            page = json.loads(response.content)
-            objects = [(item["name"], ObjectStat(int(item["size"]), _iso_ns(item.get("updated")), False,
-                                                 (item.get("etag", ""), int(item["size"]))))
-                       for item in page.get("items", [])]
-        except (ValueError, KeyError, TypeError) as e:
-            raise SourceError(f"listing gs://{self.bucket}/{prefix}: malformed response ({e})") from e
-        return objects, list(page.get("prefixes", [])), page.get("nextPageToken")
+            page = Fields(load_json(body, "listing"), "listing")
+            objects = []
+            for item in page.objects("items", []):
+                size = _size(item.get("size"))
+                objects.append((item.str("name"), ObjectStat(size, _iso_ns(item.get("updated")), False,
+                                                              (item.str("etag", default=""), size))))
+            prefixes = [as_str(p, "listing.prefixes[]") for p in page.list("prefixes", [])]
+            following = page.get("nextPageToken")
+            if following is not None:
+                following = as_str(following, "listing.nextPageToken")
+        except (ConfigError, ValueError) as e:  # MetadataError is a ConfigError
+            raise SourceError(f"{self.where(prefix)}: malformed response ({e})") from e
+        return objects, prefixes, following
 
 
 def _google_credentials():
@@ -157,15 +266,20 @@ S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
 class S3Source(_PrefixListing):
+    scheme = "s3"
+
     def __init__(self, bucket: str, prefix: str, options: HttpOptions | None = None, endpoint: str | None = None,
                  region: str | None = None) -> None:
+        check_bucket(bucket, self.scheme)
         self.region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         if endpoint:
-            base = f"{endpoint.rstrip('/')}/{quote(bucket)}"  # path style, as S3-compatible servers expect
+            base = f"{endpoint.rstrip('/')}/{bucket}"  # path style, as S3-compatible servers expect
+        elif "." in bucket:
+            # Virtual-hosted names with dots fail TLS (the certificate is *.s3.<region>.amazonaws.com).
+            base = f"https://s3.{self.region}.amazonaws.com/{bucket}"
         else:
             base = f"https://{bucket}.s3.{self.region}.amazonaws.com"
-        super().__init__(base, prefix, options, f"s3://{bucket}/{prefix}".rstrip("/"))
-        self.bucket = bucket
+        super().__init__(bucket, base, prefix, options)
         self._signer = _aws_signer(self.region)
 
     def is_absent(self, status: int) -> bool:
@@ -178,26 +292,35 @@ class S3Source(_PrefixListing):
 
     async def page(self, prefix: str, limit: int | None, token: str | None
                    ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
-        query = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
+        # encoding-type=url: keys holding characters XML cannot carry (NUL, most controls) come
+        # percent-encoded instead of breaking the whole page, as botocore asks for them too.
+        query = {"list-type": "2", "prefix": prefix, "delimiter": "/", "encoding-type": "url"}
         if limit:
             query["max-keys"] = str(limit)
         if token:
             query["continuation-token"] = token
-        response = await self.listing(f"{self.base_url}/?{urlencode(sorted(query.items()))}", prefix)
+        body = await self.listing(f"{self.base_url}/?{urlencode(sorted(query.items()))}", prefix)
         try:
-            root = ET.fromstring(response.content)
+            root = ET.fromstring(body)
             ns = S3_NS if root.tag.startswith(S3_NS) else ""
+            encoded = root.findtext(f"{ns}EncodingType") == "url"
+
+            def name(element: ET.Element, tag: str) -> str:
+                text = element.findtext(f"{ns}{tag}", "")
+                # Undecodable bytes stay as surrogates, for `name_problem` to refuse.
+                return unquote_plus(text, errors="surrogateescape") if encoded else text
+
             objects = []
             for item in root.iter(f"{ns}Contents"):
-                size = int(item.findtext(f"{ns}Size", "0"))
-                objects.append((item.findtext(f"{ns}Key", ""), ObjectStat(
+                size = _size(item.findtext(f"{ns}Size"))
+                objects.append((name(item, "Key"), ObjectStat(
                     size, _iso_ns(item.findtext(f"{ns}LastModified")), False,
                     (item.findtext(f"{ns}ETag", ""), size))))
-            prefixes = [p.findtext(f"{ns}Prefix", "") for p in root.iter(f"{ns}CommonPrefixes")]
+            prefixes = [name(p, "Prefix") for p in root.iter(f"{ns}CommonPrefixes")]
             truncated = root.findtext(f"{ns}IsTruncated", "false") == "true"
             following = root.findtext(f"{ns}NextContinuationToken") if truncated else None
         except (ET.ParseError, ValueError) as e:
-            raise SourceError(f"listing s3://{self.bucket}/{prefix}: malformed response ({e})") from e
+            raise SourceError(f"{self.where(prefix)}: malformed response ({e})") from e
         return objects, prefixes, following
 
 
