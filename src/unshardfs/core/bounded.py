@@ -19,7 +19,13 @@ import zstandard
 
 from ..errors import DataError
 
-WINDOW = 1 << 16  # input fed to the decompressor per call
+WINDOW = 1 << 16  # most input fed to the decompressor per call
+# Each gzip member starts with this much input, doubled per call up to
+# WINDOW: what zlib hands back after a member ends (`unused_data`, a copy)
+# is then at most twice what the member used, so a chain of thousands of
+# 20-byte members costs time linear in its length, not 64 KiB per member.
+FIRST_WINDOW = 1 << 8
+STEP = 1 << 20  # most output taken from a decompressor per call
 # Decodes of payloads at least this large run in a worker thread.
 THREAD_THRESHOLD = 1 << 18
 
@@ -37,23 +43,28 @@ def gunzip(data: bytes | memoryview, cap: int, where: str) -> bytes:
         raise DataError(where, "bad gzip data: empty")
     while pos < len(view):
         d = zlib.decompressobj(31)  # gzip framing: header, CRC32 and ISIZE checked by zlib
-        pending = b""
+        pending: bytes | memoryview = b""
+        window = FIRST_WINDOW
         while not d.eof:
             if not pending:
-                if pos >= len(view):
-                    raise DataError(where, "bad gzip data: truncated member")
-                pending = view[pos:pos + WINDOW]
+                # Empty at the end of the input: zlib may still hold output.
+                pending = view[pos:pos + window]
                 pos += len(pending)
+                window = min(2 * window, WINDOW)
             try:
-                chunk = d.decompress(pending, cap - produced + 1)
+                # At most STEP bytes per call: a bomb is cut off at the cap
+                # plus one step, never inflated into one cap-sized buffer.
+                chunk = d.decompress(pending, min(cap - produced + 1, STEP))
             except zlib.error as e:
                 raise DataError(where, f"bad gzip data: {e}") from None
+            if not chunk and not pending and not d.eof:
+                raise DataError(where, "bad gzip data: truncated member")
             produced += len(chunk)
             if produced > cap:
                 raise DataError(where, f"gzip data decodes to more than {cap:,} bytes, the most this file can hold")
             out.append(chunk)
-            # What zlib did not take because of the output cap, or (at the end
-            # of a member) the input after it: both at most one window.
+            # What zlib did not take because of the output limit, or (at the end
+            # of a member) the input after it: both at most the current window.
             pending = d.unconsumed_tail or (d.unused_data if d.eof else b"")
         pos -= len(d.unused_data)
     return b"".join(out)
@@ -66,7 +77,7 @@ def unzstd(data: bytes, cap: int, where: str) -> bytes:
     produced = 0
     try:
         while True:
-            chunk = reader.read(min(cap - produced + 1, 1 << 20))
+            chunk = reader.read(min(cap - produced + 1, STEP))
             if not chunk:
                 break
             produced += len(chunk)

@@ -104,6 +104,21 @@ def _max_deflated(decoded: np.ndarray | int):
     return decoded + decoded // 1000 + (64 << 10)
 
 
+def check_decoded_size(exact: int, cap: int, where: str) -> None:
+    """A size the geometry fixes is still bounded: the decoded file is held in memory whole."""
+    if exact > cap:
+        raise DataError(where, f"a decoded chunk of {exact:,} bytes exceeds the {cap:,}-byte limit "
+                               "(--max-payload-size)")
+
+
+def _check_gzip_length(length: int, decoded: int, where: str) -> None:
+    if length < GZIP_MIN:
+        raise DataError(where, f"gzip payload of {length} bytes is too short")
+    if length > _max_deflated(decoded):
+        raise DataError(where, f"gzip payload of {length:,} bytes is larger than any encoding of at most "
+                               f"{decoded:,} bytes")
+
+
 @register_codec
 class Gzip(Codec):
     """A gzip member chain (CRC32 and ISIZE of every member verified)."""
@@ -112,26 +127,32 @@ class Gzip(Codec):
     trailer = 4
 
     def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
-        if length < GZIP_MIN:
-            raise DataError(where, f"gzip payload of {length} bytes is too short")
-        bound = exact if exact is not None else cap
-        if length > _max_deflated(bound):
-            raise DataError(where, f"gzip payload of {length:,} bytes is larger than any encoding of at most "
-                                   f"{bound:,} bytes")
-        return exact
+        if exact is not None:
+            # The geometry fixes the size (`stat` needs no payload); a payload
+            # no encoding of it can have is damage found on read, like a bad CRC.
+            check_decoded_size(exact, cap, where)
+            return exact
+        _check_gzip_length(length, cap, where)
+        return None
 
     def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
               ) -> tuple[np.ndarray | None, np.ndarray]:
-        bound = cap if exact is None else exact
+        if exact is not None:
+            return exact.astype(np.int64), exact <= cap
         lengths = lengths.astype(np.int64)
-        ok = (lengths >= GZIP_MIN) & (lengths <= _max_deflated(bound))
-        return (None if exact is None else exact.astype(np.int64)), ok
+        return None, (lengths >= GZIP_MIN) & (lengths <= _max_deflated(cap))
 
     def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
         (size,) = struct.unpack("<I", trailer)
         if size > cap:
             raise DataError(where, f"gzip trailer claims {size:,} bytes, more than this file can hold ({cap:,})")
         return size
+
+    async def prepare(self, f: "ChunkFile") -> object:
+        # Before the payload is fetched: a 64-byte chunk whose index gives it
+        # 1.5 GB is never read into memory, let alone inflated.
+        _check_gzip_length(f.length, f.size, f.where)
+        return None
 
     def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
         data = gunzip(payload, f.size, f.where)

@@ -21,6 +21,9 @@ MAX_METADATA_BYTES = 64 << 20
 # Integers in metadata become grid sizes and byte offsets: beyond 2**63 they
 # overflow numpy's int64 and the format's own arithmetic.
 INT_LIMIT = (1 << 63) - 1
+# Voxel sizes, chunk sizes and offsets: a chunk's end plus the offset stays
+# inside int64, where chunk names are computed (numpy wraps silently).
+VOXEL_LIMIT = 1 << 61
 
 _MISSING: Any = object()
 

@@ -22,9 +22,12 @@ class Limits:
     # geometry's bound).
     payload_bytes: int = 256 * MiB
 
-    def check_index(self, size: int, where: str) -> None:
+    def check_index(self, size: int, where: str, cache: int | None = None) -> None:
+        """DataError for an index beyond the limit, or beyond `cache` (the budget of the
+        cache that must hold it: a larger one would be read again on every use)."""
         from ..errors import DataError
 
-        if size > self.index_bytes:
-            raise DataError(where, f"index of {size:,} bytes exceeds the {self.index_bytes // MiB} MiB limit "
-                                   "(--max-index-size)")
+        limit = self.index_bytes if cache is None else min(self.index_bytes, cache)
+        if size > limit:
+            bound = "--max-index-size" if limit == self.index_bytes else "the size of the cache that holds it"
+            raise DataError(where, f"index of {size:,} bytes exceeds the {limit / MiB:g} MiB limit ({bound})")

@@ -15,7 +15,7 @@ from typing import AsyncIterator
 
 from ...core.chunks import ChunkContext
 from ...core.dirs import ChunksDir
-from ...core.fields import Fields, as_ints, grid_shape, load_json
+from ...core.fields import VOXEL_LIMIT, Fields, as_ints, grid_shape, load_json
 from ...core.inventory import ChunkInventory, InventoryPart
 from ...core.runtime import Runtime
 from ...errors import ConfigError
@@ -26,7 +26,7 @@ from ..jsonfile import encode_json, read_json
 from ..precomputed.dataset import layout
 from ..precomputed.grid import ChunkGrid, GridNaming
 from ..precomputed.sharding import ShardingSpec
-from .store import SHARD_FILE, DvidBlockCodec, DvidGeometry, DvidStore
+from .store import SHARD_FILE, DvidBlockCodec, DvidStore, dvid_geometry
 
 
 class ExportRoot(OverlayDir):
@@ -90,11 +90,13 @@ class DvidExport:
             if len(chunks) != 1:
                 raise ConfigError(f"{scale.at('chunk_sizes')}: needs exactly one chunk size, got {len(chunks)}")
             chunk = as_ints(chunks[0], f"{scale.at('chunk_sizes')}[0]", 3, lo=1, hi=1 << 12)
-            size = scale.ints("size", 3, lo=0)
+            size = scale.ints("size", 3, lo=0, hi=VOXEL_LIMIT)
             cells = grid_shape(size, chunk, scale.where)
-            grid = ChunkGrid(size, chunk, scale.ints("voxel_offset", 3, default=[0, 0, 0]))  # type: ignore[arg-type]
+            offset = scale.ints("voxel_offset", 3, lo=-VOXEL_LIMIT, hi=VOXEL_LIMIT, default=[0, 0, 0])
+            grid = ChunkGrid(size, chunk, offset)  # type: ignore[arg-type]
             store = DvidStore(self.runtime, f"s{i}", grid, spec)
-            ctx = ChunkContext(store, GridNaming(grid), DvidBlockCodec(store, self.supervoxels), DvidGeometry(grid))
+            ctx = ChunkContext(store, GridNaming(grid), DvidBlockCodec(store, self.supervoxels),
+                               dvid_geometry(grid, self.runtime.limits.payload_bytes))
             fixed[key] = ChunksDir(ctx, root_st.mtime_ns, f"dvid:s{i}")
             hidden.add(f"s{i}")
             self.parts.append(ChunkInventory("dvid scale", key, ctx, f"Arrow shard files s{i}/; {layout(spec)}",

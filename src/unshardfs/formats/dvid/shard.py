@@ -163,7 +163,8 @@ class ArrowShardReader:
         stream_start = 8 if (await self._read(blob, 0, 8))[:6] == FILE_MAGIC else 0
         schema = await self._schema(blob, stream_start, arrow_end, where)
         if by_number is not None:
-            batches = await self._batches(blob, stream_start, arrow_end, where)
+            needed = max(by_number.values(), default=-1) + 1
+            batches = await self._batches(blob, stream_start, arrow_end, where, needed)
             by_range = {}
             for cell, number in by_number.items():
                 if number >= len(batches):
@@ -208,8 +209,9 @@ class ArrowShardReader:
         except (IpcError, pa.ArrowException) as e:
             raise DataError(where, f"cannot read the Arrow schema: {e}") from e
 
-    async def _batches(self, blob: Blob, stream_start: int, end: int, where: str) -> list[tuple[int, int]]:
-        """(offset, length) of every record batch, in order."""
+    async def _batches(self, blob: Blob, stream_start: int, end: int, where: str,
+                       needed: int) -> list[tuple[int, int]]:
+        """(offset, length) of the record batches in order: all of a file's, a stream's first `needed`."""
         try:
             if stream_start == 8:  # IPC file: the footer lists them
                 trailer = await self._read(blob, end - 10, 10)
@@ -219,12 +221,14 @@ class ArrowShardReader:
                 if length <= 0 or length > end - 10:
                     raise IpcError(f"Arrow footer length {length} is invalid")
                 return footer_batches(await self._read(blob, end - 10 - length, length))
-            return await self._scan(blob, stream_start, end)
+            return await self._scan(blob, stream_start, end, needed)
         except IpcError as e:
             raise DataError(where, f"cannot locate record batches: {e}") from e
 
-    async def _scan(self, blob: Blob, pos: int, end: int) -> list[tuple[int, int]]:
-        """Walk a stream's message headers (reading in windows, not message by message)."""
+    async def _scan(self, blob: Blob, pos: int, end: int, needed: int) -> list[tuple[int, int]]:
+        """Walk a stream's message headers (reading in windows, not message by message) until the
+        `needed` record batches the index names are found: a stream of millions of tiny messages
+        costs no more than its index says it holds."""
         window_at, window = pos, b""
 
         async def get(at: int, n: int) -> bytes:
@@ -236,7 +240,8 @@ class ArrowShardReader:
             return window[at - window_at: at - window_at + n]
 
         batches = []
-        while pos + 8 <= end:
+        others = 0  # the schema, dictionaries: a few, never more than the batches themselves
+        while pos + 8 <= end and len(batches) < needed:
             head = message_prefix(await get(pos, 8))
             if head is None:
                 break
@@ -245,6 +250,10 @@ class ArrowShardReader:
             length = prefix + meta_len + body
             if header_type == RECORD_BATCH:
                 batches.append((pos, length))
+            else:
+                others += 1
+                if others > needed + 16:
+                    raise IpcError(f"more than {others - 1} messages that are not record batches")
             pos += length
         return batches
 

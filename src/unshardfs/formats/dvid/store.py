@@ -18,15 +18,14 @@ import numpy as np
 from ...core.blob import Blob
 from ...core.bounded import unzstd
 from ...core.chunks import ChunkFile
-from ...core.codecs import Codec
-from ...core.geometry import Geometry
+from ...core.codecs import Codec, check_decoded_size
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import join_key
-from ..precomputed.grid import Cell, ChunkGrid
+from ..precomputed.grid import Cell, ChunkGrid, VolumeGeometry
 from ..precomputed.sharding import ShardingSpec
 from .block import decode_block, max_block_bytes
 from .shard import ArrowShardReader, ShardIndex, decode_record
@@ -128,20 +127,9 @@ class DvidStore(ShardedStore):
         return None if i is None else (index.table, i)
 
 
-class DvidGeometry(Geometry):
-    """A chunk file holds the block's labels as uint64, clipped at the volume edge."""
-
-    def __init__(self, grid: ChunkGrid) -> None:
-        super().__init__(0)
-        self.grid = grid
-
-    def exact(self, keys: np.ndarray) -> np.ndarray:
-        cells, valid = self.grid.coder.decode_array(keys)
-        extents = np.minimum(self.grid.chunk_array, self.grid.size_array - cells * self.grid.chunk_array)
-        return np.where(valid, np.prod(np.maximum(extents, 0), axis=1) * 8, 0)
-
-    def cap(self, keys: np.ndarray) -> np.ndarray:
-        return self.exact(keys)
+def dvid_geometry(grid: ChunkGrid, limit: int) -> VolumeGeometry:
+    """A chunk file holds the block's labels as uint64, clipped at the volume edge (raw, exact)."""
+    return VolumeGeometry(grid, 8, True, limit)
 
 
 class DvidBlockCodec(Codec):
@@ -160,10 +148,12 @@ class DvidBlockCodec(Codec):
         return "dvid-supervoxels" if self.supervoxels else "dvid-agglomerated"
 
     def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
+        assert exact is not None  # the geometry is raw
+        check_decoded_size(exact, cap, where)
         return exact
 
     def sizes(self, lengths, exact, cap):
-        return exact, np.ones(len(lengths), dtype=bool)
+        return exact, exact <= cap
 
     async def prepare(self, f: ChunkFile) -> object:
         return await self.store.schema_of(f)

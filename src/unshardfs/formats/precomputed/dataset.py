@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from typing import AsyncIterator, Callable
 
 from ...core.chunks import ChunkContext
 from ...core.codecs import codec
 from ...core.dirs import ShardedDir
-from ...core.fields import Fields, MetadataError, as_ints, grid_shape
+from ...core.fields import INT_LIMIT, VOXEL_LIMIT, Fields, MetadataError, as_ints, grid_shape
 from ...core.geometry import Geometry
 from ...core.inventory import ChunkInventory, InventoryPart
 from ...core.runtime import Runtime
@@ -128,9 +129,9 @@ class PrecomputedDataset:
         if len(chunk_sizes) != 1:
             raise MetadataError(scale.at("chunk_sizes"), f"a sharded scale must have exactly one chunk size, got "
                                 f"{len(chunk_sizes)}")
-        chunk = as_ints(chunk_sizes[0], f"{scale.at('chunk_sizes')}[0]", 3, lo=1)
-        size = scale.ints("size", 3, lo=0)
-        offset = scale.ints("voxel_offset", 3, default=[0, 0, 0])
+        chunk = as_ints(chunk_sizes[0], f"{scale.at('chunk_sizes')}[0]", 3, lo=1, hi=VOXEL_LIMIT)
+        size = scale.ints("size", 3, lo=0, hi=VOXEL_LIMIT)
+        offset = scale.ints("voxel_offset", 3, lo=-VOXEL_LIMIT, hi=VOXEL_LIMIT, default=[0, 0, 0])
         cells = grid_shape(size, chunk, where)
         grid = ChunkGrid(size, chunk, offset)  # type: ignore[arg-type]
         if grid.coder.total_bits > MORTON_BITS:
@@ -138,11 +139,15 @@ class PrecomputedDataset:
         runtime = self.runtime
         store = PrecomputedStore(runtime, dir_key, spec)
         encoding = scale.get("encoding")
-        voxel = VOXEL_BYTES.get(info.get("data_type"))  # type: ignore[arg-type]
+        data_type = info.get("data_type")
+        voxel = VOXEL_BYTES.get(data_type) if isinstance(data_type, str) else None  # a list is unhashable
         channels = info.get("num_channels", 1)
         if voxel is not None and isinstance(channels, int) and not isinstance(channels, bool) \
                 and 0 < channels <= 1 << 16:
-            geometry: Geometry = VolumeGeometry(grid, voxel * channels, encoding == "raw")
+            if math.prod(chunk) * voxel * channels * VolumeGeometry.SLACK + VolumeGeometry.EXTRA > INT_LIMIT:
+                raise MetadataError(scale.at("chunk_sizes"), "chunks this large cannot be addressed")
+            geometry: Geometry = VolumeGeometry(grid, voxel * channels, encoding == "raw",
+                                                runtime.limits.payload_bytes)
         else:
             geometry = Geometry(runtime.limits.payload_bytes)
         ctx = ChunkContext(store, GridNaming(grid), codec(spec.data_encoding), geometry)

@@ -112,14 +112,15 @@ class GridNaming(Naming):
 
 
 class VolumeGeometry(Geometry):
-    """Decoded chunk sizes of a volume scale: exact for raw data, bounded otherwise."""
+    """Decoded chunk sizes of a volume scale: exact for raw data, bounded otherwise; never
+    beyond `limit` (--max-payload-size: a decoded chunk is held in memory whole)."""
 
     # Non-raw encodings (jpeg, compressed_segmentation, png) of a chunk stay
     # well below this multiple of its raw size plus a constant.
     SLACK, EXTRA = 2, 1 << 20
 
-    def __init__(self, grid: ChunkGrid, voxel_bytes: int, raw: bool) -> None:
-        super().__init__(0)
+    def __init__(self, grid: ChunkGrid, voxel_bytes: int, raw: bool, limit: int) -> None:
+        super().__init__(limit)
         self.grid = grid
         self.voxel_bytes = voxel_bytes
         self.raw = raw
@@ -135,4 +136,4 @@ class VolumeGeometry(Geometry):
 
     def cap(self, keys: np.ndarray) -> np.ndarray:
         raw = self._raw_sizes(keys)
-        return raw if self.raw else raw * self.SLACK + self.EXTRA
+        return np.minimum(raw if self.raw else raw * self.SLACK + self.EXTRA, self._cap)

@@ -14,6 +14,7 @@ import logging
 from typing import AsyncIterator
 
 import numpy as np
+from cachetools import LRUCache
 
 from ...concurrency import gather
 from ...core.blob import Blob
@@ -66,6 +67,9 @@ class PrecomputedStore(ShardedStore):
         self.dir_key = dir_key
         self.spec = spec
         self.index_size = spec.shard_index_size
+        # Minishard indexes that failed to decode, by (blob ident, number) -> (where, reason): a gzip
+        # bomb is inflated to the cap once, not again by every lookup of a chunk it would hold.
+        self._undecodable: LRUCache = LRUCache(maxsize=1024)
 
     # -- shard files -------------------------------------------------------------------
 
@@ -134,7 +138,7 @@ class PrecomputedStore(ShardedStore):
         """The (2**minishard_bits, 2) array of minishard index ranges (relative to the data area)."""
         async def load() -> np.ndarray:
             size = self.index_size
-            self.limits.check_index(size, blob.label)
+            self.limits.check_index(size, blob.label, cache=self.caches.shard_index.maxsize)
             if blob.size < size:
                 raise DataError(blob.label, f"file has {blob.size:,} bytes, shorter than its {size:,}-byte "
                                             "shard index")
@@ -155,6 +159,9 @@ class PrecomputedStore(ShardedStore):
         cached = self.caches.minishard_index.get((blob.ident, m))
         if cached is not None:
             return cached
+        failed = self._undecodable.get((blob.ident, m))
+        if failed is not None:
+            raise DataError(*failed)
         index = await self.shard_index(blob)
         wanted = [m]
         if self.source.remote:
@@ -189,15 +196,20 @@ class PrecomputedStore(ShardedStore):
                     pass
             numbers_ok = numbers[:1] + [m for m, _ in extras]
             ranges += [r for _, r in extras]
+            budget = self.caches.minishard_index.maxsize
             for m, (start, length) in zip(numbers_ok, ranges):
-                self.limits.check_index(length, f"{blob.label} minishard {m}")
+                self.limits.check_index(length, f"{blob.label} minishard {m}", cache=budget)
             raws = await self.fetcher.read_many([Extent(blob, s, n) for s, n in ranges], index=True, max_gap=gap)
             tables = []
+            gzipped = self.spec.minishard_index_encoding == "gzip"
             for m, raw in zip(numbers_ok, raws):
                 where = f"{blob.label} minishard {m}"
+                # A gzip index may inflate up to the budget whatever its length: off the event loop.
+                cost = max(len(raw), budget) if gzipped else len(raw)
                 try:
-                    table = await off_loop(lambda raw=raw, where=where: self._decode(raw, blob, where), len(raw))
-                except DataError:
+                    table = await off_loop(lambda raw=raw, where=where: self._decode(raw, blob, where), cost)
+                except DataError as e:
+                    self._undecodable[(blob.ident, m)] = (e.where, e.reason)
                     if m == numbers[0]:
                         raise
                     continue  # reported when looked up itself
@@ -210,7 +222,7 @@ class PrecomputedStore(ShardedStore):
     def _decode(self, raw: bytes, blob: Blob, where: str) -> ChunkTable:
         if self.spec.minishard_index_encoding == "gzip":
             # A decoded index is kept in the minishard cache; one that cannot
-            # fit there is not worth decoding.
+            # fit there is not worth decoding (nor, raw, reading: see `_load`).
             raw = gunzip(raw, min(self.limits.index_bytes, self.caches.minishard_index.maxsize), where)
         table = decode_minishard(raw, blob, self.index_size, where)
         for cid, reason in list(table.bad.items())[:20]:
@@ -242,7 +254,8 @@ class PrecomputedStore(ShardedStore):
             return []
         index = await self.shard_index(blob)
         numbers = np.nonzero(index[:, 0] != index[:, 1])[0].tolist()
-        missing = [m for m in numbers if (blob.ident, m) not in self.caches.minishard_index]
+        missing = [m for m in numbers if (blob.ident, m) not in self.caches.minishard_index
+                   and (blob.ident, m) not in self._undecodable]
         if missing:
             await self._load_listed(blob, index, missing)
         out = []

@@ -44,8 +44,10 @@ def transpose_order(codec: object, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim))
     if order == "F":
         return tuple(reversed(range(ndim)))
-    if not isinstance(order, list) or sorted(order) != list(range(ndim)):
-        raise ConfigError(f"transpose order {order!r} is not a permutation of {ndim} dimensions")
+    # Integers checked first: sorted() cannot compare mixed types.
+    if (not isinstance(order, list) or not all(isinstance(o, int) and not isinstance(o, bool) for o in order)
+            or sorted(order) != list(range(ndim))):
+        raise ConfigError(f"transpose order {str(order)[:80]} is not a permutation of {ndim} dimensions")
     return tuple(order)
 
 

@@ -146,7 +146,9 @@ class ZarrStore(ShardedStore):
         """One (nested) shard index: each entry's absolute range, and its state (OK/ABSENT/BAD)."""
         level = self.levels[depth]
         where = blob.label if depth == 0 else f"{blob.label} nested shard at {base}"
-        self.limits.check_index(level.index_size, where)
+        # The flattened table is kept in the shard index cache: an index beyond it is refused
+        # (a 256 MiB index of empty cells costs several times that to flatten).
+        self.limits.check_index(level.index_size, where, cache=self.caches.shard_index.maxsize)
         if length < level.index_size:
             raise DataError(where, f"{length:,} bytes cannot hold the {level.index_size:,}-byte shard index")
         at = base if level.at_start else base + length - level.index_size

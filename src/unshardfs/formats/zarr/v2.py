@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import math
+import string
 import struct
+import sys
 
 from .metadata import ArrayMeta, codec_config, codec_name
 from .sharding import Unsharded, Unsupported, transpose_order
@@ -26,12 +28,18 @@ BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 def _float_fill(value: object, size: int, where: str) -> object:
     if isinstance(value, str) and value.startswith("0x"):
+        # The value's bit pattern, which must be hex digits of at most its size.
+        digits = value[2:]
+        if not 0 < len(digits) <= 2 * size or any(c not in string.hexdigits for c in digits):
+            raise Unsupported(f"{where}: fill_value {value[:40]!r} is not a {size}-byte hex pattern")
         fmt = {2: "<e", 4: "<f", 8: "<d"}[size]
-        value = struct.unpack(fmt, int(value, 16).to_bytes(size, "little"))[0]
+        value = struct.unpack(fmt, int(digits, 16).to_bytes(size, "little"))[0]
     if isinstance(value, str):
         if value in ("NaN", "Infinity", "-Infinity"):
             return value
-        raise Unsupported(f"{where}: fill_value {value!r}")
+        raise Unsupported(f"{where}: fill_value {value[:40]!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        raise Unsupported(f"{where}: fill_value {str(value)[:40]} is beyond any float")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if math.isnan(value):
             return "NaN"
@@ -64,8 +72,8 @@ def _compressor(codec: object, where: str) -> dict:
         return {"id": "zstd", "level": config.get("level", 0), "checksum": bool(config.get("checksum", False))}
     if name == "blosc":
         shuffle = config.get("shuffle", "noshuffle")
-        if shuffle not in BLOSC_SHUFFLE:
-            raise Unsupported(f"{where}: blosc shuffle {shuffle!r}")
+        if not isinstance(shuffle, str) or shuffle not in BLOSC_SHUFFLE:
+            raise Unsupported(f"{where}: blosc shuffle {str(shuffle)[:40]}")
         return {"id": "blosc", "cname": config.get("cname", "lz4"), "clevel": config.get("clevel", 5),
                 "shuffle": BLOSC_SHUFFLE[shuffle], "blocksize": config.get("blocksize", 0)}
     if name.startswith("numcodecs."):
