@@ -260,13 +260,7 @@ class TreeOperations(pyfuse3.Operations):
         """Fill `attr` for `node`: a fresh object, or one being reused across a
         listing (then only the fields that differ from its last use are set)."""
         if attr is None:
-            attr = pyfuse3.EntryAttributes()
-            attr.generation = 0
-            attr.entry_timeout = self.options.entry_timeout
-            attr.attr_timeout = self.options.attr_timeout
-            attr.st_blksize = 1 << 17
-            attr.st_uid = self.uid
-            attr.st_gid = self.gid
+            attr = self._fresh_attributes()
             attr.st_mode = 0
         attr.st_ino = ino
         if node.is_dir:
@@ -284,8 +278,8 @@ class TreeOperations(pyfuse3.Operations):
             attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = node.mtime_ns
         return attr
 
-    def file_attributes(self, mtime_ns: int) -> pyfuse3.EntryAttributes:
-        """Attributes shared by the files of a lazy listing batch (size and inode set per entry)."""
+    def _fresh_attributes(self) -> pyfuse3.EntryAttributes:
+        """What every entry of this mount shares: owner, timeouts, block size."""
         attr = pyfuse3.EntryAttributes()
         attr.generation = 0
         attr.entry_timeout = self.options.entry_timeout
@@ -293,6 +287,11 @@ class TreeOperations(pyfuse3.Operations):
         attr.st_blksize = 1 << 17
         attr.st_uid = self.uid
         attr.st_gid = self.gid
+        return attr
+
+    def file_attributes(self, mtime_ns: int) -> pyfuse3.EntryAttributes:
+        """Attributes shared by the files of a lazy listing batch (size and inode set per entry)."""
+        attr = self._fresh_attributes()
         attr.st_mode = FILE_MODE
         attr.st_nlink = 1
         attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = mtime_ns
