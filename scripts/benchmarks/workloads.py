@@ -31,20 +31,22 @@ def _reader_proc(paths: list[str], queue) -> None:
     queue.put(read_files(paths))
 
 
-def parallel_read(paths: list[str], n: int) -> float:
+def in_processes(target: Callable, arglists: list[tuple]) -> tuple[float, list]:
+    """Run `target(*args, queue)` in one forked process per arglist, all at once: (seconds, what each put)."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    groups = [paths[i::n] for i in range(n)]
-    procs = [ctx.Process(target=_reader_proc, args=(g, queue)) for g in groups]
+    procs = [ctx.Process(target=target, args=(*args, queue)) for args in arglists]
     start = time.perf_counter()
     for p in procs:
         p.start()
     for p in procs:
         p.join()
     elapsed = time.perf_counter() - start
-    for _ in procs:
-        queue.get()
-    return elapsed
+    return elapsed, [queue.get() for _ in procs]
+
+
+def parallel_read(paths: list[str], n: int) -> float:
+    return in_processes(_reader_proc, [(paths[i::n],) for i in range(n)])[0]
 
 
 def warm_page_cache(directory: Path) -> None:

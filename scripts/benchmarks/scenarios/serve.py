@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import multiprocessing
 import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
 from ..context import KEY, Context
 from ..mounts import PY, UNSHARDFS, mounted
-from ..workloads import rel_files, warm_page_cache
+from ..workloads import in_processes, rel_files, warm_page_cache
 
 CLIENTS = (1, 8, 32)
 PROCESSES = 4  # client processes, so the load generator is not one GIL
@@ -51,18 +49,10 @@ def _client(url: str, paths: list[str], threads: int, queue) -> None:
 
 def rate(url: str, paths: list[str], clients: int) -> float:
     """GETs per second with `clients` connections spread over up to PROCESSES processes."""
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
     procs_n = min(PROCESSES, clients)
     per = [clients // procs_n + (i < clients % procs_n) for i in range(procs_n)]
-    procs = [ctx.Process(target=_client, args=(url, paths[i::procs_n], per[i], queue)) for i in range(procs_n)]
-    start = time.perf_counter()
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    elapsed = time.perf_counter() - start
-    return sum(queue.get() for _ in procs) / elapsed
+    elapsed, done = in_processes(_client, [(url, paths[i::procs_n], per[i]) for i in range(procs_n)])
+    return sum(done) / elapsed
 
 
 @contextlib.contextmanager
