@@ -50,7 +50,7 @@ def check_mountpoint(path: str) -> None:
     except NotADirectoryError:
         raise ConfigError(f"mountpoint {path} is not a directory") from None
     except OSError as e:
-        if e.errno == errno.ENOTCONN:
+        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # the daemon behind it is gone
             raise ConfigError(f"mountpoint {path} has a dead mount (crashed daemon?); "
                               f"run: unshardfs unmount {path}") from None
         raise ConfigError(f"mountpoint {path}: {e.strerror}") from None

@@ -522,6 +522,7 @@ class TreeOps:
         """Live statistics: our counters, the kernel-visible inode count, and the tree's own."""
         stats = {"fuse": dict(self.counters, engine=self.engine, inodes_tabled=len(self.inodes.nodes),
                               nodes_recent=len(self.inodes.recent), open_files=self.open_files,
+                              listings=len(self.listings),
                               lookups_outstanding=self.inodes.outstanding, features=self.features,
                               **(self.live() if self.live is not None else {}))}
         if self.stats is not None:
