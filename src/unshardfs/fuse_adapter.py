@@ -19,6 +19,7 @@ import os
 from typing import Any, Awaitable, Callable
 
 import pyfuse3
+import trio
 
 from . import edge
 from .fuse.ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, STATS_XATTR, FsError, MountOptions, TreeOps
@@ -69,6 +70,20 @@ class TreeOperations(pyfuse3.Operations):
         self.inodes = self.ops.inodes
         self.files: dict[int, tuple[int, FileNode]] = {}
         self.ops.features = {"protocol": "libfuse", "no_open": False, "parallel_dirops": False}
+        self.ops.invalidate = self.invalidate_inode
+
+    def invalidate_inode(self, ino: int) -> None:
+        """Drop the kernel's pages of `ino`, after the request that found the change is answered
+        (libfuse documents a deadlock when a notification is sent from inside a request)."""
+        self.counters["invalidations"] += 1
+
+        async def later() -> None:
+            try:
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino)
+            except (OSError, RuntimeError) as e:  # the kernel forgot it meanwhile: nothing cached
+                log.debug("invalidating inode %d: %s", ino, e)
+
+        trio.lowlevel.spawn_system_task(later)
 
     # -- attributes ---------------------------------------------------------
 

@@ -24,6 +24,7 @@ from typing import AsyncIterator, Callable, Protocol
 from cachetools import LRUCache
 
 from ..edge import read_current
+from ..errors import DataError, StaleError
 from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FileNode, Node
 
 ROOT = 1
@@ -502,7 +503,12 @@ class TreeOps:
             parent, name = self.inodes.locate(ino)
             return await parent.lookup(name) if parent is not None and name else None
 
-        served, data = await read_current(node, offset, size, resolve)
+        try:
+            served, data = await read_current(node, offset, size, resolve)
+        except DataError as e:
+            if isinstance(e.__cause__, StaleError) and self.invalidate is not None:
+                self.invalidate(ino)  # its size changed: the kernel must ask for attributes again
+            raise
         if served is not node:
             self.inodes.replace(ino, served)
             if self.invalidate is not None:
