@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -64,6 +64,12 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
     """Open the source, mount, report readiness, serve until unmounted or signalled."""
 
     async def main() -> None:
+        # Signals are received from before the mount: one arriving as soon as the mount is
+        # visible must unmount, not kill the daemon.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            await mounted(signals)
+
+    async def mounted(signals: AsyncIterator[int]) -> None:
         session: Session | None = None
         engine: Engine | None = None
         try:
@@ -90,7 +96,7 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
         log.info("mounted %s on %s (%s engine)", request.fsname, request.mountpoint, request.engine)
         try:
             async with session.running(), trio.open_nursery() as nursery:
-                nursery.start_soon(_stop_on_signal, engine)
+                nursery.start_soon(_stop_on_signal, signals, engine)
                 await engine.run()
                 nursery.cancel_scope.cancel()
         finally:
@@ -111,12 +117,11 @@ async def _release(session: Session) -> None:
         await session.aclose()
 
 
-async def _stop_on_signal(engine: Engine) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async for signum in signals:
-            log.info("received %s: unmounting", signal.Signals(signum).name)
-            engine.stop()
-            return
+async def _stop_on_signal(signals: AsyncIterator[int], engine: Engine) -> None:
+    async for signum in signals:
+        log.info("received %s: unmounting", signal.Signals(signum).name)
+        engine.stop()
+        return
 
 
 def detach(argv: list[str], log_file: str) -> int:

@@ -2,10 +2,14 @@
 
 As root: open /dev/fuse and call mount(2) with `fd=N,rootmode=...,user_id=...,group_id=...`
 (the call returns before the kernel's INIT arrives on the fd). As any other
-user (or with `auto_unmount`): run the setuid `fusermount3`, which mounts and
-hands the /dev/fuse fd back over a socketpair named in `_FUSE_COMMFD`
-(SCM_RIGHTS); with `auto_unmount` it stays alive watching that socket and
-unmounts when this process is gone, even after SIGKILL.
+user (or with `-o auto_unmount`): run the setuid `fusermount3`, which mounts
+and hands the /dev/fuse fd back over a socketpair named in `_FUSE_COMMFD`
+(SCM_RIGHTS). With `auto_unmount` it stays alive watching that socket and
+unmounts when this process is gone, even after SIGKILL -- where the kernel
+lets it look at the dead mount: as root, or with `allow_other` (fusermount3
+3.14 checks the mount by opening it, which the kernel refuses to a setuid
+helper acting for a user without `allow_other`: EACCES, so it leaves the
+mount for `unshardfs unmount`).
 
 The returned fd is non-blocking (the session waits on it with trio).
 """
@@ -21,6 +25,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -146,33 +151,35 @@ def _mount_fusermount(spec: MountSpec, flags: int, data: list[str], auto_unmount
     if auto_unmount:
         options.append("auto_unmount")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Its messages go to a file, not a pipe: with auto_unmount it outlives our reading end, and a
+    # write to a closed pipe would kill it (and with it the clean-up it is there for).
+    errors = tempfile.TemporaryFile()
     try:
         env = dict(os.environ, _FUSE_COMMFD=str(theirs.fileno()))
         proc = subprocess.Popen([helper, "-o", ",".join(o.replace(",", "\\,") for o in options), "--",
                                  spec.mountpoint], env=env, pass_fds=(theirs.fileno(),),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
         theirs.close()
         fd = _receive_fd(ours)
         if fd is None:
-            _out, err = proc.communicate(timeout=30)
-            detail = err.decode(errors="replace").strip().splitlines()
+            proc.wait(timeout=30)
+            errors.seek(0)
+            detail = errors.read().decode(errors="replace").strip().splitlines()
             raise ConfigError(f"cannot mount on {spec.mountpoint}: "
                               f"{detail[-1] if detail else 'fusermount3 failed'}")
     except BaseException:
         ours.close()
         theirs.close()
         raise
+    finally:
+        errors.close()
     os.set_inheritable(fd, False)
     os.set_blocking(fd, False)
     if auto_unmount:
         # fusermount3 watches our end of the socket: it unmounts once this process is gone.
-        if proc.stderr is not None:
-            proc.stderr.close()
         return Mounted(fd, spec.mountpoint, via_fusermount=True, watcher=ours, helper=proc)
     ours.close()
     proc.wait(timeout=30)
-    if proc.stderr is not None:
-        proc.stderr.close()
     return Mounted(fd, spec.mountpoint, via_fusermount=True)
 
 
