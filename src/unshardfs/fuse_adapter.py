@@ -22,7 +22,8 @@ import pyfuse3
 import trio
 
 from . import edge
-from .fuse.ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, STATS_XATTR, FsError, MountOptions, TreeOps
+from .fuse.abi import FsError
+from .fuse.ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, STATS_XATTR, MountOptions, TreeOps
 from .vtree import DirNode, FileNode, Node
 
 log = logging.getLogger(__name__)

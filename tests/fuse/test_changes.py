@@ -5,9 +5,10 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import time
 
 import pytest
+
+from tests.support.mounts import wait_for
 
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
@@ -38,15 +39,6 @@ def read_or_none(path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
-
-
-def wait_for(predicate, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def replace_shards(src, new_sharded) -> None:

@@ -6,7 +6,6 @@ request) is asserted for it and pinned as a known limit for pyfuse3.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import json
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mounts import daemon_pids, run_cli
+from tests.support.mounts import daemon_pids, run_cli, wait_for
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
@@ -45,15 +44,6 @@ def engine(request) -> str:
 
 def stats(mountpoint: Path) -> dict:
     return json.loads(os.getxattr(mountpoint, "user.unshardfs.stats"))
-
-
-def wait_for(predicate, seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def files_of(root: Path) -> list[str]:

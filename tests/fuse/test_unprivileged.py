@@ -11,13 +11,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import trio
 
-from tests.support.mounts import daemon_pids, force_unmount
+from tests.support.mounts import daemon_pids, force_unmount, wait_for
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 USER = 65534  # nobody
@@ -96,20 +95,11 @@ def mounted(path: Path) -> bool:
     return f" {path} " in Path("/proc/self/mounts").read_text()
 
 
-def _wait(predicate, seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_user_mount_reads_and_is_cleaned_up_after_sigkill(volume):
     with user_dirs(volume) as (src, mnt, log):
         pid = _daemon_as_user(src, mnt, log)
         try:
-            assert _wait(lambda: mounted(mnt)), log.read_text() if log.exists() else ""
+            assert wait_for(lambda: mounted(mnt)), log.read_text() if log.exists() else ""
             mounts = Path("/proc/self/mounts").read_text()
             line = next(entry for entry in mounts.splitlines() if f" {mnt} " in entry)
             assert f"user_id={USER}" in line and "fuse.unshardfs" in line
@@ -139,7 +129,7 @@ def test_user_mount_unmounts_on_sigterm(volume):
     with user_dirs(volume) as (src, mnt, log):
         pid = _daemon_as_user(src, mnt, log)
         try:
-            assert _wait(lambda: mounted(mnt)), log.read_text() if log.exists() else ""
+            assert wait_for(lambda: mounted(mnt)), log.read_text() if log.exists() else ""
             os.kill(pid, signal.SIGTERM)
             _, status = os.waitpid(pid, 0)
             pid = 0
@@ -159,7 +149,7 @@ def test_auto_unmount_after_sigkill(volume, mount):
     (pid,) = [p for p in daemon_pids(m.path) if b"fusermount3" not in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert any(b"fusermount3" in Path(f"/proc/{p}/cmdline").read_bytes() for p in _children(pid))
     os.kill(pid, signal.SIGKILL)
-    assert _wait(lambda: not mounted(m.path))
+    assert wait_for(lambda: not mounted(m.path))
     assert os.listdir(m.path) == []
 
 

@@ -10,6 +10,7 @@ what the running kernel offers.
 from __future__ import annotations
 
 import enum
+import os
 import struct
 
 KERNEL_VERSION = 7
@@ -162,3 +163,11 @@ def split_time(seconds: float) -> tuple[int, int]:
     """(seconds, nanoseconds) of a timeout, as entry/attr replies carry them."""
     whole = int(seconds)
     return whole, int((seconds - whole) * 1e9)
+
+
+class FsError(Exception):
+    """A request's answer is this errno (ENOENT, ESTALE, ENOTDIR, EROFS, ...), on either engine."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(os.strerror(code))
+        self.errno = code

@@ -18,8 +18,9 @@ from typing import Any
 
 from ..vtree import DirNode, Node
 from . import abi
-from .ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, FsError, TreeOps
-from .server import Negotiated, Reply, Request, Session, failed_errno
+from .abi import FsError
+from .ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, TreeOps
+from .server import Negotiated, Request, Session, failed_errno
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,8 @@ class KernelOps:
     def dispatch(self, request: Request) -> Any:
         handler = self.handlers.get(request.opcode)
         if handler is None:
-            raise Reply(errno.ENOSYS)
-        try:
-            return handler(request)
-        except FsError as e:
-            raise Reply(e.errno) from None
+            raise FsError(errno.ENOSYS)
+        return handler(request)
 
     def failed(self, request: Request, error: BaseException) -> int:
         if isinstance(error, FsError):
@@ -143,10 +141,7 @@ class KernelOps:
         return self._lookup(request.nodeid, request.body.split(b"\0", 1)[0])
 
     async def _lookup(self, parent: int, name: bytes) -> bytes:
-        try:
-            found = await self.ops.lookup(parent, name)
-        except FsError as e:
-            raise Reply(e.errno) from None
+        found = await self.ops.lookup(parent, name)
         if found is None:
             # nodeid 0 with a timeout lets the kernel cache the miss: tools probe for absent
             # chunks a lot.
@@ -175,10 +170,7 @@ class KernelOps:
         return self._getattr(ino)
 
     async def _getattr(self, ino: int) -> bytes:
-        try:
-            return self.node_attr(ino, await self.ops.getattr(ino))
-        except FsError as e:
-            raise Reply(e.errno) from None
+        return self.node_attr(ino, await self.ops.getattr(ino))
 
     # -- files ---------------------------------------------------------------------------
 
@@ -187,13 +179,13 @@ class KernelOps:
         if self.no_open:
             # Once: the kernel then never sends OPEN (nor RELEASE) again on this mount and
             # keeps each file's pages across opens, revalidated through its attributes.
-            raise Reply(errno.ENOSYS)
+            raise FsError(errno.ENOSYS)
         flags, _ = abi.OPEN_IN.unpack_from(request.body)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND | os.O_CREAT):
-            raise Reply(errno.EROFS)
+            raise FsError(errno.EROFS)
         node = self.ops.inodes.peek(request.nodeid)
         if node is not None and node.is_dir:
-            raise Reply(errno.EISDIR)
+            raise FsError(errno.EISDIR)
         self.ops.open_files += 1
         return abi.OPEN_OUT.pack(0, abi.FOPEN_KEEP_CACHE, 0)
 
@@ -206,10 +198,7 @@ class KernelOps:
         return self._read(request.nodeid, offset, size)
 
     async def _read(self, ino: int, offset: int, size: int) -> list:
-        try:
-            _node, data = await self.ops.read(ino, offset, size)
-        except FsError as e:
-            raise Reply(e.errno) from None
+        _node, data = await self.ops.read(ino, offset, size)
         return [data]
 
     # -- directories ---------------------------------------------------------------------
@@ -226,7 +215,7 @@ class KernelOps:
 
     def _opened(self, ino: int, node: Node) -> bytes:
         if not isinstance(node, DirNode):
-            raise Reply(errno.ENOTDIR)
+            raise FsError(errno.ENOTDIR)
         return abi.OPEN_OUT.pack(self.ops.opendir(ino, node), 0, 0)
 
     def readdir(self, request: Request) -> Any:
@@ -247,9 +236,6 @@ class KernelOps:
     async def _readdir_io(self, request: Request, fh: int, offset: int, sink: DirentBuffer) -> None:
         try:
             await self.ops.readdir(fh, offset, sink)
-        except FsError as e:
-            self.ops.unref_entries(sink.refs)
-            raise Reply(e.errno) from None
         except BaseException:
             self.ops.unref_entries(sink.refs)
             raise
@@ -291,14 +277,11 @@ class KernelOps:
 
     async def _sized(self, value_coroutine: Any, size: int) -> bytes:
         """getxattr/listxattr: size 0 asks for the length; a smaller buffer is ERANGE."""
-        try:
-            value = await value_coroutine
-        except FsError as e:
-            raise Reply(e.errno) from None
+        value = await value_coroutine
         if size == 0:
             return abi.GETXATTR_OUT.pack(len(value), 0)
         if len(value) > size:
-            raise Reply(errno.ERANGE)
+            raise FsError(errno.ERANGE)
         return value
 
     def statfs(self, request: Request) -> bytes:

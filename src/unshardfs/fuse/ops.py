@@ -26,6 +26,7 @@ from cachetools import LRUCache
 from ..edge import read_current
 from ..errors import DataError, StaleError
 from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FileNode, Node
+from .abi import FsError
 
 ROOT = 1
 STATS_XATTR = "user.unshardfs.stats"
@@ -33,14 +34,6 @@ DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 1 << 17
 ENOATTR = errno.ENODATA
-
-
-class FsError(Exception):
-    """A request's answer is this errno (ENOENT, ESTALE, ENOTDIR, EROFS, ...)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(os.strerror(code))
-        self.errno = code
 
 
 @dataclass

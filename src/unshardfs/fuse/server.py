@@ -33,14 +33,6 @@ log = logging.getLogger(__name__)
 Answer = Union[bytes, bytearray, memoryview, list, Coroutine[Any, Any, Any], None]
 
 
-class Reply(Exception):
-    """Raised by a handler to answer with an errno (ENOENT, EROFS, ...)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(os.strerror(code))
-        self.errno = code
-
-
 @dataclass
 class Request:
     opcode: int
@@ -60,7 +52,8 @@ class Dispatcher(Protocol):
         returning those, or None for requests that take no reply (FORGET)."""
 
     def failed(self, request: Request, error: BaseException) -> int:
-        """The errno to answer for an unexpected exception (and log it)."""
+        """The errno to answer for an unexpected exception (and log it); a handler answers an
+        errno of its own choosing by raising `abi.FsError`."""
 
 
 @dataclass
@@ -226,7 +219,7 @@ class Session:
         request = Request(opcode, unique, nodeid, uid, gid, pid, body)
         try:
             answer = self.dispatcher.dispatch(request)
-        except Reply as e:
+        except abi.FsError as e:
             return self.error(unique, e.errno)
         except Exception as e:  # noqa: BLE001
             return self.error(unique, self.dispatcher.failed(request, e))
@@ -248,7 +241,7 @@ class Session:
             with scope:
                 try:
                     answer = await coroutine
-                except Reply as e:
+                except abi.FsError as e:
                     self.error(unique, e.errno)
                     return
                 except Exception as e:  # noqa: BLE001
