@@ -13,6 +13,7 @@ Both serve the same operations layer (`unshardfs.fuse.ops.TreeOps`).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Protocol
 
 import trio
@@ -23,6 +24,7 @@ from .ops import TreeOps
 log = logging.getLogger(__name__)
 
 ENGINES = ("kernel", "pyfuse3")
+READAHEAD_KIB = 1024
 
 
 class Engine(Protocol):
@@ -48,21 +50,34 @@ class KernelEngine:
         self.spec = MountSpec(mountpoint, fsname, options=[o for o in options if o != "debug"])
         self.binding = KernelOps(ops)
         self.mounted = None
+        self.readahead = False
+        self.target = mountpoint
         self.cancel = trio.CancelScope()
 
     def mount(self) -> None:
         from .mount import mount
 
+        self.target = os.path.realpath(self.spec.mountpoint)  # before mounting: after, a stat would hang
         self.mounted = mount(self.spec)
 
     async def run(self) -> None:
         from .server import Session
 
         assert self.mounted is not None
-        session = Session(self.mounted.fd, self.binding, on_init=self.binding.negotiated)
+        session = Session(self.mounted.fd, self.binding, on_init=self._initialised)
         self.binding.attach(session)
         with self.cancel:
             await session.serve()
+
+    def _initialised(self, negotiated) -> None:
+        from .mount import set_readahead
+
+        self.binding.negotiated(negotiated)
+        if os.geteuid() == 0:
+            # 1 MiB requests are negotiated, but the kernel's read-ahead decides how big buffered
+            # reads get; INIT has just capped it at the value it offered (128 KiB), so raise it now.
+            self.readahead = set_readahead(self.target, READAHEAD_KIB)
+            self.ops.features["read_ahead_kib"] = READAHEAD_KIB if self.readahead else None
 
     def stop(self) -> None:
         from .mount import unmount
