@@ -104,7 +104,8 @@ class Server:
                          "dropped_for_memory": 0, "bad_requests": 0, "head_timeouts": 0}
 
     def stats(self) -> dict:
-        return {**self.counters, "open": self.open, "held_bytes": self.held}
+        return {**self.counters, "open": self.open, "held_bytes": self.held,
+                "max_connections": self.limits.max_connections}
 
     async def serve(self, listeners: Sequence[trio.abc.Listener], stop: trio.Event) -> None:
         async with trio.open_nursery() as connections:
@@ -332,8 +333,13 @@ class _Connection:
         self.scope.cancel()
 
 
-def listen(bind: str, port: int, backlog: int = 128) -> list[trio.SocketListener]:
-    """Listening sockets for `bind`:`port` (port 0: a free one), as trio listeners."""
+def listen(bind: str, port: int, backlog: int = 4096) -> list[trio.SocketListener]:
+    """Listening sockets for `bind`:`port` (port 0: a free one), as trio listeners.
+
+    The backlog is long (the kernel caps it at net.core.somaxconn): when it is full the kernel drops
+    new connections and their clients retry a second later, so a burst of connections from one client
+    would delay every newcomer. Accepted, they cost little: the longest-waiting is closed at the cap.
+    """
     import socket
 
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
