@@ -13,7 +13,7 @@ resource a client can tie up here has a bound and a clock:
   (h11's incomplete-event limit) or in one piece (counted here); a head must
   arrive whole within `header_seconds` of its first byte; an idle
   connection closes after `keep_alive_seconds`. Request bodies are never
-  read: a request that declares one ends its connection after the answer.
+  read: a request that declares one is a 413 and ends its connection.
 - responses: a client that takes no byte of its answer for
   `send_timeout_seconds` is dropped; the bytes held
   for clients that have not taken them yet are bounded in total by
@@ -34,7 +34,8 @@ import email.utils
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
+from http import HTTPStatus
 from typing import Awaitable, Callable, Sequence
 
 import h11
@@ -62,15 +63,24 @@ class Limits:
     graceful_seconds: float = 2  # answers in progress may finish this long after a stop
 
 
-_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Content Too Large", 414: b"URI Too Long",
-            431: b"Request Header Fields Too Large", 501: b"Not Implemented", 503: b"Service Unavailable"}
+
+# The client's state once a request without a body is read (HTTP/1.0, or an upgrade we will decline).
+_REQUEST_READ = (h11.DONE, h11.MUST_CLOSE, h11.MIGHT_SWITCH_PROTOCOL)
+
+
+@lru_cache(maxsize=64)
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 def _bare(status: int, text: str = "") -> bytes:
     """A complete response that closes the connection, for when h11 has no request to answer."""
     body = (text + "\n").encode() if text else b""
     return (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, _REASONS.get(status, b"Error"), len(body))) + body
+            % (status, _reason(status), len(body))) + body
 
 
 class _Date:
@@ -222,6 +232,7 @@ class _Connection:
                     server.counters["bad_requests"] += 1
                     return await self._refuse(e.error_status_hint, "malformed request")
                 if isinstance(event, h11.Request):
+                    self._end_of_head()
                     return await self._checked(event)
                 if event is not h11.NEED_DATA:  # ConnectionClosed (PAUSED cannot happen between cycles)
                     return None
@@ -240,6 +251,13 @@ class _Connection:
             return None
         finally:
             server.waiting.pop(self, None)
+
+    def _end_of_head(self) -> None:
+        """Take h11's EndOfMessage of a request without a body, so its state says DONE (a body leaves it not)."""
+        try:
+            self.h11.next_event()
+        except h11.RemoteProtocolError:
+            pass  # a malformed body (chunk size): never read; the request's state stays not DONE
 
     async def _checked(self, request: h11.Request) -> h11.Request | None:
         """The request, or None once refused: h11 bounds heads that arrive in pieces, this the rest."""
@@ -272,8 +290,11 @@ class _Connection:
         self.head = b""
         self.complete = False
         self.wrote = False
-        # A declared body is never read: the answer says the connection ends with it.
-        self.closing = self.h11.their_state is not h11.DONE or self.server.stopping
+        if self.h11.their_state not in _REQUEST_READ:  # a body: a read-only server never reads one
+            self.server.counters["bad_requests"] += 1
+            await self._refuse(413, "request bodies are not accepted")
+            return
+        self.closing = self.server.stopping
         try:
             await self.server.app(scope, self._receive, self._send)
         except Exception:  # noqa: BLE001 - the app's own bug (it answers its failures): end this connection only
@@ -291,7 +312,8 @@ class _Connection:
             headers = [(b"date", self.server.date()), *message.get("headers", [])]
             if self.closing:
                 headers.append((b"connection", b"close"))
-            self.head = self.h11.send(h11.Response(status_code=message["status"], headers=headers))
+            status = message["status"]
+            self.head = self.h11.send(h11.Response(status_code=status, headers=headers, reason=_reason(status)))
             return
         if kind != "http.response.body":
             return
