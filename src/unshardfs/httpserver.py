@@ -138,8 +138,7 @@ class Server:
     async def _handle(self, stream: trio.SocketStream) -> None:
         if self.open >= self.limits.max_connections and not self._evict_waiting():
             self.counters["refused"] += 1
-            with trio.move_on_after(1):  # a fresh socket's buffer always takes these few bytes
-                await stream.send_all(_bare(503, "too many connections"))
+            await _Connection(self, stream).refuse(503, "too many connections")
             await stream.aclose()
             return
         conn = _Connection(self, stream)
@@ -147,6 +146,8 @@ class Server:
         self.counters["connections"] += 1
         try:
             await conn.run()
+        except Exception:  # noqa: BLE001 - a bug here ends this connection, never the server
+            log.exception("connection failed")
         finally:
             self._release(conn)
             with trio.CancelScope(shield=True):
@@ -230,7 +231,7 @@ class _Connection:
                     event = self.h11.next_event()
                 except h11.RemoteProtocolError as e:
                     server.counters["bad_requests"] += 1
-                    return await self._refuse(e.error_status_hint, "malformed request")
+                    return await self.refuse(e.error_status_hint, "malformed request")
                 if isinstance(event, h11.Request):
                     self._end_of_head()
                     return await self._checked(event)
@@ -245,7 +246,7 @@ class _Connection:
                     continue
                 if started:
                     server.counters["head_timeouts"] += 1
-                    return await self._refuse(408, "request head too slow")
+                    return await self.refuse(408, "request head too slow")
                 return None  # idle keep-alive over
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None
@@ -264,13 +265,14 @@ class _Connection:
         size = len(request.method) + len(request.target) + 12 + sum(len(k) + len(v) + 4 for k, v in request.headers)
         if len(request.target) > self.limits.max_target_bytes:
             self.server.counters["bad_requests"] += 1
-            return await self._refuse(414, "request target too long")
+            return await self.refuse(414, "request target too long")
         if size > self.limits.max_header_bytes:
             self.server.counters["bad_requests"] += 1
-            return await self._refuse(431, "request headers too large")
+            return await self.refuse(431, "request headers too large")
         return request
 
-    async def _refuse(self, status: int, text: str) -> None:
+    async def refuse(self, status: int, text: str) -> None:
+        """Answer `status` without h11 (there is no request it could answer) and have the connection end."""
         with trio.move_on_after(1):
             try:
                 await self.stream.send_all(_bare(status, text))
@@ -292,7 +294,7 @@ class _Connection:
         self.wrote = False
         if self.h11.their_state not in _REQUEST_READ:  # a body: a read-only server never reads one
             self.server.counters["bad_requests"] += 1
-            await self._refuse(413, "request bodies are not accepted")
+            await self.refuse(413, "request bodies are not accepted")
             return
         self.closing = self.server.stopping
         try:
@@ -301,7 +303,7 @@ class _Connection:
             log.exception("request %r failed", target[:200])
             self.complete = False
             if not self.wrote:
-                await self._refuse(500, "internal error")
+                await self.refuse(500, "internal error")
 
     async def _receive(self) -> dict:
         return {"type": "http.request", "body": b"", "more_body": False}

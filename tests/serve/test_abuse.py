@@ -185,8 +185,11 @@ def stalled_readers(host, port, stop, results, count: int) -> None:
     results.put({"opened": opened})
 
 
-def idle_connections(host, port, stop, results, count: int) -> None:
-    """`count` connections that never send a byte, reopened as the server closes them."""
+def held_connections(host, port, stop, results, count: int, head: bytes, drip: bytes) -> None:
+    """`count` connections that send `head`, then `drip` every 0.3 s, reopened as the server closes them.
+
+    Idle connections send nothing; slow-header clients start a head and never finish it.
+    """
     held: list[socket.socket] = []
     opened = closed = 0
     while not stop.is_set():
@@ -194,38 +197,18 @@ def idle_connections(host, port, stop, results, count: int) -> None:
             s = _connect(host, port)
             if s is None:
                 break
+            s.send(head)
             held.append(s)
             opened += 1
         for s in _closed_by_server(held):
             held.remove(s)
             closed += 1
-        time.sleep(0.05)
-    for s in held:
-        s.close()
-    results.put({"opened": opened, "closed": closed})
-
-
-def slow_headers(host, port, stop, results, count: int) -> None:
-    """`count` connections each sending its request head one byte every 0.3 s, reopened as the server closes them."""
-    held: list[socket.socket] = []
-    opened = closed = 0
-    while not stop.is_set():
-        while len(held) < count and not stop.is_set():
-            s = _connect(host, port)
-            if s is None:
-                break
-            s.send(b"GET /info HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-            held.append(s)
-            opened += 1
-        for s in _closed_by_server(held):
-            held.remove(s)
-            closed += 1
-        for s in held:
+        for s in held if drip else ():
             try:
-                s.send(b"a")
+                s.send(drip)
             except OSError:
                 pass
-        time.sleep(0.3)
+        time.sleep(0.3 if drip else 0.05)
     for s in held:
         s.close()
     results.put({"opened": opened, "closed": closed})
@@ -268,28 +251,20 @@ def _expensive_requests() -> list[bytes]:
     return [r.encode("latin-1") for r in requests]
 
 
-def expensive_requests(host, port, stop, results) -> None:
-    """Requests that are cheap to send and would be expensive to answer, in a loop."""
+def _oversized_heads() -> list[bytes]:
+    """Request heads over the 16 KiB limit, each to be sent in one piece."""
+    return [b"GET /info HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000 + b"\r\n\r\n",
+            b"GET /info HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 20) for i in range(2000))
+            + b"\r\n",
+            b"GET /info HTTP/1.1\r\nHost: x\r\nX-Edge: " + b"c" * (17 << 10) + b"\r\n\r\n"]
+
+
+def request_loop(host, port, stop, results, requests: list[bytes]) -> None:
+    """`requests` sent in turn, each on a new connection, until stopped; how often each status came back."""
     statuses: dict[int, int] = {}
-    requests = _expensive_requests()
     i = 0
     while not stop.is_set():
         status = _status_of(host, port, requests[i % len(requests)])
-        statuses[status] = statuses.get(status, 0) + 1
-        i += 1
-    results.put({"statuses": statuses})
-
-
-def big_headers(host, port, stop, results) -> None:
-    """Request heads over the 16 KiB limit, each sent in one piece."""
-    statuses: dict[int, int] = {}
-    heads = [b"GET /info HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000 + b"\r\n\r\n",
-             b"GET /info HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 20) for i in range(2000))
-             + b"\r\n",
-             b"GET /info HTTP/1.1\r\nHost: x\r\nX-Edge: " + b"c" * (17 << 10) + b"\r\n\r\n"]
-    i = 0
-    while not stop.is_set():
-        status = _status_of(host, port, heads[i % len(heads)])
         statuses[status] = statuses.get(status, 0) + 1
         i += 1
     results.put({"statuses": statuses})
@@ -313,7 +288,7 @@ def test_idle_connections_past_the_descriptor_limit(site, tmp_path):
     log = tmp_path / "serve.log"
     with serving(site["source"], "--access-log", files_limit=(256, 256), log=log) as (url, p):
         limits = Path(f"/proc/{p.pid}/limits").read_text()
-        outcome = measure(site, url, p.pid, idle_connections, 600, rss_growth=32 << 20)
+        outcome = measure(site, url, p.pid, held_connections, 600, b"", b"", rss_growth=32 << 20)
         connections = server_stats(url)["connections"]
     assert outcome["opened"] > 256 and outcome["closed"] > 0
     assert connections["evicted_idle"] > 0 and connections["open"] <= (256 - 64) // 2, connections
@@ -331,7 +306,8 @@ def test_soft_descriptor_limit_raised_to_the_hard_one(site):
 def test_slow_headers(site, tmp_path):
     log = tmp_path / "serve.log"
     with serving(site["source"], "--access-log", "--header-timeout", "1", files_limit=(256, 256), log=log) as (url, p):
-        outcome = measure(site, url, p.pid, slow_headers, 300, rss_growth=32 << 20)
+        outcome = measure(site, url, p.pid, held_connections, 300, b"GET /info HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a",
+                          rss_growth=32 << 20)
         connections = server_stats(url)["connections"]
     assert outcome["opened"] > 256 and outcome["closed"] > 0
     assert connections["head_timeouts"] + connections["evicted_idle"] > 0, connections
@@ -341,7 +317,7 @@ def test_slow_headers(site, tmp_path):
 def test_cheap_requests_that_would_be_expensive(site, tmp_path):
     log = tmp_path / "serve.log"
     with serving(site["source"], "--access-log", log=log) as (url, p):
-        outcome = measure(site, url, p.pid, expensive_requests, rss_growth=32 << 20)
+        outcome = measure(site, url, p.pid, request_loop, _expensive_requests(), rss_growth=32 << 20)
     statuses = outcome["statuses"]
     assert sum(statuses.values()) >= len(_expensive_requests())
     assert all(400 <= s < 500 or s in (200, 204, 206) for s in statuses), statuses
@@ -351,7 +327,7 @@ def test_cheap_requests_that_would_be_expensive(site, tmp_path):
 def test_oversized_heads_in_one_piece(site, tmp_path):
     log = tmp_path / "serve.log"
     with serving(site["source"], "--access-log", log=log) as (url, p):
-        outcome = measure(site, url, p.pid, big_headers, rss_growth=32 << 20)
+        outcome = measure(site, url, p.pid, request_loop, _oversized_heads(), rss_growth=32 << 20)
     assert set(outcome["statuses"]) == {431}, outcome
     assert all(s < 500 for s in access_statuses(log))
 
