@@ -51,21 +51,23 @@ def classify(error: BaseException) -> Failure:
     return Failure(True, errno.EIO, 500, f"bug:{text}", f"unexpected {text}")
 
 
-def report(logger: logging.Logger, failure: Failure, where: str, error: BaseException | None = None) -> None:
-    """Log `failure` (met in `where`, e.g. a handler or a path): once per cause."""
+def report(logger: logging.Logger, failure: Failure, where: str, error: BaseException | None = None,
+           answered: str = "EIO") -> None:
+    """Log `failure` (met in `where`, e.g. a handler or a path, and `answered` so): once per
+    cause; a bug with its traceback."""
     if not failure.bug:
-        log_once(logger, failure.key, "EIO in %s: %s", where, failure.message)
+        log_once(logger, f"{answered}:{failure.key}", "%s in %s: %s", answered, where, failure.message)
         return
-    key = f"{where}:{failure.key}"
+    key = f"{answered}:{where}:{failure.key}"
     if key in _logged_bugs:
         return
     _logged_bugs[key] = True
-    logger.error("unexpected error in %s; answering EIO", where,
+    logger.error("unexpected error in %s; answering %s", where, answered,
                  exc_info=(type(error), error, error.__traceback__) if error is not None else None)
 
 
 def answer(logger: logging.Logger, error: BaseException, where: str) -> Failure:
-    """Classify and report `error` in one call (what every front end's catch-all does)."""
+    """Classify and report `error` for a FUSE request in one call (the engines' catch-all)."""
     failure = classify(error)
     report(logger, failure, where, error)
     return failure

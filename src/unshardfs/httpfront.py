@@ -25,8 +25,8 @@ from urllib.parse import parse_qs, quote, unquote_to_bytes
 
 from cachetools import TTLCache
 
-from .errors import DataError, StaleError, expected_failure
-from .logonce import log_once
+from . import edge
+from .errors import DataError
 from .sources.base import name_problem
 from .vtree import DirNode, FileNode, Node
 
@@ -180,14 +180,10 @@ class TreeApp:
                               method == "HEAD")
         except Exception as e:  # noqa: BLE001 - every failure is an answer, never a dead server
             self.counters["errors"] += 1
-            known = expected_failure(e)
-            if known is not None:
-                log_once(log, f"http:{known}", "502 for %s: %s", scope.get("path"), known)
-                status, text = 502, f"the backing data could not be read: {known}"
-            else:
-                log_once(log, f"httpbug:{type(e).__name__}:{e}", "500 for %s", scope.get("path"))
-                log.debug("traceback", exc_info=True)
-                status, text = 500, "internal error"
+            failure = edge.classify(e)
+            edge.report(log, failure, scope.get("path", "")[:300], e, answered=str(failure.status))
+            status = failure.status
+            text = "internal error" if failure.bug else f"the backing data could not be read: {failure.message}"
             await self._reply(send, status, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
         finally:
             if self.options.access_log:
@@ -287,13 +283,11 @@ class TreeApp:
         """Exactly `size` bytes (or DataError); a file whose shard was replaced is re-resolved once."""
         if size <= 0:
             return node, b""
-        try:
-            data = await node.read(offset, size)
-        except StaleError as e:
-            fresh = await self._resolve(names) if names else None
-            if not isinstance(fresh, FileNode) or fresh.size != node.size:
-                raise DataError(e.where, f"{e.reason}; its content changed") from e
-            node, data = fresh, await fresh.read(offset, size)
+
+        async def resolve() -> Node | None:
+            return await self._resolve(names) if names else None
+
+        node, data = await edge.read_current(node, offset, size, resolve)
         if len(data) != size:
             raise DataError("/".join(names), f"short read at {offset}: {len(data)} of {size} bytes")
         return node, data
