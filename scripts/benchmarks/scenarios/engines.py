@@ -17,6 +17,7 @@ from ..context import KEY, Context
 from ..mounts import PY, mounted
 from ..workloads import in_processes, parallel_read, read_files, rel_files, timed, warm_page_cache
 from .listing import ls_time
+from .local import best_fresh, rate
 
 ENGINES = ("kernel", "pyfuse3")
 LATENCY = 0.02
@@ -24,11 +25,6 @@ LATENCY = 0.02
 
 def engine(name: str) -> tuple[str, ...]:
     return ("--fuse-engine", name)
-
-
-def rate(root: Path, files: list[str]) -> float:
-    paths = [str(root / f) for f in files]
-    return len(files) / timed(lambda: read_files(paths))
 
 
 def run(ctx: Context) -> None:
@@ -57,17 +53,9 @@ def warm(ctx: Context, files: list[str]) -> None:
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def fresh(ctx: Context, kind: str, source: Path, files: list[str], *opts: str) -> float:
-    best = 0.0
-    for _ in range(2):
-        with mounted(kind, source, ctx.work, *opts) as m:
-            best = max(best, rate(m, files))
-    return best
-
-
 def first(ctx: Context, files: list[str]) -> None:
     small = ctx.datasets["small"]
-    ours = {name: fresh(ctx, "unshardfs", small["sharded"], files, *engine(name)) for name in ENGINES}
+    ours = {name: best_fresh(ctx, "unshardfs", small["sharded"], files, *engine(name)) for name in ENGINES}
     ctx.report.row("first read, fresh mount [kernel]", ours["kernel"], "files/s", "pyfuse3 engine",
                    ours["pyfuse3"], ">= 1.5")
     tar = ctx.work / "small.tar"
@@ -76,7 +64,7 @@ def first(ctx: Context, files: list[str]) -> None:
             t.add(small["plain"] / KEY, arcname=KEY)
         with mounted("ratarmount", tar, ctx.work):
             pass  # its index is built once, outside the timing
-        rat = fresh(ctx, "ratarmount", tar, files)
+        rat = best_fresh(ctx, "ratarmount", tar, files)
         for name in ENGINES:
             ctx.report.row(f"first read, fresh mount [{name}]", ours[name], "files/s", "ratarmount (tar)", rat,
                            ">= 1.5")
