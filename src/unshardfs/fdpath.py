@@ -91,11 +91,12 @@ class Beneath:
     with EXDEV. `links=False`: no symlink is followed anywhere (ELOOP).
     """
 
-    def __init__(self, path: str, links: bool) -> None:
+    def __init__(self, path: str, links: bool, fd: int | None = None) -> None:
+        """Open directory `path` (or adopt `fd`, a directory already opened and checked by the caller)."""
         self.path = os.path.realpath(path) if links else path
         self.links = links
         # The root itself is the user's own choice: a symlink to it is fine.
-        self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if fd is None else fd
         self._resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | (0 if links else RESOLVE_NO_SYMLINKS)
 
     def close(self) -> None:
