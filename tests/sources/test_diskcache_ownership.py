@@ -3,7 +3,6 @@ other file systems survive every trim (checksums before and after)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mounts import run_cli
+from tests.support.swapping import checksums
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.local import LocalSource
 from unshardfs.testing.http_servers import DatasetServer
@@ -27,21 +27,6 @@ def served(tmp_path_factory):
                  "uint16")
     with DatasetServer(root) as server:
         yield f"{server.url}/volume/sharded"
-
-
-def checksums(root: Path, skip: Path | None = None) -> dict[str, str]:
-    """Every file and link below `root` (links by target, never followed), except below `skip`."""
-    found = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath, name)
-            if skip is not None and (path == skip or skip in path.parents):
-                continue
-            if path.is_symlink():
-                found[str(path)] = "link:" + os.readlink(path)
-            elif path.is_file():
-                found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
 
 
 def own_entries(cache: Path) -> list[Path]:
