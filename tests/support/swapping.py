@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -55,15 +56,23 @@ class Swapper:
         while not self._stop.is_set():
             for target in self.targets:
                 aside = target.with_name(target.name + ".aside")
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     os.rename(target, aside)
-                    os.symlink(self.outside / target.name if self.outside.is_dir() else self.outside, target)
-                    os.unlink(target)
-                    os.symlink(self.outside, target)
-                    os.unlink(target)
-                    os.mkfifo(target)
-                    os.unlink(target)
+                except OSError:
+                    continue
+                link_to = self.outside / target.name if (self.outside / target.name).exists() else self.outside
+                for make in (lambda: os.symlink(link_to, target), lambda: os.symlink(self.outside, target),
+                             lambda: os.mkfifo(target)):
+                    # Another actor (export making the directory again) may win the name meanwhile.
+                    with contextlib.suppress(OSError):
+                        make()
+                        os.unlink(target)
+                try:
                     os.rename(aside, target)
+                except OSError:  # recreated meanwhile: the copy aside goes
+                    shutil.rmtree(aside, ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        os.unlink(aside)
             self.cycles += 1
 
     def __enter__(self) -> "Swapper":

@@ -71,24 +71,33 @@ async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
         yield data
 
 
-def open_dest(dest: Path) -> tuple[Beneath, bool]:
-    """DEST held open as a directory (created with its parents if missing: True then).
+@dataclass
+class Dest:
+    """DEST held open as a directory; everything export writes is opened beneath this fd with no
+    symlink followed (`fdpath.Beneath(links=False)`), never by a path rebuilt from strings."""
 
-    Everything export writes is opened beneath this fd with no symlink
-    followed (`fdpath.Beneath(links=False)`), never by a path rebuilt from strings.
-    """
-    try:
-        os.makedirs(dest)
-        created = True
-    except FileExistsError:
-        created = False
-    except OSError as e:
-        raise ConfigError(f"DEST {dest}: cannot create it: {e.strerror}") from None
-    try:
-        return Beneath(str(dest), links=False), created  # O_PATH: a FIFO there does not block
-    except OSError as e:
-        problem = "exists and is not a directory" if e.errno == errno.ENOTDIR else e.strerror
-        raise ConfigError(f"DEST {dest} {problem}") from None
+    out: Beneath
+    created: bool  # made by this run: nothing in it is complete yet
+
+    @classmethod
+    def open(cls, dest: Path) -> "Dest":
+        """Open (creating it and its parents if missing) before anything runs: a DEST that cannot
+        be a directory is a one-line ConfigError."""
+        try:
+            os.makedirs(dest)
+            created = True
+        except FileExistsError:
+            created = False
+        except OSError as e:
+            raise ConfigError(f"DEST {dest}: cannot create it: {e.strerror}") from None
+        try:
+            return cls(Beneath(str(dest), links=False), created)  # O_PATH: a FIFO there does not block
+        except OSError as e:
+            problem = "exists and is not a directory" if e.errno == errno.ENOTDIR else e.strerror
+            raise ConfigError(f"DEST {dest} {problem}") from None
+
+    def close(self) -> None:
+        self.out.close()
 
 
 def is_complete(out: Beneath, rel: str, node: FileNode) -> bool:
@@ -159,7 +168,7 @@ def _make_dir(out: Beneath, rel: str) -> bool:
     return False
 
 
-async def export(root: DirNode, dest: Path, jobs: int = 4,
+async def export(root: DirNode, dest: Dest, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None) -> WalkSummary:
     """Write the tree under `dest`; files already complete there are skipped.
 
@@ -169,20 +178,12 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
     streamed piece by piece, so memory stays within about `jobs + 1` pieces
     whatever the file sizes.
     """
-    out, created = open_dest(dest)
-    try:
-        return await _export(root, out, jobs, progress, select, created)
-    finally:
-        out.close()
-
-
-async def _export(root: DirNode, out: Beneath, jobs: int, progress: Callable[[WalkSummary], None] | None,
-                  select: Select | None, created: bool) -> WalkSummary:
+    out = dest.out
     summary = WalkSummary()
     limiter = trio.CapacityLimiter(jobs)
     # Directories this run created hold nothing complete yet: no need to stat
     # their files (a stat per file is a large part of small-file exports).
-    fresh = {""} if created else set()
+    fresh = {""} if dest.created else set()
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
     async with trio.open_nursery() as nursery:
         async for rel, node in walk(root):
