@@ -126,6 +126,16 @@ def test_local_source_under_a_swap_loop(site, resolver):
     assert swapper.cycles > 10
 
 
+def _assert_not_frozen(thread: threading.Thread, m, timeout: float, what: str) -> None:
+    """A reader still blocked after `timeout` means a frozen daemon: kill it (else the blocked reads
+    would hold the unmount at teardown too), then fail."""
+    thread.join(timeout=timeout)
+    if thread.is_alive():
+        for pid in daemon_pids(m.path):
+            os.kill(pid, signal.SIGKILL)
+        raise AssertionError(what)
+
+
 def _read_or_error(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -160,8 +170,7 @@ def test_mount_under_a_swap_loop(site, mount):
     with Swapper(targets(source), outside) as swapper:
         thread = threading.Thread(target=readers, daemon=True)
         thread.start()
-        thread.join(timeout=SWAP_SECONDS + 60)
-        assert not thread.is_alive(), "a read through the mount blocked (the daemon froze)"
+        _assert_not_frozen(thread, m, SWAP_SECONDS + 60, "a read through the mount blocked (the daemon froze)")
         # SIGTERM is honoured while the swapping goes on: the mount goes away within a bound.
         pids = daemon_pids(m.path)
         assert pids
@@ -211,3 +220,29 @@ def test_serve_under_a_swap_loop(site, tmp_path):
     assert problems == []
     assert control > 10 and swapper.cycles > 10
     assert "Traceback" not in log.read_text()
+
+
+def test_a_fifo_swapped_in_after_lookup_is_eio_and_blocks_nothing(site, mount):
+    """The kernel still holds the file's entry (long --cache-timeout) when it becomes a FIFO: the
+    open that follows must not block the daemon's only thread."""
+    source, reference, _ = site
+    m = mount(source, "--cache-timeout", "3600")
+    assert (m.path / NOTES).stat().st_size == len((reference / NOTES).read_bytes())  # looked up: entry cached
+    os.unlink(source / NOTES)
+    os.mkfifo(source / NOTES)
+    outcome: dict[str, object] = {}
+
+    def read() -> None:
+        outcome["data"] = _read_or_error(m.path / NOTES)
+        outcome["info"] = _read_or_error(m.path / "info")  # the daemon still answers
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    _assert_not_frozen(thread, m, 30, "reading a FIFO swapped into the source froze the mount")
+    assert outcome["data"] is None and outcome["info"]
+    for pid in daemon_pids(m.path):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while os.path.ismount(m.path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.ismount(m.path), "SIGTERM did not unmount"
