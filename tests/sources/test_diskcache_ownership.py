@@ -3,6 +3,7 @@ other file systems survive every trim (checksums before and after)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 from pathlib import Path
@@ -119,3 +120,29 @@ def test_trim_never_crosses_into_another_file_system(tmp_path):
         assert own_entries(cache.directory) == [other / HEX]  # its own entry went, the other stayed
     finally:
         subprocess.run(["umount", "-l", str(other)], capture_output=True)
+
+
+def _take(given: str, start, failed) -> None:
+    from unshardfs.sources.diskcache import open_cache_dir
+
+    start.wait()
+    try:
+        os.close(open_cache_dir(given)[0])
+    except Exception:  # noqa: BLE001 - counted, the test fails on any
+        failed.value += 1
+
+
+def test_processes_taking_a_new_cache_dir_at_once_all_succeed(tmp_path):
+    """`check --jobs N` workers open the same new --cache-dir together: none may take another's
+    tag, still being written, for a foreign file."""
+    ctx = multiprocessing.get_context("fork")
+    failed = ctx.Value("i", 0)
+    for attempt in range(30):
+        start = ctx.Event()
+        workers = [ctx.Process(target=_take, args=(str(tmp_path / f"c{attempt}"), start, failed)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        start.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    assert failed.value == 0

@@ -65,6 +65,22 @@ def _is_marked(dir_fd: int) -> bool:
         os.close(fd)
 
 
+def _write_marker(dir_fd: int) -> None:
+    fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    with os.fdopen(fd, "wb") as f:
+        f.write(MARKER_TEXT)
+
+
+def _wait_marked(dir_fd: int, seconds: float = 10.0) -> bool:
+    """The tag is complete (a concurrent `check --jobs` worker may have created it a moment ago)."""
+    deadline = time.monotonic() + seconds
+    while not _is_marked(dir_fd):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def open_cache_dir(given: str) -> tuple[int, str]:
     """The fd and path of the cache's own directory for `--cache-dir given` (created and marked
     if new); ConfigError for one that unshardfs did not make and that is not empty."""
@@ -85,26 +101,26 @@ def open_cache_dir(given: str) -> tuple[int, str]:
         try:
             fd = os.open(SUBDIR, DIR_FLAGS, dir_fd=base_fd)
         except OSError as e:
-            raise ConfigError(f"--cache-dir {given}: {home} is not a directory of unshardfs "
-                              f"({'a symlink or other file' if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror});"
-                              " remove it or give another --cache-dir") from None
+            what = "a symlink or other file" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+            raise ConfigError(f"--cache-dir {given}: {home} is not a directory of unshardfs ({what}); "
+                              "remove it or give another --cache-dir") from None
     finally:
         os.close(base_fd)
     if not _is_marked(fd):
-        with os.scandir(fd) as it:
-            empty = next(iter(it), None) is None
-        if not empty:
+        names = os.listdir(fd)
+        if not names:
+            try:
+                _write_marker(fd)
+            except FileExistsError:
+                pass  # another process taking the same empty directory right now
+            except OSError as e:
+                os.close(fd)
+                raise ConfigError(f"--cache-dir {given}: cannot mark {home} as unshardfs's: {e.strerror}") from None
+        # Only the tag may be there, ours or one a concurrent process is still writing.
+        if names not in ([], [MARKER]) or not _wait_marked(fd):
             os.close(fd)
             raise ConfigError(f"--cache-dir {given}: {home} holds files unshardfs did not write (it has no "
                               f"{MARKER} of ours); empty it or give another --cache-dir")
-        try:
-            tag = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                          dir_fd=fd)
-            with os.fdopen(tag, "wb") as f:
-                f.write(MARKER_TEXT)
-        except OSError as e:
-            os.close(fd)
-            raise ConfigError(f"--cache-dir {given}: cannot mark {home} as unshardfs's: {e.strerror}") from None
     return fd, str(home)
 
 
