@@ -178,7 +178,7 @@ def write_dataset(root: Path, twin: Path, specs: list[LayerSpec], old_schema: bo
 
 # Bounding boxes that start off the block grid and end inside their last file.
 MIXED = [
-    LayerSpec("color", "color", "uint8", 3, "raw", (5, 8, 16), (40, 27, 20)),
+    LayerSpec("color", "color", "uint8", 3, "raw", (5, 8, 16), (40, 27, 20), skip_file=(1, 0, 2)),
     LayerSpec("segmentation", "segmentation", "uint64", 1, "lz4hc", (16, 0, 3), (30, 33, 18),
               mags=((1, 1, 1), (2, 2, 2)), largest_segment_id=(1 << 40) + 5),
 ]

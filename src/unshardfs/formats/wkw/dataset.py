@@ -27,7 +27,7 @@ from ...vtree import BytesFile, DirNode, Node
 from ..jsonfile import encode_json, read_json
 from ..precomputed.grid import ChunkGrid, GridNaming
 from .header import BLOCK_TYPES, HEADER_BYTES, HeaderError, WkwHeader
-from .properties import PROPERTIES, Layer, Mag, parse_mag, parse_properties
+from .properties import PROPERTIES, Layer, Mag, finest_first, parse_mag, parse_properties
 from .store import MagView, WkwBlockCodec, WkwStore, list_files, wkw_geometry
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ class WkwDataset:
                 shown[layer.name] = LayerDir(self.source, layer.name, st or root_st, fixed, hidden)
         if not shown:
             raise ConfigError(f"{self.source.description}: {PROPERTIES} lists no WKW layer that can be shown")
-        return OverlayDir(self.source, "", root_st, shown, "wkw-root")
+        # Where the source cannot list (plain HTTP), the properties are still listed.
+        return OverlayDir(self.source, "", root_st, shown, "wkw-root", lambda key: [PROPERTIES] if key == "" else [])
 
     async def mags(self, key: str, layer: Layer) -> list[ShownMag]:
         """The layer's mags whose header.wkw can be read (the others are logged and left out)."""
@@ -228,4 +229,4 @@ async def bare_layer(source: ByteSource) -> Layer:
     if lo is None or hi is None:
         raise ConfigError(f"{source.description}: the mag directories hold no .wkw files")
     return Layer(".", "color", (lo[0], lo[1], lo[2]), (hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2]),
-                 tuple(mag for _, mag in mags))
+                 finest_first(mag for _, mag in mags))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 from ...core.fields import VOXEL_LIMIT, Fields, MetadataError, as_int, as_ints, as_str
 
@@ -92,7 +93,12 @@ def _mags(layer: Fields) -> tuple[Mag, ...]:
         factors = parse_mag(item.get(key), item.at(key))
         path = _relative_path(item.get("path"), item.at("path")) if item.get("path") is not None else None
         mags.setdefault(factors, Mag(factors, path))
-    return tuple(sorted(mags.values(), key=lambda m: (m.factors[0] * m.factors[1] * m.factors[2], m.factors)))
+    return finest_first(mags.values())
+
+
+def finest_first(mags: Iterable[Mag]) -> tuple[Mag, ...]:
+    """Mags in the order of precomputed scales: finest (smallest voxel volume) first."""
+    return tuple(sorted(mags, key=lambda m: (m.factors[0] * m.factors[1] * m.factors[2], m.factors)))
 
 
 def voxel_size(props: Fields) -> tuple[float, float, float]:
