@@ -73,10 +73,16 @@ class WkwStore(ShardedStore):
     def __init__(self, runtime: Runtime, view: MagView) -> None:
         super().__init__(runtime, view.dir_key)
         self.view = view
-        header = view.header
-        self.file_coder = MortonCoder((header.file_edge,) * 3)
-        # Block n of any file sits at this offset (in blocks) inside its file.
-        self.local = self.file_coder.decode_array(np.arange(header.blocks, dtype=np.uint64))[0]
+        self._local: np.ndarray | None = None
+
+    @property
+    def local(self) -> np.ndarray:
+        """Block n of any file sits at `local[n]` (in blocks) inside its file. Built on first use,
+        after the file's size was checked against the limits (a header may declare 2^24 blocks)."""
+        if self._local is None:
+            n = self.view.header.blocks
+            self._local = MortonCoder((self.view.header.file_edge,) * 3).decode_array(np.arange(n, dtype=np.uint64))[0]
+        return self._local
 
     def describe(self, key: int) -> str:
         cells, valid = self.view.grid.coder.decode_array(np.array([key], dtype=np.uint64))
