@@ -100,19 +100,39 @@ def test_serve_reads_like_the_arrays(datasets):
         assert assert_readers_see_the_voxels(url, data) == 4
 
 
-def test_over_http_and_s3_equal_to_local(datasets, mount, monkeypatch):
+def test_over_http_gs_and_s3_equal_to_local(datasets, mount, monkeypatch):
     data = datasets["old"]
     with DatasetServer(data.root.parent) as server:
         # Plain HTTP cannot list: files are found from the geometry, absent ones answer 404.
         remote = mount(f"{server.url}/old")
         assert assert_same_tree(remote.path, data.twin, JSON) > 20
         assert all(r.range for r in server.requests("GET")), "every GET is a range request"
+    with DatasetServer(data.root.parent, gcs_bucket="bkt", page_size=2) as gcs:
+        remote = mount("gs://bkt/old", "--gcs-endpoint", gcs.url)
+        assert assert_same_tree(remote.path, data.twin, JSON) > 20
     for key, value in CREDENTIALS.items():
         monkeypatch.setenv(key, value)
     with moto_s3() as (endpoint, client):
         upload(client, "bkt", data.root, "data/old")
         remote = mount("s3://bkt/data/old", "--s3-endpoint", endpoint)
         assert assert_same_tree(remote.path, data.twin, JSON) > 20
+
+
+def test_scan_is_read_ahead(datasets, mount):
+    """Reading a mag's chunk files in listing order over HTTP: the core's read-ahead fetches the
+    blocks that follow (one request for several), the cache then answers."""
+    data = datasets["old"]
+    with DatasetServer(data.root.parent) as server:
+        m = mount(f"{server.url}/old")
+        scale = m.path / "em" / "1"
+        names = os.listdir(scale)
+        server.reset_log()
+        for name in names:
+            assert (scale / name).read_bytes() == (data.twin / "em" / "1" / name).read_bytes()
+        gets = server.requests("GET")
+        fetch = json.loads(os.getxattr(m.path, "user.unshardfs.stats"))["fetch"]
+        assert fetch["prefetch_hits"] > 0, fetch
+        assert len(gets) < len(names) / 2, (len(gets), len(names))
 
 
 def test_inspect_check_export(datasets, tmp_path):
