@@ -15,17 +15,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.formats.wkw.datasets import BLOCK, MIXED, OLD, SPAN, WkwData, write_dataset
+from tests.formats.wkw.datasets import MIXED, OLD, SPAN, WkwData, write_dataset
 from tests.support.mounts import run_cli
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from tests.support.served import served
-from tests.support.trees import assert_same_tree, walk_files
+from tests.support.trees import assert_same_tree
 from unshardfs.testing.http_servers import DatasetServer
 
 JSON = ("datasource-properties.json",)

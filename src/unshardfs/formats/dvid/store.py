@@ -18,7 +18,7 @@ import numpy as np
 from ...core.blob import Blob
 from ...core.bounded import unzstd
 from ...core.chunks import ChunkFile
-from ...core.codecs import Codec, check_decoded_size
+from ...core.codecs import GeometrySized
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
@@ -132,7 +132,7 @@ def dvid_geometry(grid: ChunkGrid, limit: int) -> VolumeGeometry:
     return VolumeGeometry(grid, 8, True, limit)
 
 
-class DvidBlockCodec(Codec):
+class DvidBlockCodec(GeometrySized):
     """An Arrow record holding a DVID compressed label block -> the chunk's uint64 labels."""
 
     name = "dvid-block"
@@ -146,14 +146,6 @@ class DvidBlockCodec(Codec):
     @property
     def label(self) -> str:
         return "dvid-supervoxels" if self.supervoxels else "dvid-agglomerated"
-
-    def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
-        assert exact is not None  # the geometry is raw
-        check_decoded_size(exact, cap, where)
-        return exact
-
-    def sizes(self, lengths, exact, cap):
-        return exact, exact <= cap
 
     async def prepare(self, f: ChunkFile) -> object:
         return await self.store.schema_of(f)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...core.blob import Blob
 from ...core.chunks import ChunkFile
-from ...core.codecs import Codec, check_decoded_size
+from ...core.codecs import GeometrySized
 from ...core.fetch import Extent
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
@@ -219,7 +219,7 @@ def lz4_bound(size: int) -> int:
     return size + size // 255 + 16
 
 
-class WkwBlockCodec(Codec):
+class WkwBlockCodec(GeometrySized):
     """A stored block (raw or LZ4, as the table's `extra` column says) -> the chunk file's bytes.
 
     WKW stores a block x fastest with the channels of each voxel together;
@@ -235,18 +235,6 @@ class WkwBlockCodec(Codec):
         self.block_bytes = header.block_bytes
         self.shape = (header.block_edge,) * 3 + (header.channels,)  # z, y, x, channel
         self.dtype = header.dtype
-
-    @property
-    def label(self) -> str:
-        return "wkw-block"
-
-    def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
-        assert exact is not None  # the geometry is raw
-        check_decoded_size(exact, cap, where)
-        return exact
-
-    def sizes(self, lengths, exact, cap):
-        return exact, exact <= cap
 
     async def prepare(self, f: ChunkFile) -> object:
         # Before the payload is fetched: no LZ4 block of this block size is that long.
