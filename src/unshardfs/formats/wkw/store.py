@@ -255,11 +255,17 @@ class WkwBlockCodec(GeometrySized):
                 raise DataError(f.where, f"bad LZ4 block: {e}") from None
         if len(block) != self.block_bytes:
             raise DataError(f.where, f"block decodes to {len(block):,} bytes, expected {self.block_bytes:,}")
-        grid = self.view.grid
-        cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
-        ex, ey, ez = grid.extent(tuple(cells[0].tolist()))  # type: ignore[arg-type]
-        voxels = np.frombuffer(block, dtype=self.dtype).reshape(self.shape)[:ez, :ey, :ex]
-        data = np.ascontiguousarray(voxels.transpose(3, 0, 1, 2)).tobytes()
+        channels = self.shape[3]
+        if f.size == self.block_bytes:
+            # A whole block (the geometry's size says so): one channel is already the chunk file;
+            # several are moved apart in one pass.
+            data = block if channels == 1 else np.frombuffer(block, dtype=self.dtype).reshape(-1, channels).T.tobytes()
+        else:
+            grid = self.view.grid
+            cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
+            ex, ey, ez = grid.extent(tuple(cells[0].tolist()))  # type: ignore[arg-type]
+            voxels = np.frombuffer(block, dtype=self.dtype).reshape(self.shape)[:ez, :ey, :ex]
+            data = np.ascontiguousarray(voxels.transpose(3, 0, 1, 2)).tobytes()
         if len(data) != f.size:
             raise DataError(f.where, f"block gives {len(data):,} bytes, the chunk file has {f.size:,}")
         return data
