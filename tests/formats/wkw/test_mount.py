@@ -24,7 +24,7 @@ from tests.formats.wkw.datasets import MIXED, OLD, SPAN, WkwData, write_dataset
 from tests.support.mounts import run_cli
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from tests.support.served import served
-from tests.support.trees import assert_same_tree
+from tests.support.trees import assert_same_tree, walk_files
 from unshardfs.testing.http_servers import DatasetServer
 
 JSON = ("datasource-properties.json",)
@@ -149,6 +149,10 @@ def test_inspect_check_export(datasets, tmp_path):
     assert reports["color/1"]["shards_expected"] == 3 * 3 * 2 and reports["color/1"]["channels"] == 3
     check = run_cli("check", str(data.root))
     assert check.returncode == 0 and "intact" in check.stdout, check.stdout + check.stderr
+    parallel = run_cli("check", "--jobs", "3", str(data.root))  # split by file: shard tokens across processes
+    assert parallel.returncode == 0
+    files = len(walk_files(data.twin))
+    assert f"intact: {files:,} files" in check.stdout and f"intact: {files:,} files" in parallel.stdout
     dest = tmp_path / "out"
     exported = run_cli("export", str(data.root), str(dest))
     assert exported.returncode == 0, exported.stderr
@@ -164,6 +168,21 @@ def test_inspect_check_export(datasets, tmp_path):
     victim.write_bytes(bytes(raw))
     damaged = run_cli("check", str(src))
     assert damaged.returncode == 1 and "z0/y1/x1.wkw" in damaged.stdout, damaged.stdout
+
+
+def test_block_type_may_differ_per_file(datasets, tmp_path, mount):
+    """A raw mag with one file recompressed (LZ4HC, by the wkw package): each file's own header decides."""
+    import wkw
+
+    data = datasets["old"]
+    root = tmp_path / "old"
+    shutil.copytree(data.root, root)
+    victim = root / "seg32" / "1" / "z1" / "y1" / "x1.wkw"
+    wkw.File.compress(str(victim), str(tmp_path / "x1.wkw"))
+    assert (tmp_path / "x1.wkw").read_bytes()[5] == 3  # LZ4HC, in a mag whose header.wkw says raw
+    shutil.move(tmp_path / "x1.wkw", victim)
+    m = mount(root)
+    assert assert_same_tree(m.path, data.twin, JSON) > 20
 
 
 def test_bare_layer_directory(datasets, mount):
