@@ -185,6 +185,26 @@ def test_block_type_may_differ_per_file(datasets, tmp_path, mount):
     assert assert_same_tree(m.path, data.twin, JSON) > 20
 
 
+def test_float64_layer_is_left_out(datasets, tmp_path, mount):
+    """Precomputed has no float64: such a layer is not shown (logged why); the others are."""
+    import wkw
+
+    data = datasets["old"]
+    root = tmp_path / "old"
+    shutil.copytree(data.root, root)
+    with wkw.Dataset.create(str(root / "f64" / "1"), wkw.Header(np.float64, block_len=8, file_len=2)) as ds:
+        ds.write((0, 0, 0), np.ones((1, 16, 16, 16), dtype=np.float64))
+    props = json.loads((root / "datasource-properties.json").read_text())
+    props["dataLayers"].append({"name": "f64", "category": "color", "dataFormat": "wkw", "elementClass": "double",
+                                "boundingBox": {"topLeft": [0, 0, 0], "width": 16, "height": 16, "depth": 16},
+                                "wkwResolutions": [{"resolution": 1}]})
+    (root / "datasource-properties.json").write_text(json.dumps(props))
+    m = mount(root)
+    assert not (m.path / "f64" / "info").exists()
+    assert (m.path / "em" / "info").exists()
+    assert "f64 mag 1-1-1: float64 voxels cannot be shown as precomputed" in m.log_text()
+
+
 def test_bare_layer_directory(datasets, mount):
     """A layer directory without properties: mags found by their header.wkw, the bounding box
     spans the files present, resolution is the mag."""

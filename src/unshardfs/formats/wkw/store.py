@@ -10,7 +10,6 @@ file's header and jump table once (cached) and then the block.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -30,8 +29,6 @@ from ...sources.base import ByteSource, join_key
 from ..precomputed.grid import ChunkGrid, VolumeGeometry
 from ..precomputed.morton import MortonCoder
 from .header import BLOCK_TYPES, HEADER_BYTES, RAW, HeaderError, WkwHeader
-
-log = logging.getLogger(__name__)
 
 FileCell = tuple[int, int, int]  # a shard: the (x, y, z) index of one .wkw file
 _DIR = {"z": re.compile(r"^z(0|[1-9]\d{0,8})$"), "y": re.compile(r"^y(0|[1-9]\d{0,8})$")}
