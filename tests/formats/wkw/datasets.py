@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorstore as ts
-import wkw
+
+wkw = pytest.importorskip("wkw")  # no wheel for Linux on aarch64 and others (see pyproject.toml)
 
 BLOCK = 8  # voxels per block edge (webKnossos writes 32; small keeps the tests fast)
 FILE = 2  # blocks per file edge
