@@ -16,7 +16,10 @@ from ..registry import Dataset, FormatPlugin, register_format
 class WkwFormat(FormatPlugin):
     name = "wkw"
     description = "webKnossos WKW"
-    marker = "datasource-properties.json or mag directories with header.wkw"
+    marker = "a datasource-properties.json with WKW layers or mag directories with header.wkw"
+    # Ahead of Zarr and precomputed: properties listing WKW layers decide, whatever
+    # else the directory holds (a webKnossos dataset may keep Zarr layers beside WKW ones).
+    priority = 10
 
     async def detect(self, source: ByteSource, options: dict) -> bool:
         from .dataset import mag_dirs
