@@ -108,7 +108,7 @@ class WkwDataset:
         """`info` and one chunk directory per mag; the source mag directories to hide."""
         fixed: dict[str, Node] = {}
         scales = []
-        kinds = set()
+        kinds: set[tuple[str, int]] = set()
         mags = await self.mags(key, layer)
         for shown in mags:
             header, mag = shown.header, shown.mag
@@ -157,7 +157,7 @@ class WkwDataset:
         if not scales:
             return {}, frozenset()
         (dtype, channels), = kinds
-        info: dict = {"@type": "neuroglancer_multiscale_volume",
+        info: dict[str, object] = {"@type": "neuroglancer_multiscale_volume",
                       "type": "segmentation" if layer.category == "segmentation" else "image",
                       "data_type": dtype, "num_channels": channels, "scales": scales}
         if layer.largest_segment_id is not None:
@@ -201,8 +201,8 @@ async def mag_dirs(source: ByteSource) -> list[tuple[str, Mag]]:
                 if len(found) > MAX_BARE_MAGS:
                     raise ConfigError(f"{source.description}: more than {MAX_BARE_MAGS} mag directories")
     else:
-        st = await source.stat("1/header.wkw")
-        if st is not None and not st.is_dir:
+        header = await source.stat("1/header.wkw")
+        if header is not None and not header.is_dir:
             found.append(("1", Mag((1, 1, 1))))
     return found
 

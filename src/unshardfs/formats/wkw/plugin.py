@@ -21,7 +21,7 @@ class WkwFormat(FormatPlugin):
     # else the directory holds (a webKnossos dataset may keep Zarr layers beside WKW ones).
     priority = 10
 
-    async def detect(self, source: ByteSource, options: dict) -> bool:
+    async def detect(self, source: ByteSource, options: dict[str, object]) -> bool:
         from .dataset import mag_dirs
         from .properties import PROPERTIES, has_wkw_layers
 
@@ -36,7 +36,7 @@ class WkwFormat(FormatPlugin):
                 return True  # a broken properties file: `open` says what is wrong with it
         return bool(await mag_dirs(source))
 
-    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+    async def open(self, runtime: Runtime, options: dict[str, object]) -> Dataset:
         from .dataset import WkwDataset
 
         dataset = WkwDataset(runtime)

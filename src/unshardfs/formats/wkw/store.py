@@ -110,7 +110,7 @@ class WkwStore(ShardedStore):
         mag = self.view.header
         where = blob.label
         # The decoded table holds 32 bytes per block (key, start, length, block type).
-        self.limits.check_index(32 * mag.blocks, where, cache=self.caches.shard_index.maxsize)
+        self.limits.check_index(32 * mag.blocks, where, cache=int(self.caches.shard_index.maxsize))
         # Header and (if the mag is compressed) jump table in one read.
         raw = await self.fetcher.read(Extent(blob, 0, min(blob.size, HEADER_BYTES + mag.jump_table_bytes)),
                                       index=True)
@@ -186,7 +186,7 @@ class WkwStore(ShardedStore):
         return False  # chunk directories have no source directory behind them
 
 
-async def _numbers(source: ByteSource, key: str, pattern: re.Pattern, want_dir: bool, lo: int, hi: int
+async def _numbers(source: ByteSource, key: str, pattern: re.Pattern[str], want_dir: bool, lo: int, hi: int
                    ) -> list[int]:
     found = []
     async for name, st in source.list(key):
@@ -260,7 +260,8 @@ class WkwBlockCodec(GeometrySized):
         else:
             grid = self.view.grid
             cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
-            ex, ey, ez = grid.extent(tuple(cells[0].tolist()))  # type: ignore[arg-type]
+            x, y, z = cells[0].tolist()
+            ex, ey, ez = grid.extent((x, y, z))
             voxels = np.frombuffer(block, dtype=self.dtype).reshape(self.shape)[:ez, :ey, :ex]
             data = np.ascontiguousarray(voxels.transpose(3, 0, 1, 2)).tobytes()
         if len(data) != f.size:
