@@ -13,7 +13,7 @@ from . import __version__
 from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import STATS_XATTR, MountOptions
-from .options import add_cache_options, add_source_options, cache_sizes, format_options
+from .options import add_cache_options, add_source_options, format_options, make_caches
 
 EXAMPLES = """\
 examples:
@@ -156,10 +156,9 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
             os.close(ready_fd)
             ready_fd = None
 
-    from .caches import Caches
     from .session import Session
 
-    caches = Caches(cache_sizes(args))
+    caches = make_caches(args)
     request = MountRequest(
         mountpoint=args.mountpoint,
         fsname=f"unshardfs:{args.source}",
@@ -172,13 +171,12 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .caches import Caches
     from .httpfront import ServeOptions
     from .serve import ServeRequest, run
     from .session import Session
 
     _logging(args.debug)
-    caches = Caches(cache_sizes(args))
+    caches = make_caches(args)
     request = ServeRequest(args.bind, args.port, ServeOptions("" if args.no_cors else args.cors_origin,
                                                               args.access_log))
     return run(args.source, lambda: Session.open(args.source, format_options(args), caches), request)

@@ -93,6 +93,15 @@ class ChunkFile(FileNode):
 
 
 class ChunkContext:
+    """What the chunk files of one sharded directory share: a format's store, naming, codec and
+    geometry, and the mount's fetcher, caches and read-ahead scope.
+
+    Formats build one per directory and hand it to `ShardedDir`; lookups
+    (`lookup`, `file`), streamed listings (`listing`) and reads are then the
+    core's. Lookups return None for an absent chunk and raise DataError for
+    a damaged one; listings log damage once and leave the damaged part out.
+    """
+
     def __init__(self, store: ShardedStore, naming: Naming, codec: Codec, geometry: Geometry | None = None,
                  read_ahead: bool = True) -> None:
         self.store = store
@@ -216,7 +225,7 @@ class ChunkContext:
                 except StopAsyncIteration:
                     exhausted = True
                     break
-                if keep is not None and not keep(store.label, shard):
+                if keep is not None and not keep(store.label, store.token(shard)):
                     continue  # another part of a split check/export lists this shard
                 ahead.append(shard)
                 if window and len(ahead) > 1:

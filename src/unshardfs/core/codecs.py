@@ -39,6 +39,18 @@ def codec(name: str, **params) -> "Codec":
 
 
 class Codec:
+    """How a chunk's stored payload becomes its file's bytes (one small class per encoding).
+
+    Contract: `size`/`sizes` tell the file's size from the stored length
+    (and the geometry's `exact` size and `cap`) without reading the payload
+    when they can, None when the `trailer` bytes are needed
+    (`size_from_trailer`); `decode` returns exactly `f.size` bytes. Every
+    impossible length, size beyond `cap` or undecodable payload is a
+    `DataError(where, reason)`, never an exception of another type, and
+    decoding never allocates beyond `cap`. Register with `register_codec` or
+    an `unshardfs.codecs` entry point naming the class.
+    """
+
     name: ClassVar[str]
     # File bytes are the stored bytes themselves: reads can be served in ranges.
     transparent: ClassVar[bool] = False

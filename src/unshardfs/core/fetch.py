@@ -134,6 +134,16 @@ def plan(extents: Sequence[Extent], max_gap: int, max_span: int) -> list[_Run]:
 
 
 class Fetcher:
+    """The one read path of a mount: every byte a format or chunk file needs comes through here.
+
+    `read(ext)` and `read_many(extents)` return exactly the bytes of each
+    extent (coalescing neighbours closer than the policy's gap into one
+    request, sharing requests in flight, serving prefetched copies); a range
+    the source cannot deliver whole is a DataError. `index=True` marks index
+    structures (a disk cache may keep them). `prefetch` and `spawn` are for
+    the core's read-ahead; formats only read.
+    """
+
     def __init__(self, source: ByteSource, policy: FetchPolicy | None = None) -> None:
         self.source = source
         self.policy = policy or FetchPolicy()

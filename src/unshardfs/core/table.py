@@ -31,6 +31,9 @@ class ChunkTable:
     # Per-entry extra column a format needs to find a chunk in its range
     # (DVID: the row inside an Arrow record batch); None when unused.
     extra: np.ndarray | None = None
+    # Which table of its shard this is, in the format's terms (a minishard number); 0 when a
+    # shard has one table. Lets `ShardedStore.placed` check a key belongs to this very table.
+    part: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -55,12 +58,12 @@ class ChunkTable:
     def where(self, mask: np.ndarray) -> "ChunkTable":
         """The entries selected by a boolean mask (same blob, no reasons)."""
         return ChunkTable(self.blob, self.keys[mask], self.starts[mask], self.lengths[mask], {},
-                          None if self.extra is None else self.extra[mask])
+                          None if self.extra is None else self.extra[mask], self.part)
 
     @classmethod
     def build(cls, blob: Blob, keys: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
               data_lo: int, data_hi: int, extra: np.ndarray | None = None,
-              reasons: dict[int, str] | None = None) -> "ChunkTable":
+              reasons: dict[int, str] | None = None, part: int = 0) -> "ChunkTable":
         """Validate ranges against the data area [data_lo, data_hi) of `blob`, sort, deduplicate.
 
         All arithmetic is modulo 2**64 (as the formats define it); a range
@@ -88,10 +91,10 @@ class ChunkTable:
                                              f"data area [{data_lo}, {data_hi}) of {blob.label}")
             keep = picked[ok[picked]]
         if keep is None:
-            return cls(blob, keys, starts, lengths, bad, extra)
-        return cls(blob, keys[keep], starts[keep], lengths[keep], bad, None if extra is None else extra[keep])
+            return cls(blob, keys, starts, lengths, bad, extra, part)
+        return cls(blob, keys[keep], starts[keep], lengths[keep], bad, None if extra is None else extra[keep], part)
 
     @classmethod
-    def empty(cls, blob: Blob) -> "ChunkTable":
+    def empty(cls, blob: Blob, part: int = 0) -> "ChunkTable":
         nothing = np.zeros(0, dtype=U64)
-        return cls(blob, nothing, nothing, nothing)
+        return cls(blob, nothing, nothing, nothing, part=part)

@@ -14,7 +14,7 @@ import os
 from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin, register_format
+from ..registry import Dataset, FormatPlugin
 
 
 class DvidFormat(FormatPlugin):
@@ -57,5 +57,3 @@ class DvidFormat(FormatPlugin):
         export = DvidExport(runtime, options.get("info"), bool(options.get("supervoxels")))
         return Dataset(await export.build(), export.inventory)
 
-
-register_format(DvidFormat())

@@ -14,6 +14,7 @@ import re
 from typing import AsyncIterator
 
 import numpy as np
+import pyarrow as pa
 
 from ...core.blob import Blob
 from ...core.bounded import unzstd
@@ -35,14 +36,15 @@ log = logging.getLogger(__name__)
 SHARD_FILE = re.compile(r"^(\d{1,15})_(\d{1,15})_(\d{1,15})\.arrow$")
 
 
-class DvidStore(ShardedStore):
+class DvidStore(ShardedStore[int, ShardIndex]):
+    """A shard number (from the sharding spec) is one Arrow file, whose chunk index is one table."""
+
     def __init__(self, runtime: Runtime, dir_key: str, grid: ChunkGrid, spec: ShardingSpec) -> None:
         super().__init__(runtime, dir_key)
         self.dir_key = dir_key
         self.grid = grid
         self.spec = spec
-        self.reader = ArrowShardReader(self.source, self.fetcher, self.limits, grid.chunk_size, self.owned,
-                                       self.keys)
+        self.reader = ArrowShardReader(self.source, self.read_index_bytes, grid.chunk_size, self.owned, self.keys)
         self._files: dict[int, str] | None = None
 
     def keys(self, cells: np.ndarray) -> np.ndarray:
@@ -85,26 +87,29 @@ class DvidStore(ShardedStore):
             self._files = dict(sorted(found.items()))
         return self._files
 
-    async def index(self, shard: int) -> ShardIndex | None:
+    async def open_shard(self, shard: int) -> Blob | None:
         name = (await self.files()).get(shard)
         if name is None:
             return None
         key = join_key(self.dir_key, name)
         st = await self.source.stat(key)
-        if st is None or st.is_dir:
-            return None
-        blob = Blob.of(key, st)
-        return await self.flights.cached(self.caches.shard_index, blob.ident,
-                                         lambda: self.reader.load(blob, key.removesuffix(".arrow"), shard))
+        return None if st is None or st.is_dir else Blob.of(key, st)
 
-    async def schema_of(self, f: ChunkFile):
+    async def read_index(self, shard: int, blob: Blob) -> ShardIndex:
+        return await self.reader.load(blob, blob.label.removesuffix(".arrow"), shard)
+
+    async def schema_of(self, f: ChunkFile) -> pa.Schema:
         """The Arrow schema of the shard file holding `f` (its index is cached)."""
-        index = await self.index(self.spec.location(f.key)[0])
-        if index is None or index.table.blob.ident != f.blob.ident:
+        opened = await self.index(self.spec.location(f.key)[0])
+        if opened is None or opened[0].ident != f.blob.ident:
             raise DataError(f.blob.label, "shard file changed while mounted")
-        return index.schema
+        return opened[1].schema
 
     # -- the ShardedStore contract ----------------------------------------------------------
+
+    def shard_of(self, key: int) -> int | None:
+        _, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+        return self.spec.location(key)[0] if valid[0] else None
 
     def shards(self, within: object = None) -> AsyncIterator[int]:
         async def numbers() -> AsyncIterator[int]:
@@ -112,19 +117,14 @@ class DvidStore(ShardedStore):
                 yield shard
         return numbers()
 
-    async def tables(self, shard: int) -> list[ChunkTable]:  # type: ignore[override]
-        index = await self.index(shard)
-        return [] if index is None or not len(index.table) else [index.table]
+    async def table_for(self, shard: int, blob: Blob, index: ShardIndex, key: int) -> ChunkTable:
+        return index.table
 
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        cells, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
-        if not valid[0]:
-            return None
-        index = await self.index(self.spec.location(key)[0])
-        if index is None:
-            return None
-        i = index.table.find(key)
-        return None if i is None else (index.table, i)
+    async def index_tables(self, shard: int, blob: Blob, index: ShardIndex) -> list[ChunkTable]:
+        return [index.table]
+
+    def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
+        return self.spec.locations_array(table.keys)[0] == np.uint64(shard)
 
 
 def dvid_geometry(grid: ChunkGrid, limit: int) -> VolumeGeometry:

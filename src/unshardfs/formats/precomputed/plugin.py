@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ...caches import SHARD_INDEX
 from ...core.runtime import Runtime
 from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin, register_format
+from ..registry import Dataset, FormatPlugin
+from .sharding import MINISHARD_INDEX
 
 
 class PrecomputedFormat(FormatPlugin):
@@ -12,6 +14,8 @@ class PrecomputedFormat(FormatPlugin):
     description = "Neuroglancer precomputed"
     marker = "an info file"
     prefixes = ("precomputed://",)
+    index_levels = (SHARD_INDEX, MINISHARD_INDEX)
+    json_names = ("info", "provenance")
 
     async def detect(self, source: ByteSource, options: dict) -> bool:
         st = await source.stat("info")
@@ -23,5 +27,3 @@ class PrecomputedFormat(FormatPlugin):
         dataset = PrecomputedDataset(runtime)
         return Dataset(await dataset.build(), dataset.inventory)
 
-
-register_format(PrecomputedFormat())

@@ -6,7 +6,7 @@ import argparse
 
 from ...core.runtime import Runtime
 from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin, register_format
+from ..registry import Dataset, FormatPlugin
 
 VIEWS = ("zarr3", "zarr2")
 
@@ -17,6 +17,7 @@ class ZarrFormat(FormatPlugin):
     marker = "a zarr.json"
     prefixes = ("zarr3://", "zarr://")
     priority = 10
+    json_names = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
     def add_options(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument("--view", choices=VIEWS, default=None,
@@ -35,5 +36,3 @@ class ZarrFormat(FormatPlugin):
         hierarchy = ZarrHierarchy(runtime, options.get("view") or "zarr3")
         return Dataset(await hierarchy.build(), hierarchy.inventory)
 
-
-register_format(ZarrFormat())
