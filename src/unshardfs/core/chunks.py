@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import AsyncIterator
 
 import numpy as np
 
@@ -28,18 +28,15 @@ from .codecs import Codec
 from .fetch import Extent
 from .geometry import Geometry
 from .naming import Naming
+from .policy import POLICY
+from .readahead import ScanScope
 from .store import Shard, ShardedStore
 from .table import ChunkTable
 
-if TYPE_CHECKING:
-    from .readahead import ScanScope
-
 log = logging.getLogger(__name__)
 
-# Over the network a payload up to this size is fetched whole, once, instead
-# of in the kernel's 128 KiB pieces (each a round trip).
-WHOLE_READ_MAX = 1 << 20
-LIST_BATCH = 4096  # entries per listing batch (per-batch costs spread over enough entries)
+WHOLE_READ_MAX = POLICY.whole_read_max
+LIST_BATCH = POLICY.list_batch
 
 
 class ChunkFile(FileNode):
@@ -75,7 +72,7 @@ class ChunkFile(FileNode):
             return b""
         ctx = self.ctx
         if offset == 0 and ctx.scope is not None:
-            ctx.scope.note(self)
+            ctx.scope.note(self.key)
         if ctx.codec.transparent:
             if ctx.whole_reads and self.length <= WHOLE_READ_MAX:
                 return (await ctx.payload(self))[offset:offset + size]
@@ -113,9 +110,19 @@ class ChunkContext:
         self.whole_reads = store.source.remote
         self.scope: ScanScope | None = None
         if read_ahead and self.fetcher.policy.read_ahead:
-            from .readahead import ScanScope
-
             self.scope = ScanScope(self)
+
+    # -- what read-ahead sees (readahead.ScanTarget) --------------------------------------
+
+    @property
+    def dense(self) -> bool:
+        return self.naming.dense
+
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        return await self.store.locate(key)
+
+    def has_payload(self, ext: Extent) -> bool:
+        return ext.key in self.caches.encoded_chunk
 
     def with_naming(self, naming: Naming) -> "ChunkContext":
         """The same chunks under other names (one level of nested chunk directories);

@@ -11,16 +11,40 @@ fixes it; anything else is damage) and its `cap` (the most it may decode to).
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import crc32c
 import numpy as np
 
 from ..errors import DataError
+from .blob import Blob
 from .bounded import gunzip
 
-if TYPE_CHECKING:
-    from .chunks import ChunkFile
+
+class PayloadRef(Protocol):
+    """What a codec knows of the chunk whose payload it decodes (a `ChunkFile` is one)."""
+
+    @property
+    def blob(self) -> Blob: ...
+
+    @property
+    def key(self) -> int: ...
+
+    @property
+    def extra(self) -> int:
+        """The format's per-entry column (`ChunkTable.extra`): a row in an Arrow record batch."""
+
+    @property
+    def length(self) -> int:
+        """Stored payload bytes."""
+
+    @property
+    def size(self) -> int:
+        """The file's size: what `decode` must return exactly."""
+
+    @property
+    def where(self) -> str:
+        """How errors name the chunk."""
 
 CODECS: dict[str, type["Codec"]] = {}
 
@@ -76,11 +100,11 @@ class Codec:
     def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
         raise NotImplementedError
 
-    async def prepare(self, f: "ChunkFile") -> object:
+    async def prepare(self, f: PayloadRef) -> object:
         """Whatever `decode` needs besides the payload that takes I/O to get (a schema); None by default."""
         return None
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         """The file's bytes (exactly `f.size` of them, already bounded) from the payload, or DataError.
         Runs in a worker thread for large payloads: no awaiting, no shared mutable state."""
         raise NotImplementedError
@@ -103,7 +127,7 @@ class Stored(Codec):
         sizes = lengths.astype(np.int64)
         return sizes, np.ones(len(sizes), dtype=bool) if exact is None else sizes == exact
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         return payload
 
 
@@ -160,13 +184,13 @@ class Gzip(Codec):
             raise DataError(where, f"gzip trailer claims {size:,} bytes, more than this file can hold ({cap:,})")
         return size
 
-    async def prepare(self, f: "ChunkFile") -> object:
+    async def prepare(self, f: PayloadRef) -> object:
         # Before the payload is fetched: a 64-byte chunk whose index gives it
         # 1.5 GB is never read into memory, let alone inflated.
         _check_gzip_length(f.length, f.size, f.where)
         return None
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         data = gunzip(payload, f.size, f.where)
         if len(data) != f.size:
             raise DataError(f.where, f"gzip payload decodes to {len(data):,} bytes, expected {f.size:,}")
@@ -192,7 +216,7 @@ class Crc32cSuffix(Codec):
         sizes = lengths.astype(np.int64) - 4
         return sizes, (sizes >= 0) & (sizes <= cap)
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         data = payload[:-4]
         if crc32c.crc32c(data) != int.from_bytes(payload[-4:], "little"):
             raise DataError(f.where, "chunk crc32c checksum mismatch")

@@ -18,8 +18,7 @@ import pyarrow as pa
 
 from ...core.blob import Blob
 from ...core.bounded import unzstd
-from ...core.chunks import ChunkFile
-from ...core.codecs import Codec, check_decoded_size
+from ...core.codecs import Codec, PayloadRef, check_decoded_size
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
@@ -98,7 +97,7 @@ class DvidStore(ShardedStore[int, ShardIndex]):
     async def read_index(self, shard: int, blob: Blob) -> ShardIndex:
         return await self.reader.load(blob, blob.label.removesuffix(".arrow"), shard)
 
-    async def schema_of(self, f: ChunkFile) -> pa.Schema:
+    async def schema_of(self, f: PayloadRef) -> pa.Schema:
         """The Arrow schema of the shard file holding `f` (its index is cached)."""
         opened = await self.index(self.spec.location(f.key)[0])
         if opened is None or opened[0].ident != f.blob.ident:
@@ -155,10 +154,10 @@ class DvidBlockCodec(Codec):
     def sizes(self, lengths, exact, cap):
         return exact, exact <= cap
 
-    async def prepare(self, f: ChunkFile) -> object:
+    async def prepare(self, f: PayloadRef) -> object:
         return await self.store.schema_of(f)
 
-    def decode(self, payload: bytes, f: ChunkFile, prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         where = f.where
         grid = self.store.grid
         cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
