@@ -8,7 +8,7 @@ bounded by configuration, not by the number of scales or shards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Hashable, Sequence, Sized, cast
 
 from cachetools import LRUCache
 
@@ -18,7 +18,7 @@ MiB = 1 << 20
 def _nbytes(value: object) -> int:
     size = getattr(value, "nbytes", None)
     if size is None:
-        size = len(value)  # type: ignore[arg-type]
+        size = len(cast(Sized, value))  # bytes, or anything else with a length
     return max(int(size), 1) + 64
 
 
@@ -37,10 +37,11 @@ class CountedLRU(LRUCache):
         self.hits += 1
         return value
 
-    def get(self, key, default=None):  # type: ignore[override]
+    # cachetools has no type information: values come back as Any, callers say what they hold.
+    def get(self, key: Hashable, default: Any = None) -> Any:
         return self._counted(super().get(key, _MISSING), default)
 
-    def pop(self, key, default=None):  # type: ignore[override]
+    def pop(self, key: Hashable, default: Any = None) -> Any:
         return self._counted(super().pop(key, _MISSING), default)
 
     def put(self, key: object, value: object) -> None:

@@ -325,7 +325,7 @@ async def _json_listing(node: DirNode) -> AsyncIterator[bytes]:
     first = True
     yield b"["
     async for name, is_dir, size in _entries(node):
-        item = {"name": name, "type": "directory" if is_dir else "file"}
+        item: dict[str, object] = {"name": name, "type": "directory" if is_dir else "file"}
         if not is_dir:
             item["size"] = size
         pieces.append(("" if first else ",") + json.dumps(item))

@@ -42,7 +42,8 @@ def _config(request: ServeRequest):
     config.bind = [f"{host}:{request.port}"]
     config.h11_max_incomplete_size = request.max_header_bytes
     config.keep_alive_timeout = request.keep_alive_seconds
-    config.read_timeout = request.read_timeout_seconds
+    # hypercorn annotates this as int seconds; it is a timeout, and a float works
+    config.read_timeout = request.read_timeout_seconds  # type: ignore[assignment]
     config.accesslog = None  # our own one-line log, with --access-log
     config.errorlog = logging.getLogger("hypercorn.error")
     config.include_server_header = False
@@ -62,7 +63,9 @@ def run(source: str, open_session: Callable[[], Awaitable[Session]], request: Se
                 nursery.start_soon(_stop_on_signal, stop)
                 app = TreeApp(session.tree, session.stats, request.options)
                 try:
-                    urls = await nursery.start(lambda task_status: serve(app, _config(request),
+                    # TreeApp is an ASGI 3 callable over plain dicts; hypercorn's stubs accept only
+                    # their own TypedDict scopes and events.
+                    urls = await nursery.start(lambda task_status: serve(app, _config(request),  # type: ignore[arg-type]
                                                                            shutdown_trigger=stop.wait,
                                                                            task_status=task_status))
                 except OSError as e:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable, Literal, cast
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .naming import Naming
 from .policy import POLICY
 from .readahead import ScanScope
 from .store import Shard, ShardedStore
-from .table import ChunkTable
+from .table import ChunkTable, int_list
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class ChunkContext:
     a damaged one; listings log damage once and leave the damaged part out.
     """
 
-    def __init__(self, store: ShardedStore, naming: Naming, codec: Codec, geometry: Geometry | None = None,
+    def __init__(self, store: ShardedStore[Any, Any], naming: Naming, codec: Codec, geometry: Geometry | None = None,
                  read_ahead: bool = True) -> None:
         self.store = store
         self.naming = naming
@@ -133,7 +133,7 @@ class ChunkContext:
 
     # -- files -------------------------------------------------------------------------
 
-    async def lookup(self, name: str) -> "Node | None | Verdict":
+    async def lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         """The chunk file called `name`: Verdict.PASS if the name is not of the computed form."""
         if not self.naming.claims(name):
             return Verdict.PASS
@@ -258,7 +258,8 @@ class ChunkContext:
         still reading (else both would send the shard's HEAD and index reads)."""
         return await self.fetcher.flights.run(("tables", id(self.store), shard), lambda: self.store.tables(shard))
 
-    async def listing(self, select=None, within: object = None) -> AsyncIterator[EntryBatch]:
+    async def listing(self, select: Callable[[np.ndarray], np.ndarray] | None = None,
+                      within: object = None) -> AsyncIterator[EntryBatch]:
         """The directory's chunk files in batches of about LIST_BATCH, shard by shard.
 
         `select(keys) -> mask` keeps a subset of the shards `within` gives
@@ -309,7 +310,8 @@ class ChunkContext:
             return None
         if self.scope is not None:
             self.scope.listed(table)
-        return ChunkBatch(self, table, names, sizes.tolist(), self.naming.idents(table.keys))
+        # Entries without a name were dropped above.
+        return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.idents(table.keys))
 
     async def _sizes(self, table: ChunkTable, where: str) -> tuple[np.ndarray, np.ndarray]:
         """File sizes of a table's entries and which entries can be listed at all."""
@@ -361,7 +363,7 @@ class ChunkBatch(EntryBatch):
 
 def _concat(tables: list[ChunkTable]) -> ChunkTable:
     """Tables of one shard as one (listing order kept; not for lookups)."""
-    extra = None if tables[0].extra is None else np.concatenate([t.extra for t in tables])  # type: ignore[misc]
+    extra = None if tables[0].extra is None else np.concatenate([t.extra for t in tables if t.extra is not None])
     return ChunkTable(tables[0].blob, np.concatenate([t.keys for t in tables]),
                       np.concatenate([t.starts for t in tables]), np.concatenate([t.lengths for t in tables]),
                       {}, extra)

@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 
 import crc32c
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import DataError
 from .blob import Blob
@@ -54,7 +55,7 @@ def register_codec(cls: type["Codec"]) -> type["Codec"]:
     return cls
 
 
-def codec(name: str, **params) -> "Codec":
+def codec(name: str, **params: object) -> "Codec":
     """The codec registered as `name`, configured with `params`."""
     try:
         return CODECS[name](**params)
@@ -134,7 +135,7 @@ class Stored(Codec):
 GZIP_MIN = 18  # 10-byte header + empty deflate stream (2) + CRC32 + ISIZE
 
 
-def _max_deflated(decoded: np.ndarray | int):
+def _max_deflated(decoded: NDArray[np.int64] | int) -> NDArray[np.int64] | int:
     """Largest gzip encoding of `decoded` bytes: deflate's stored blocks add 5
     bytes per 16 KiB, headers and member chains a little more."""
     return decoded + decoded // 1000 + (64 << 10)
@@ -179,7 +180,7 @@ class Gzip(Codec):
         return None, (lengths >= GZIP_MIN) & (lengths <= _max_deflated(cap))
 
     def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
-        (size,) = struct.unpack("<I", trailer)
+        size: int = struct.unpack("<I", trailer)[0]
         if size > cap:
             raise DataError(where, f"gzip trailer claims {size:,} bytes, more than this file can hold ({cap:,})")
         return size

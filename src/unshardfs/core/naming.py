@@ -49,7 +49,8 @@ class Naming(ABC):
 
     def idents(self, keys: np.ndarray) -> list[int | None]:
         if not len(keys) or int(keys.max()) < IDENT_LIMIT:
-            return keys.tolist()
+            idents: list[int | None] = keys.tolist()
+            return idents
         return [self.ident(k) for k in keys.tolist()]
 
     def name_of_ident(self, ident: int) -> str:

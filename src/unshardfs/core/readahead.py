@@ -30,10 +30,10 @@ from typing import Iterable, Protocol
 import numpy as np
 
 from ..errors import DataError
-from .blob import Blob
+from .blob import Blob, Ident
 from .fetch import Extent, Fetcher
 from .policy import POLICY
-from .table import ChunkTable
+from .table import ChunkTable, int_list
 
 MAX_STREAMS = POLICY.max_streams
 FIRST_WINDOW = POLICY.first_window
@@ -95,14 +95,14 @@ class Listings:
     def __init__(self) -> None:
         self.batches: list[np.ndarray] = []
         self.count = 0
-        self._seen: set[tuple] = set()
+        self._seen: set[tuple[Ident, int, int]] = set()
         self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its keys (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
-        self._tables: dict[tuple, list] = {}  # blob ident -> its listed tables
-        self._spans: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # ... as sorted (starts, lengths)
+        self._tables: dict[Ident, list[ChunkTable]] = {}  # blob ident -> its listed tables
+        self._spans: dict[Ident, tuple[np.ndarray, np.ndarray]] = {}  # ... as sorted (starts, lengths)
 
-    def add(self, table) -> None:
+    def add(self, table: ChunkTable) -> None:
         mark = (table.blob.ident, int(table.keys[0]), len(table))
         if mark in self._seen or self.count >= LISTED_KEYS_MAX:
             return
@@ -135,11 +135,11 @@ class Listings:
             i = self._position(b, key)
             if i is not None:
                 self._last = b
-                out = self.batches[b][i + 1:i + 1 + n].tolist()
+                out = int_list(self.batches[b][i + 1:i + 1 + n])
                 for later in self.batches[b + 1:]:
                     if len(out) >= n:
                         break
-                    out += later[:n - len(out)].tolist()
+                    out += int_list(later[:n - len(out)])
                 return out
         return None
 
@@ -163,7 +163,7 @@ class Listings:
 class ScanScope:
     ctx: ScanTarget
     streams: list[_Stream] = field(default_factory=list)
-    pending: deque = field(default_factory=lambda: deque(maxlen=4096))
+    pending: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     working: bool = False
     listings: Listings = field(default_factory=Listings)
 
@@ -220,7 +220,7 @@ class ScanScope:
             stream.cursor = 0
         start = max(stream.frontier, stream.cursor)
         picked, stop = await self._window(stream, start, stream.cursor + stream.window)
-        tables: dict[tuple, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
+        tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
 
@@ -296,7 +296,7 @@ class ScanScope:
             if listed is None:
                 return []
             i = int(np.searchsorted(listed, np.uint64(key), side="right"))
-            return listed[i:i + n].tolist()
+            return int_list(listed[i:i + n])
         listed_after = self.listings.after(key, n)
         if listed_after is not None:
             return listed_after
@@ -307,4 +307,4 @@ class ScanScope:
         if found is None:
             return []
         table, i = found
-        return table.keys[i + 1:i + 1 + n].tolist()
+        return int_list(table.keys[i + 1:i + 1 + n])

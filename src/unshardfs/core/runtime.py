@@ -25,5 +25,5 @@ class Runtime:
     def __post_init__(self) -> None:
         self.fetcher = Fetcher(self.source, self.policy)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, object]:
         return {"fetch": self.fetcher.stats()}

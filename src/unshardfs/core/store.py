@@ -208,7 +208,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
     def check_index(self, size: int, where: str, level: IndexLevel | None = None) -> None:
         """DataError for an index of `size` bytes beyond the limit or, with `level`, beyond the budget
         of the level's cache (one larger would be read again on every use)."""
-        self.limits.check_index(size, where, cache=None if level is None else self.cache(level).maxsize)
+        self.limits.check_index(size, where, cache=None if level is None else int(self.cache(level).maxsize))
 
     async def read_index_bytes(self, blob: Blob, offset: int, size: int, where: str | None = None,
                                level: IndexLevel | None = None) -> bytes:

@@ -18,6 +18,12 @@ import numpy as np
 from .blob import Blob
 
 U64 = np.uint64
+
+
+def int_list(values: np.ndarray) -> list[int]:
+    """An integer array as Python ints (numpy's `tolist` is untyped)."""
+    out: list[int] = values.tolist()
+    return out
 MAX_BAD_REASONS = 1000  # per table; a garbage index must not grow a huge dict
 
 

@@ -18,7 +18,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from typing import AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from ..caches import SHARD_INDEX, IndexLevel
 from ..core.codecs import CODECS, Codec, register_codec
@@ -62,16 +62,16 @@ class FormatPlugin(ABC):
     def add_options(self, group: argparse._ArgumentGroup) -> None:
         """Add this format's command-line options."""
 
-    def options(self, args: argparse.Namespace) -> dict:
+    def options(self, args: argparse.Namespace) -> dict[str, Any]:
         """This format's options as given on the command line (only those set; picklable)."""
         return {}
 
     @abstractmethod
-    async def detect(self, source: ByteSource, options: dict) -> bool:
+    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
         """Whether `source` holds this format (may raise ConfigError with a hint)."""
 
     @abstractmethod
-    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
         """Read and validate the metadata (ConfigError when bad) and build the tree."""
 
 
@@ -167,12 +167,12 @@ def add_format_options(parser: argparse.ArgumentParser) -> None:
         p.add_options(group)
 
 
-def given_options(args: argparse.Namespace) -> dict[str, dict]:
+def given_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Per format, the options given on the command line (only formats with any)."""
     return {p.name: opts for p in plugins() if (opts := p.options(args))}
 
 
-async def detect(source: ByteSource, named: str | None, given: dict[str, dict]) -> FormatPlugin:
+async def detect(source: ByteSource, named: str | None, given: dict[str, dict[str, Any]]) -> FormatPlugin:
     if named is not None:
         return plugin(named)
     for p in plugins():
@@ -183,7 +183,7 @@ async def detect(source: ByteSource, named: str | None, given: dict[str, dict]) 
     raise ConfigError(f"{source.description} has neither {markers}{hint}")
 
 
-async def open_dataset(runtime: Runtime, named: str | None, given: dict[str, dict]) -> Dataset:
+async def open_dataset(runtime: Runtime, named: str | None, given: dict[str, dict[str, Any]]) -> Dataset:
     """Detect (or take the named) format, refuse options of other formats, open it."""
     chosen = await detect(runtime.source, named, given)
     for name in given:

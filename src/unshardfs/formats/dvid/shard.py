@@ -23,7 +23,7 @@ import io
 import logging
 import struct
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -76,7 +76,7 @@ class ShardIndex:
 COORD_LIMIT = 1 << 40  # beyond any volume; keeps every later product inside int64
 
 
-def _cell(values, where: str) -> Cell:
+def _cell(values: Iterable[int | str], where: str) -> Cell:
     x, y, z = (int(v) for v in values)
     if not all(-COORD_LIMIT < v < COORD_LIMIT for v in (x, y, z)):
         raise DataError(where, f"chunk index key {(x, y, z)} is out of range")
@@ -244,7 +244,7 @@ class ArrowShardReader:
                 raise IpcError("stream is truncated")
             return window[at - window_at: at - window_at + n]
 
-        batches = []
+        batches: list[tuple[int, int]] = []
         others = 0  # the schema, dictionaries: a few, never more than the batches themselves
         while pos + 8 <= end and len(batches) < needed:
             head = message_prefix(await get(pos, 8))
@@ -294,7 +294,8 @@ def decode_record(raw: bytes, schema: pa.Schema, row: int, where: str) -> Record
         batch.validate(full=True)
         if row >= batch.num_rows:
             raise DataError(where, f"record batch has {batch.num_rows} rows, index names row {row}")
-        coords = tuple(int(batch.column(name)[row].as_py()) for name in ("chunk_x", "chunk_y", "chunk_z"))
+        x, y, z = (int(batch.column(name)[row].as_py()) for name in ("chunk_x", "chunk_y", "chunk_z"))
+        coords = (x, y, z)
         labels = batch.column("labels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
         supervoxels = batch.column("supervoxels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
         block = batch.column("dvid_compressed_block")[row].as_py()
@@ -307,4 +308,4 @@ def decode_record(raw: bytes, schema: pa.Schema, row: int, where: str) -> Record
         raise DataError(where, f"cannot decode the Arrow record: {type(e).__name__}: {e}") from None
     if not isinstance(block, bytes) or len(labels) != len(supervoxels):
         raise DataError(where, f"record has {len(labels)} labels for {len(supervoxels)} supervoxels")
-    return Record(coords, labels, supervoxels, block, size, meta.get(b"codec") == b"zstd")  # type: ignore[arg-type]
+    return Record(coords, labels, supervoxels, block, size, meta.get(b"codec") == b"zstd")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +21,7 @@ from ...core.bounded import unzstd
 from ...core.codecs import Codec, PayloadRef, check_decoded_size
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
-from ...core.table import ChunkTable
+from ...core.table import ChunkTable, int_list
 from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import join_key
@@ -51,11 +51,12 @@ class DvidStore(ShardedStore[int, ShardIndex]):
 
     def owned(self, cells: np.ndarray, shard: int) -> np.ndarray:
         """Which cells lie in the grid and hash to `shard` under the spec."""
-        inside = ((cells >= 0) & (cells < np.array(self.grid.shape, dtype=np.int64))).all(axis=1)
+        inside = np.asarray(((cells >= 0) & (cells < np.array(self.grid.shape, dtype=np.int64))).all(axis=1))
         codes = np.array([self.grid.coder.encode(tuple(c)) if ok else 0
                           for c, ok in zip(cells.tolist(), inside.tolist())], dtype=np.uint64)
         shards, _ = self.spec.locations_array(codes)
-        return inside & (shards == np.uint64(shard))
+        mask: np.ndarray = inside & (shards == np.uint64(shard))
+        return mask
 
     def describe(self, key: int) -> str:
         cells, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
@@ -77,7 +78,7 @@ class DvidStore(ShardedStore[int, ShardIndex]):
                 if any(g >= s for g, s in zip(cell, self.grid.shape)):
                     log_once(log, f"origin:{name}", "%s/%s: origin lies outside the volume; ignored", self.dir_key, name)
                     continue
-                shard = self.spec.location(self.grid.coder.encode(cell))[0]  # type: ignore[arg-type]
+                shard = self.spec.location(self.grid.coder.encode(cell))[0]
                 if shard in found:
                     log_once(log, f"dup:{name}", "%s: %s and %s are the same shard; using %s", self.dir_key,
                              found[shard], name, min(found[shard], name))
@@ -123,7 +124,8 @@ class DvidStore(ShardedStore[int, ShardIndex]):
         return [index.table]
 
     def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
-        return self.spec.locations_array(table.keys)[0] == np.uint64(shard)
+        mask: np.ndarray = self.spec.locations_array(table.keys)[0] == np.uint64(shard)
+        return mask
 
 
 def dvid_geometry(grid: ChunkGrid, limit: int) -> VolumeGeometry:
@@ -151,7 +153,9 @@ class DvidBlockCodec(Codec):
         check_decoded_size(exact, cap, where)
         return exact
 
-    def sizes(self, lengths, exact, cap):
+    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
+              ) -> tuple[np.ndarray | None, np.ndarray]:
+        assert exact is not None  # the geometry is raw
         return exact, exact <= cap
 
     async def prepare(self, f: PayloadRef) -> object:
@@ -161,8 +165,8 @@ class DvidBlockCodec(Codec):
         where = f.where
         grid = self.store.grid
         cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
-        cell: Cell = tuple(cells[0].tolist())  # type: ignore[assignment]
-        record = decode_record(payload, prepared, f.extra, where)  # type: ignore[arg-type]
+        cell: Cell = tuple(cells[0].tolist())
+        record = decode_record(payload, prepared, f.extra, where)
         voxels = tuple(g * c for g, c in zip(cell, self.chunk_size))
         if record.coords != cell and record.coords != voxels:
             raise DataError(where, f"record holds block {record.coords}, the index places it at {cell}")
@@ -171,7 +175,8 @@ class DvidBlockCodec(Codec):
             raw = unzstd(raw, self.block_cap, where)
         if record.uncompressed_size is not None and len(raw) != record.uncompressed_size:
             raise DataError(where, f"block is {len(raw)} bytes, the record says {record.uncompressed_size}")
-        want = tuple(reversed(self.chunk_size))
+        x, y, z = self.chunk_size
+        want = (z, y, x)
         try:
             block = decode_block(raw, want, None if self.supervoxels else agglomeration(record.supervoxels,
                                                                                           record.labels))
@@ -184,7 +189,7 @@ class DvidBlockCodec(Codec):
         return data
 
 
-def agglomeration(supervoxels: np.ndarray, labels: np.ndarray):
+def agglomeration(supervoxels: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """A function mapping block label lists from supervoxel ids to agglomerated labels."""
     order = np.argsort(supervoxels, kind="stable")
     keys, values = supervoxels[order], labels[order]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import AsyncIterator
+from typing import AsyncIterator, Literal, cast
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class MultiLodMeshDir(ShardedDir):
         return ChunkFile(self.fragments_ctx, manifest.blob, start, total, key, total,
                          self.fragments_ctx.naming.ident(key))
 
-    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+    async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         stem = name.removesuffix(".index")
         seg = parse_segment_id(stem)
         if seg is None:
@@ -100,14 +100,14 @@ class MultiLodMeshDir(ShardedDir):
             return manifest
         return fragments
 
-    async def virtual_entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
+    async def virtual_entries(self) -> AsyncIterator[Batch]:
         async for listed in self.chunks.listing():
             manifests = list(listed)
-            await self.chunks.warm([m for _, m in manifests])  # type: ignore[misc]
+            await self.chunks.warm([cast(ChunkFile, m) for _, m in manifests])  # a chunk listing's nodes
             batch: list[Entry] = []
             for name, manifest in manifests:
                 try:
-                    fragments = await self.fragments(manifest)  # type: ignore[arg-type]
+                    fragments = await self.fragments(cast(ChunkFile, manifest))
                 except DataError as e:
                     log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
                     continue

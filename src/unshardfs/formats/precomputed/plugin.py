@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...caches import SHARD_INDEX
 from ...core.runtime import Runtime
 from ...sources.base import ByteSource
@@ -17,11 +19,11 @@ class PrecomputedFormat(FormatPlugin):
     index_levels = (SHARD_INDEX, MINISHARD_INDEX)
     json_names = ("info", "provenance")
 
-    async def detect(self, source: ByteSource, options: dict) -> bool:
+    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
         st = await source.stat("info")
         return st is not None and not st.is_dir
 
-    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
         from .dataset import PrecomputedDataset
 
         dataset = PrecomputedDataset(runtime)

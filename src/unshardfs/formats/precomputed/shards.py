@@ -10,6 +10,7 @@ anything is read.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import AsyncIterator
 
@@ -18,7 +19,7 @@ from cachetools import LRUCache
 
 from ...caches import SHARD_INDEX
 from ...concurrency import gather
-from ...core.blob import Blob
+from ...core.blob import Blob, Ident
 from ...core.bounded import gunzip, off_loop
 from ...core.fetch import Extent
 from ...core.runtime import Runtime
@@ -74,7 +75,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         self.index_size = spec.shard_index_size
         # Minishard indexes that failed to decode, by (blob ident, number) -> (where, reason): a gzip
         # bomb is inflated to the cap once, not again by every lookup of a chunk it would hold.
-        self._undecodable: LRUCache = LRUCache(maxsize=1024)
+        self._undecodable: LRUCache[tuple[Ident, int], tuple[str, str]] = LRUCache(maxsize=1024)
 
     # -- shard files -------------------------------------------------------------------
 
@@ -118,17 +119,17 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
                 return
             for at in range(0, total, PROBE_BATCH):
                 numbers = range(at, min(at + PROBE_BATCH, total))
-                found = await gather([lambda n=n: self._exists(n) for n in numbers], limit=PROBE_BATCH)
+                found = await gather([functools.partial(self._exists, n) for n in numbers], limit=PROBE_BATCH)
                 for n, ok in zip(numbers, found):
                     if ok:
                         yield n
             return
-        numbers = set()
+        listed: set[int] = set()
         async for name, st in self.source.list(self.dir_key):
             parsed = None if st.is_dir else self.shard_file(name)
             if parsed is not None and parsed[1] != "data":  # a .data alone is not a shard
-                numbers.add(parsed[0])
-        for number in sorted(numbers):
+                listed.add(parsed[0])
+        for number in sorted(listed):
             yield number
 
     async def _exists(self, number: int) -> bool:
@@ -158,7 +159,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         return self.index_size + start, end - start
 
     async def minishard(self, blob: Blob, index: np.ndarray, m: int) -> ChunkTable:
-        cached = self.cache(MINISHARD_INDEX).get((blob.ident, m))
+        cached: ChunkTable | None = self.cache(MINISHARD_INDEX).get((blob.ident, m))
         if cached is not None:
             return cached
         failed = self._undecodable.get((blob.ident, m))
@@ -197,7 +198,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
                     pass
             numbers_ok = numbers[:1] + [m for m, _ in extras]
             ranges += [r for _, r in extras]
-            budget = self.cache(MINISHARD_INDEX).maxsize
+            budget = int(self.cache(MINISHARD_INDEX).maxsize)
             for m, (start, length) in zip(numbers_ok, ranges):
                 self.check_index(length, f"{blob.label} minishard {m}", MINISHARD_INDEX)
             raws = await self.fetcher.read_many([Extent(blob, s, n) for s, n in ranges], index=True, max_gap=gap)
@@ -208,7 +209,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
                 # A gzip index may inflate up to the budget whatever its length: off the event loop.
                 cost = max(len(raw), budget) if gzipped else len(raw)
                 try:
-                    table = await off_loop(lambda raw=raw, where=where, m=m: self._decode(raw, blob, where, m), cost)
+                    table = await off_loop(functools.partial(self._decode, raw, blob, where, m), cost)
                 except DataError as e:
                     self._undecodable[(blob.ident, m)] = (e.where, e.reason)
                     if m == numbers[0]:
@@ -224,7 +225,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         if self.spec.minishard_index_encoding == "gzip":
             # A decoded index is kept in the minishard cache; one that cannot
             # fit there is not worth decoding (nor, raw, reading: see `_load`).
-            raw = gunzip(raw, min(self.limits.index_bytes, self.cache(MINISHARD_INDEX).maxsize), where)
+            raw = gunzip(raw, min(self.limits.index_bytes, int(self.cache(MINISHARD_INDEX).maxsize)), where)
         table = decode_minishard(raw, blob, self.index_size, where, m)
         for cid, reason in list(table.bad.items())[:20]:
             log_once(log, f"bad:{blob.label}:{cid}", "%s chunk %d: %s", blob.label, cid, reason)
@@ -260,7 +261,8 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
     def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
         """Ids that hash to another shard or minishard can never be looked up."""
         shards, minis = self.spec.locations_array(table.keys)
-        return (shards == U64(shard)) & (minis == U64(table.part))
+        mask: np.ndarray = (shards == U64(shard)) & (minis == U64(table.part))
+        return mask
 
     async def _load_listed(self, blob: Blob, index: np.ndarray, numbers: list[int]) -> None:
         """Load minishards for a listing: one batch per cache-sized group; failures are left for

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 
 from ...core.runtime import Runtime
@@ -23,14 +25,14 @@ class ZarrFormat(FormatPlugin):
         group.add_argument("--view", choices=VIEWS, default=None,
                            help="show unsharded Zarr v3 (default) or Zarr v2 for legacy readers")
 
-    def options(self, args: argparse.Namespace) -> dict:
+    def options(self, args: argparse.Namespace) -> dict[str, Any]:
         return {"view": args.view} if getattr(args, "view", None) else {}
 
-    async def detect(self, source: ByteSource, options: dict) -> bool:
+    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
         st = await source.stat("zarr.json")
         return st is not None and not st.is_dir
 
-    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
         from .hierarchy import ZarrHierarchy
 
         hierarchy = ZarrHierarchy(runtime, options.get("view") or "zarr3")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterable, cast
 
 import numpy as np
 
@@ -101,11 +101,12 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
     async def shards(self, within: object = None) -> AsyncIterator[tuple[int, ...]]:
         """Outer indexes of the shard objects that exist (those starting with `within` only), in order."""
         layout, ndim = self.source_keys, len(self.shard_grid)
-        within = tuple(within or ())  # type: ignore[arg-type]
+        # `within`: the leading outer indexes of a slab (nested chunk directories), or None.
+        lead: tuple[int, ...] = tuple(cast(Iterable[int], within or ()))
         if not self.source.listable:
             # Nothing to list: every shard position of the slab is a candidate
             # (a missing one reads as absent when its shard is looked up).
-            ranges = [range(f, f + 1) for f in within] + [range(g) for g in self.shard_grid[len(within):]]
+            ranges = [range(f, f + 1) for f in lead] + [range(g) for g in self.shard_grid[len(lead):]]
             if math.prod(len(r) for r in ranges) > PROBE_MAX:
                 log_once(log, f"probe:{self.key}", "listing %s: too many possible shards on a source that cannot "
                          "list; not listed (lookups by name work)", self.label)
@@ -114,11 +115,11 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                 yield outer
             return
         if not layout.nested:
-            found = []
+            found: list[tuple[int, ...]] = []
             async for name, st in self.source.list(self.key):
-                outer = None if st.is_dir else layout.parse_flat(name)
-                if outer is not None and outer[:len(within)] == within and self._outer_ok(outer):
-                    found.append(outer)
+                parsed = None if st.is_dir else layout.parse_flat(name)
+                if parsed is not None and parsed[:len(lead)] == lead and self._outer_ok(parsed):
+                    found.append(parsed)
             for outer in sorted(found):
                 yield outer
             return
@@ -126,8 +127,9 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         async def walk(prefix: tuple[int, ...], dir_key: str) -> AsyncIterator[tuple[int, ...]]:
             depth = len(prefix)
             last = depth == ndim - 1
-            if depth < len(within):
-                names = [(str(within[depth]), within[depth])]
+            names: list[tuple[str, int]]
+            if depth < len(lead):
+                names = [(str(lead[depth]), lead[depth])]
             else:
                 names = []
                 async for name, st in self.source.list(dir_key):
@@ -233,7 +235,8 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
 
     def placed(self, shard: tuple[int, ...], table: ChunkTable) -> np.ndarray:
         outer = self.indices(table.keys) // np.array(self.per_shard, dtype=np.int64)
-        return (outer == np.array(shard, dtype=np.int64)).all(axis=1)
+        mask: np.ndarray = (outer == np.array(shard, dtype=np.int64)).all(axis=1)
+        return mask
 
 
 OK, ABSENT, BAD = 0, 1, 2
