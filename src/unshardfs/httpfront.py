@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, quote, unquote_to_bytes
 from cachetools import TTLCache
 
 from .errors import DataError, StaleError, expected_failure
+from .formats.registry import json_names
 from .logonce import log_once
 from .sources.base import name_problem
 from .vtree import DirNode, FileNode, Node
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 STATS_PATH = "/_unshardfs/stats"  # reserved: the same JSON as a mount's stats xattr
 PIECE = 1 << 20  # bytes per body message: bounded memory per response however large the file
 PAGE = 10_000  # entries per HTML listing page (million-entry directories stay usable)
-JSON_NAMES = frozenset({"info", "zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "provenance"})
 METHODS = "GET, HEAD, OPTIONS"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -54,7 +54,8 @@ class HttpError(Exception):
 
 
 def content_type(name: str) -> str:
-    if name in JSON_NAMES or name.endswith(".json"):
+    """JSON for the metadata file names the formats declare (`FormatPlugin.json_names`) and *.json."""
+    if name.endswith(".json") or name in json_names():
         return "application/json"
     return "application/octet-stream"
 

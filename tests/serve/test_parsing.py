@@ -43,3 +43,28 @@ def test_names_outside_the_tree_are_404(raw):
     with pytest.raises(HttpError) as e:
         split_path(raw)
     assert e.value.status == 404
+
+
+def test_json_content_types_come_from_the_formats(monkeypatch):
+    from unshardfs.formats import registry
+    from unshardfs.httpfront import content_type
+
+    for name in ("info", "provenance", "zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "x.json"):
+        assert content_type(name) == "application/json", name
+    for name in ("0-64_0-64_0-64", "c", "info.bak", "manifest"):
+        assert content_type(name) == "application/octet-stream", name
+
+    class Declares(registry.FormatPlugin):
+        name, description, marker = "declares", "test", "nothing"
+        json_names = ("manifest",)
+
+        async def detect(self, source, options):
+            return False
+
+        async def open(self, runtime, options):
+            raise NotImplementedError
+
+    monkeypatch.setattr(registry, "_PLUGINS", dict(registry._PLUGINS))  # both restored after the test
+    monkeypatch.setattr(registry, "_json_names", registry._json_names)
+    registry.register_format(Declares)
+    assert content_type("manifest") == "application/json"

@@ -77,6 +77,7 @@ class FormatPlugin(ABC):
 
 _PLUGINS: dict[str, FormatPlugin] = {}
 _loaded = False
+_json_names: frozenset[str] | None = None  # of the registered formats (serve asks on every request)
 FORMAT_GROUP = "unshardfs.formats"
 CODEC_GROUP = "unshardfs.codecs"
 
@@ -86,7 +87,9 @@ def register_format(plugin: FormatPlugin | type[FormatPlugin]) -> FormatPlugin:
     instance = plugin() if isinstance(plugin, type) else plugin
     if not isinstance(instance, FormatPlugin):
         raise TypeError(f"{plugin!r} is not a FormatPlugin")
+    global _json_names
     _PLUGINS[instance.name] = instance
+    _json_names = None
     return instance
 
 
@@ -142,7 +145,10 @@ def index_levels() -> list[IndexLevel]:
 
 def json_names() -> frozenset[str]:
     """File names every format declares as JSON metadata."""
-    return frozenset(name for p in plugins() for name in p.json_names)
+    global _json_names
+    if _json_names is None:
+        _json_names = frozenset(name for p in plugins() for name in p.json_names)
+    return _json_names
 
 
 def plugin(name: str) -> FormatPlugin:
