@@ -137,3 +137,24 @@ def test_shard_tokens_are_stable_text():
     assert shard_token(12) == "12" and shard_token((1, 2, 3)) == "(1,2,3)" and shard_token("a") == "'a'"
     with pytest.raises(TypeError):
         shard_token(object())
+
+
+def test_the_type_checker_refuses_an_override_of_the_final_methods(tmp_path):
+    """`locate`, `tables` and the index reads are the core's: a format that overrides one is an error."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import unshardfs
+
+    (tmp_path / "fmt.py").write_text(
+        "from unshardfs.abc import ChunkTable, ShardedStore\n\n\n"
+        "class Mine(ShardedStore[int, ChunkTable]):\n"
+        "    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:\n"
+        "        return None\n")
+    env = {**os.environ, "MYPYPATH": str(Path(unshardfs.__file__).parents[1])}
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--ignore-missing-imports",
+                             "--config-file", os.devnull, str(tmp_path / "fmt.py")],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert 'Cannot override final attribute "locate"' in result.stdout, result.stdout + result.stderr

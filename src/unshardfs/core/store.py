@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import AsyncIterator, Awaitable, Callable, Generic, Hashable, TypeVar, cast
+from typing import AsyncIterator, Awaitable, Callable, Generic, Hashable, TypeVar, cast, final
 
 import numpy as np
 
@@ -138,8 +138,9 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         """How log lines name a chunk."""
         return f"chunk {key}"
 
-    # -- the core's: final ---------------------------------------------------------------
+    # -- the core's: final (the type checker refuses an override) -------------------------
 
+    @final
     async def index(self, shard: ShardT) -> tuple[Blob, IndexT] | None:
         """The shard's object and its decoded first index level (cached per object version, one
         read however many ask at once); None if the shard does not exist."""
@@ -151,6 +152,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         index = await self.cached(self.index_levels[0], blob.ident, lambda: self.read_index(shard, blob))
         return blob, index
 
+    @final
     async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
         """The table holding chunk `key` and its position there; None if the chunk is absent.
 
@@ -172,6 +174,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         i = table.find(key)
         return None if i is None else (table, i)
 
+    @final
     async def tables(self, shard: ShardT) -> list[ChunkTable]:
         """The listable entries of one shard, in listing order; [] if the shard is absent.
 
@@ -200,6 +203,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
     def cache(self, level: IndexLevel) -> CountedLRU:
         return self.caches.index(level)
 
+    @final
     async def cached(self, level: IndexLevel, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
         """`load()`'s value kept in `level`'s cache under `key` (this store's kind of index), computed
         once however many ask at once."""
@@ -210,6 +214,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         of the level's cache (one larger would be read again on every use)."""
         self.limits.check_index(size, where, cache=None if level is None else int(self.cache(level).maxsize))
 
+    @final
     async def read_index_bytes(self, blob: Blob, offset: int, size: int, where: str | None = None,
                                level: IndexLevel | None = None) -> bytes:
         """`size` bytes of index at `offset` of `blob`, checked by `check_index` before they are read."""
