@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.formats.wkw.datasets import MIXED, SPAN, write_dataset
-from tests.support.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
 
 
 def chunks_of_file(data, layer: str, mag_index: int, f: tuple[int, int, int]) -> list[str]:

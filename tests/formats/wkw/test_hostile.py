@@ -16,7 +16,7 @@ import pytest
 
 from tests.formats.wkw.datasets import BLOCK, LayerSpec, write_dataset
 from tests.support.bombs import Bad, assert_contained, peak_rss_mib
-from tests.support.mounts import run_cli
+from unshardfs.testing.mounts import run_cli
 
 pytestmark = pytest.mark.timeout(180)
 

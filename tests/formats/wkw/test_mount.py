@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from tests.formats.wkw.datasets import MIXED, OLD, SPAN, WkwData, write_dataset
-from tests.support.mounts import run_cli
+from unshardfs.testing.mounts import run_cli
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from tests.support.served import served
-from tests.support.trees import assert_same_tree, walk_files
+from unshardfs.testing.trees import assert_same_tree, walk_files
 from unshardfs.testing.http_servers import DatasetServer
 
 JSON = ("datasource-properties.json",)

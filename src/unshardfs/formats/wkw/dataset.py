@@ -137,7 +137,7 @@ class WkwDataset:
             if min(size) <= 0 or any(h <= v for h, v in zip(hi, lo)):
                 log.warning("%s mag %s: empty bounding box; not shown", key or ".", mag.long_name)
                 continue
-            grid = ChunkGrid(size, (edge,) * 3, offset)  # type: ignore[arg-type]
+            grid = ChunkGrid(size, (edge,) * 3, offset)
             view = MagView(join_key(key, shown.dir_name), header, grid)
             store = WkwStore(self.runtime, view)
             ctx = ChunkContext(store, GridNaming(grid), WkwBlockCodec(view),

@@ -10,7 +10,7 @@ from ...core.fields import MAX_METADATA_BYTES, load_json
 from ...core.runtime import Runtime
 from ...errors import ConfigError, SourceError
 from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin, register_format
+from ..registry import Dataset, FormatPlugin
 
 
 class WkwFormat(FormatPlugin):
@@ -20,6 +20,7 @@ class WkwFormat(FormatPlugin):
     # Ahead of Zarr and precomputed: properties listing WKW layers decide, whatever
     # else the directory holds (a webKnossos dataset may keep Zarr layers beside WKW ones).
     priority = 10
+    json_names = ("datasource-properties.json",)
 
     async def detect(self, source: ByteSource, options: dict[str, object]) -> bool:
         from .dataset import mag_dirs
@@ -42,5 +43,3 @@ class WkwFormat(FormatPlugin):
         dataset = WkwDataset(runtime)
         return Dataset(await dataset.build(), dataset.inventory)
 
-
-register_format(WkwFormat())

@@ -18,10 +18,10 @@ import lz4.block
 import numpy as np
 
 from ...core.blob import Blob
-from ...core.chunks import ChunkFile
-from ...core.codecs import GeometrySized
+from ...core.codecs import GeometrySized, PayloadRef
 from ...core.fetch import Extent
 from ...core.runtime import Runtime
+from ...caches import SHARD_INDEX
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
@@ -66,7 +66,7 @@ class MagView:
         return f"{self.dir_key}/z{f[2]}/y{f[1]}/x{f[0]}.wkw"
 
 
-class WkwStore(ShardedStore):
+class WkwStore(ShardedStore[FileCell, ChunkTable]):
     def __init__(self, runtime: Runtime, view: MagView) -> None:
         super().__init__(runtime, view.dir_key)
         self.view = view
@@ -88,29 +88,40 @@ class WkwStore(ShardedStore):
         block = cells[0] + self.view.first_block
         return f"block {tuple(int(b) % self.view.header.file_edge for b in block)}"
 
-    def file_of(self, key: int) -> FileCell | None:
+    # -- the ShardedStore contract ----------------------------------------------------------
+
+    def shard_of(self, key: int) -> FileCell | None:
         cells, valid = self.view.grid.coder.decode_array(np.array([key], dtype=np.uint64))
         if not valid[0]:
             return None
         x, y, z = ((cells[0] + self.view.first_block) // self.view.header.file_edge).tolist()
         return x, y, z
 
-    # -- one file's index ---------------------------------------------------------------
+    def shards(self, within: object = None) -> AsyncIterator[FileCell]:
+        return self._listed() if self.source.listable else self._candidates()
 
-    async def index(self, f: FileCell) -> ChunkTable | None:
-        """The blocks of file `f` inside the volume; None if the file does not exist."""
-        key = self.view.file_key(f)
+    async def _candidates(self) -> AsyncIterator[FileCell]:
+        lo, hi = self.view.file_range()
+        for z in range(int(lo[2]), int(hi[2]) + 1):
+            for y in range(int(lo[1]), int(hi[1]) + 1):
+                for x in range(int(lo[0]), int(hi[0]) + 1):
+                    yield x, y, z
+
+    def _listed(self) -> AsyncIterator[FileCell]:
+        lo, hi = self.view.file_range()
+        return list_files(self.source, self.view.dir_key, lo.tolist(), hi.tolist())
+
+    async def open_shard(self, shard: FileCell) -> Blob | None:
+        key = self.view.file_key(shard)
         st = await self.source.stat(key)
-        if st is None or st.is_dir:
-            return None
-        blob = Blob.of(key, st)
-        return await self.flights.cached(self.caches.shard_index, blob.ident, lambda: self.load(blob, f))
+        return None if st is None or st.is_dir else Blob.of(key, st)
 
-    async def load(self, blob: Blob, f: FileCell) -> ChunkTable:
+    async def read_index(self, shard: FileCell, blob: Blob) -> ChunkTable:
+        """The blocks of the file inside the volume, from its header and (LZ4) jump table."""
         mag = self.view.header
         where = blob.label
         # The decoded table holds 32 bytes per block (key, start, length, block type).
-        self.limits.check_index(32 * mag.blocks, where, cache=int(self.caches.shard_index.maxsize))
+        self.check_index(32 * mag.blocks, where, SHARD_INDEX)
         # Header and (if the mag is compressed) jump table in one read.
         raw = await self.fetcher.read(Extent(blob, 0, min(blob.size, HEADER_BYTES + mag.jump_table_bytes)),
                                       index=True)
@@ -142,48 +153,15 @@ class WkwStore(ShardedStore):
             starts = (header.data_offset + np.arange(n, dtype=np.uint64) * np.uint64(header.block_bytes))
             lengths = np.full(n, header.block_bytes, dtype=np.uint64)
         # Blocks of this file that are cells of the view (the others can never be looked up).
-        cells = np.array(f, dtype=np.int64) * header.file_edge + self.local - self.view.first_block
+        cells = np.array(shard, dtype=np.int64) * header.file_edge + self.local - self.view.first_block
         inside = ((cells >= 0) & (cells < np.array(self.view.grid.shape, dtype=np.int64))).all(axis=1)
         keys = encode_cells(self.view.grid.coder, cells[inside])
         kinds = np.full(int(inside.sum()), header.block_type, dtype=np.int64)
         return ChunkTable.build(blob, keys, starts[inside], lengths[inside], header.data_offset, blob.size, kinds)
 
-    # -- the ShardedStore contract ----------------------------------------------------------
-
-    def shards(self, within: object = None) -> AsyncIterator[FileCell]:
-        return self._listed() if self.source.listable else self._candidates()
-
-    async def _candidates(self) -> AsyncIterator[FileCell]:
-        lo, hi = self.view.file_range()
-        for z in range(int(lo[2]), int(hi[2]) + 1):
-            for y in range(int(lo[1]), int(hi[1]) + 1):
-                for x in range(int(lo[0]), int(hi[0]) + 1):
-                    yield x, y, z
-
-    def _listed(self) -> AsyncIterator[FileCell]:
-        lo, hi = self.view.file_range()
-        return list_files(self.source, self.view.dir_key, lo.tolist(), hi.tolist())
-
-    async def tables(self, shard: FileCell) -> list[ChunkTable]:  # type: ignore[override]
-        table = await self.index(shard)
-        return [] if table is None or not len(table) else [table]
-
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        f = self.file_of(key)
-        if f is None:
-            return None
-        table = await self.index(f)
-        if table is None:
-            return None
-        i = table.find(key)
-        if i is None:
-            if key in table.bad:
-                raise DataError(table.blob.label, f"{self.describe(key)}: {table.bad[key]}")
-            return None
-        return table, i
-
-    def is_shard_file(self, name: str) -> bool:
-        return False  # chunk directories have no source directory behind them
+    def placed(self, shard: FileCell, table: ChunkTable) -> np.ndarray:
+        # Keys are computed from the file's own blocks: every one is placed here.
+        return np.ones(len(table), dtype=bool)
 
 
 async def _numbers(source: ByteSource, key: str, pattern: re.Pattern[str], want_dir: bool, lo: int, hi: int
@@ -233,14 +211,14 @@ class WkwBlockCodec(GeometrySized):
         self.shape = (header.block_edge,) * 3 + (header.channels,)  # z, y, x, channel
         self.dtype = header.dtype
 
-    async def prepare(self, f: ChunkFile) -> object:
+    async def prepare(self, f: PayloadRef) -> object:
         # Before the payload is fetched: no LZ4 block of this block size is that long.
         if f.extra != RAW and f.length > lz4_bound(self.block_bytes):
             raise DataError(f.where, f"{BLOCK_TYPES.get(f.extra, '?')} block of {f.length:,} bytes is longer than "
                                      f"any encoding of a {self.block_bytes:,}-byte block")
         return None
 
-    def decode(self, payload: bytes, f: ChunkFile, prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         if f.extra == RAW:
             block = payload
         else:
