@@ -16,7 +16,7 @@ import errno
 import functools
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine, ParamSpec, Sequence, TypeVar, cast
 
 import pyfuse3
 import trio
@@ -32,7 +32,11 @@ ROOT = pyfuse3.ROOT_INODE
 __all__ = ["MountOptions", "STATS_XATTR", "TreeOperations", "guarded"]
 
 
-def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def guarded(handler: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Map our errors to errno; log and EIO anything unexpected instead of crashing."""
 
     @functools.wraps(handler)
@@ -47,7 +51,7 @@ def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
             args[0].counters["eio"] += 1
             raise pyfuse3.FUSEError(edge.answer(log, e, handler.__name__).errno) from None
 
-    return wrapper
+    return cast(Callable[P, Coroutine[Any, Any, R]], wrapper)  # the same signature, errors mapped
 
 
 def read_only(*_args: Any, **_kwargs: Any) -> Awaitable[Any]:
@@ -124,7 +128,7 @@ class TreeOperations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         return self.attributes(inode, await self.ops.getattr(inode))
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             self.ops.forget(ino, n)
 

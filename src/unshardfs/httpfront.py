@@ -27,6 +27,7 @@ from cachetools import TTLCache
 
 from . import edge
 from .errors import DataError
+from .formats.registry import json_names
 from .sources.base import name_problem
 from .vtree import DirNode, FileNode, Node
 
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 STATS_PATH = "/_unshardfs/stats"  # reserved: the same JSON as a mount's stats xattr
 PIECE = 1 << 20  # bytes per body message: bounded memory per response however large the file
 PAGE = 10_000  # entries per HTML listing page (million-entry directories stay usable)
-JSON_NAMES = frozenset({"info", "zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "provenance"})
 METHODS = "GET, HEAD, OPTIONS"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 NAME_BYTES = 1024  # a longer path segment names nothing in any source (and reaches none)
@@ -60,7 +60,8 @@ class HttpError(Exception):
 
 
 def content_type(name: str) -> str:
-    if name in JSON_NAMES or name.endswith(".json"):
+    """JSON for the metadata file names the formats declare (`FormatPlugin.json_names`) and *.json."""
+    if name.endswith(".json") or name in json_names():
         return "application/json"
     return "application/octet-stream"
 
@@ -182,9 +183,9 @@ class TreeApp:
             self.counters["errors"] += 1
             failure = edge.classify(e)
             edge.report(log, failure, scope.get("path", "")[:300], e, answered=str(failure.status))
-            status = failure.status
+            code = failure.status
             text = "internal error" if failure.bug else f"the backing data could not be read: {failure.message}"
-            await self._reply(send, status, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
+            await self._reply(send, code, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
         finally:
             if self.options.access_log:
                 origin = headers.get("origin")
@@ -350,7 +351,7 @@ async def _json_listing(node: DirNode) -> AsyncIterator[bytes]:
     first = True
     yield b"["
     async for name, is_dir, size in _entries(node):
-        item = {"name": name, "type": "directory" if is_dir else "file"}
+        item: dict[str, object] = {"name": name, "type": "directory" if is_dir else "file"}
         if not is_dir:
             item["size"] = size
         pieces.append(("" if first else ",") + json.dumps(item))

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.support.mounts import wait_for
+from unshardfs.testing.mounts import wait_for
 
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mounts import daemon_pids, run_cli, wait_for
+from unshardfs.testing.mounts import daemon_pids, run_cli, wait_for
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 

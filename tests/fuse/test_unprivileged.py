@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.support.mounts import daemon_pids, force_unmount, wait_for
+from unshardfs.testing.mounts import daemon_pids, force_unmount, wait_for
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 USER = 65534  # nobody

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from ..errors import ConfigError
 from .ops import TreeOps
+
+if TYPE_CHECKING:
+    from .mount import Mounted
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class KernelEngine:
         self.ops = ops
         self.spec = MountSpec(mountpoint, fsname, options=[o for o in options if o != "debug"])
         self.binding = KernelOps(ops)
-        self.mounted = None
+        self.mounted: Mounted | None = None
         self.readahead = False
         self.target = mountpoint
         self.cancel = trio.CancelScope()

@@ -14,7 +14,7 @@ import errno
 import logging
 import os
 import stat
-from typing import Any
+from typing import Any, Callable
 
 from ..vtree import DirNode, Node
 from . import abi
@@ -74,7 +74,7 @@ class KernelOps:
         self.entry_valid = abi.split_time(options.entry_timeout)
         self.attr_valid = abi.split_time(options.attr_timeout)
         self.uid, self.gid = ops.uid, ops.gid
-        self.handlers = {
+        self.handlers: dict[int, Callable[[Request], Any]] = {
             abi.Op.LOOKUP: self.lookup, abi.Op.FORGET: self.forget, abi.Op.BATCH_FORGET: self.batch_forget,
             abi.Op.GETATTR: self.getattr, abi.Op.OPEN: self.open, abi.Op.READ: self.read,
             abi.Op.RELEASE: self.release, abi.Op.OPENDIR: self.opendir, abi.Op.READDIR: self.readdir,

@@ -127,9 +127,9 @@ class InodeTable:
             if slot is None:
                 slot = self.slot_of(parent)
             if slot:
-                ino = slot << CHILD_ID_BITS | node.ident
-                self.recent.put(ino, node)
-                return ino
+                computed = slot << CHILD_ID_BITS | node.ident
+                self.recent.put(computed, node)
+                return computed
         ino = self.by_name.get((parent, name))
         if ino is None:
             ino = self.next_ino
@@ -179,8 +179,8 @@ class InodeTable:
             except KeyError:
                 return None, ""
         parent_ino, name = self.names.get(ino, (ROOT, b""))
-        parent = self.nodes.get(parent_ino)
-        return (parent if isinstance(parent, DirNode) else None), os.fsdecode(name)
+        holder = self.nodes.get(parent_ino)
+        return (holder if isinstance(holder, DirNode) else None), os.fsdecode(name)
 
     def parent_of(self, ino: int) -> tuple[int, bytes] | None:
         """(parent inode, name) of a tabled inode, for entry invalidation."""

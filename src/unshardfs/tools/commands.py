@@ -54,7 +54,7 @@ async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
     try:
         with collect_problems() as problems, _bar(args, "file") as bar:
             async with session.running():
-                if dest is None:
+                if out is None:  # no DEST: a check
                     summary = await check(session.tree, _progress(bar))
                 else:
                     summary = await export(session.tree, out, args.jobs, _progress(bar))

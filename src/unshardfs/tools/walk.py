@@ -55,7 +55,7 @@ async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, File
                 log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
                 continue
             path = f"{prefix}{name}"
-            yield path, node  # type: ignore[misc]
+            yield path, node  # type: ignore[misc]  # entries are typed Node; every Node is a file or a dir
             if isinstance(node, DirNode):
                 async for item in walk(node, path + "/"):
                     yield item
