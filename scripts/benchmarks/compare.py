@@ -1,0 +1,302 @@
+"""Across commits: the local scenarios for two checkouts of unshardfs, alternating, several runs each.
+
+Side A is a named commit, checked out once into a temporary git worktree;
+side B is the working tree (or a second named commit). Each side's daemon
+runs that side's code through PYTHONPATH, in the same Python environment, so
+no side is installed anywhere. The datasets are built once (the ones
+`scripts/bench` uses) and shared by both sides.
+
+The two sides are measured alternately, A B in even rounds and B A in odd
+ones, figure by figure, so a machine that gets busier or quieter during the
+run moves both sides alike. Each figure gets its median per side, the ratio
+B/A of the medians as a speed (above 1: B is faster, also for figures in
+seconds), the spread of the per-round ratios, and a verdict: a drop is
+flagged when the ratio is below 1 by more than the noise (the larger
+half-range of either side's own runs, at least MIN_NOISE) and B was slower
+in every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .context import KEY
+from .datasets import build_datasets
+from .mounts import PY, mounted
+from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
+
+MIN_NOISE = 0.03  # below this, differences are not called either way
+READERS = 8
+
+
+@dataclass
+class Side:
+    """One checkout under test: `src` goes first on the daemon's PYTHONPATH (None: the null pyfuse3 fs)."""
+
+    label: str
+    src: Path | None
+
+    @property
+    def env(self) -> dict[str, str] | None:
+        if self.src is None:
+            return None
+        rest = os.environ.get("PYTHONPATH")
+        return {**os.environ, "PYTHONPATH": str(self.src) + (os.pathsep + rest if rest else "")}
+
+    @property
+    def kind(self) -> str:
+        return "unshardfs" if self.src is not None else "nullfs"
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    measure: Callable[["Bench", Side], float]
+    higher_is_better: bool = True
+    null: bool = False  # the null pyfuse3 fs can be measured too (same files, unsharded)
+
+
+@dataclass
+class Bench:
+    data: dict
+    work: Path
+    files: list[str]  # chunk files of the small scale, relative to a mount's root
+    large_files: list[str]
+    results: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # figure -> side label -> values
+
+    def source(self, side: Side, name: str) -> Path:
+        ds = self.data[name]
+        return ds["sharded"] if side.src is not None else ds["plain"]
+
+    # -- figures -----------------------------------------------------------------------
+
+    def first_read(self, side: Side) -> float:
+        with mounted(side.kind, self.source(side, "small"), self.work, env=side.env) as m:
+            return len(self.files) / timed(lambda: read_files([str(m / f) for f in self.files]))
+
+    def warm_reread(self, side: Side) -> float:
+        with mounted(side.kind, self.source(side, "small"), self.work, env=side.env) as m:
+            paths = [str(m / f) for f in self.files]
+            read_files(paths)
+            return max(len(paths) / timed(lambda: read_files(paths)) for _ in range(2))
+
+    def readers(self, side: Side) -> float:
+        with mounted(side.kind, self.source(side, "small"), self.work, env=side.env) as m:
+            return len(self.files) / parallel_read([str(m / f) for f in self.files], READERS)
+
+    def ls_million(self, side: Side) -> float:
+        with mounted(side.kind, self.data["million"], self.work, env=side.env) as m:
+            start = time.perf_counter()
+            out = subprocess.run(["ls", "-f", str(m / "s0")], capture_output=True, check=True).stdout
+            elapsed = time.perf_counter() - start
+        entries = out.count(b"\n")
+        if entries < 1_000_000:
+            raise RuntimeError(f"{side.label}: ls -f listed {entries} entries, not 1,000,000")
+        return elapsed
+
+    def sequential(self, side: Side) -> float:
+        with mounted(side.kind, self.source(side, "large"), self.work, env=side.env) as m:
+            paths = [str(m / f) for f in self.large_files]
+            size = sum(os.path.getsize(p) for p in paths)
+            return size / timed(lambda: read_files(paths)) / 2**20
+
+
+FIGURES: dict[str, Figure] = {
+    "first": Figure("first read, 4096 x 16 KiB", "files/s", Bench.first_read, null=True),
+    "warm": Figure("warm re-read, 4096 x 16 KiB", "files/s", Bench.warm_reread, null=True),
+    "readers": Figure(f"{READERS} readers, first read", "files/s", Bench.readers),
+    "ls": Figure("ls -f, 1,000,000 chunks", "s", Bench.ls_million, higher_is_better=False),
+    "sequential": Figure("sequential, 2 MiB raw chunks", "MiB/s", Bench.sequential, null=True),
+}
+
+
+# -- checkouts --------------------------------------------------------------------------------
+
+
+def repo_root() -> Path:
+    return Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                               check=True, cwd=Path(__file__).parent).stdout.strip())
+
+
+def describe(repo: Path, rev: str) -> str:
+    out = subprocess.run(["git", "log", "-1", "--format=%h %s", rev], capture_output=True, text=True, cwd=repo)
+    if out.returncode:
+        raise SystemExit(f"bench-compare: {rev!r} is not a commit of {repo}")
+    line = out.stdout.strip()
+    return line if len(line) <= 72 else line[:69] + "..."
+
+
+def checkout(repo: Path, rev: str, into: Path) -> Path:
+    """`rev` checked out (detached) into a temporary worktree; its src directory."""
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(into), rev], cwd=repo, check=True)
+    return into / "src"
+
+
+def remove_checkout(repo: Path, path: Path) -> None:
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=repo, capture_output=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+
+
+def importable(side: Side) -> None:
+    """Fail early, with the cause, if a side's code does not even import in this environment."""
+    out = subprocess.run([PY, "-c", "import unshardfs.cli, unshardfs, sys; print(unshardfs.__file__)"],
+                         env=side.env, capture_output=True, text=True)
+    if out.returncode or not out.stdout.strip().startswith(str(side.src)):
+        raise SystemExit(f"bench-compare: {side.label}'s code does not import from {side.src}:\n"
+                         f"{out.stdout}{out.stderr}")
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
+def speed(value: float, fig: Figure) -> float:
+    return value if fig.higher_is_better else 1 / value
+
+
+def half_range(values: list[float]) -> float:
+    """Half the spread of a side's own runs, relative to their median."""
+    return (max(values) - min(values)) / 2 / statistics.median(values) if len(values) > 1 else 0.0
+
+
+@dataclass
+class Verdict:
+    ratio: float  # speed of B over A, medians
+    low: float  # lowest per-round ratio
+    high: float
+    noise: float
+    word: str
+
+
+def judge(fig: Figure, a: list[float], b: list[float]) -> Verdict:
+    ratio = speed(statistics.median(b), fig) / speed(statistics.median(a), fig)
+    paired = [speed(y, fig) / speed(x, fig) for x, y in zip(a, b)]
+    noise = max(MIN_NOISE, half_range(a), half_range(b))
+    if ratio < 1 - noise:
+        word = "SLOWER" if max(paired) < 1 else "slower? (not in every round)"
+    elif ratio > 1 + noise:
+        word = "faster" if min(paired) > 1 else "faster? (not in every round)"
+    else:
+        word = "same"
+    return Verdict(ratio, min(paired), max(paired), noise, word)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    chosen = args.only.split(",") if args.only else list(FIGURES)
+    unknown = [c for c in chosen if c not in FIGURES]
+    if unknown:
+        raise SystemExit(f"bench-compare: unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
+    runs = args.runs or (3 if args.fast else 5)
+    repo = repo_root()
+    work = Path(tempfile.mkdtemp(prefix="unshardfs-compare-"))
+    checkouts: list[Path] = []
+    try:
+        a_path = work / "a"
+        a = Side(f"A {describe(repo, args.rev)}", checkout(repo, args.rev, a_path))
+        checkouts.append(a_path)
+        if args.rev_b:
+            b_path = work / "b"
+            b = Side(f"B {describe(repo, args.rev_b)}", checkout(repo, args.rev_b, b_path))
+            checkouts.append(b_path)
+        else:
+            b = Side(f"B working tree of {repo} ({describe(repo, 'HEAD')[:7]} + changes)", repo / "src")
+        for side in (a, b):
+            importable(side)
+        null = Side("null pyfuse3 fs", None) if args.null else None
+        bench = prepare(Path(args.data).resolve(), work, chosen)
+        print(f"{a.label}\n{b.label}\n{runs} runs each, alternating; load average {os.getloadavg()[0]:.1f}",
+              flush=True)
+        for r in range(runs):
+            order = (a, b) if r % 2 == 0 else (b, a)
+            for name in chosen:
+                fig = FIGURES[name]
+                sides = list(order) + ([null] if null is not None and fig.null else [])
+                for side in sides:
+                    value = fig.measure(bench, side)
+                    bench.results.setdefault(name, {}).setdefault(side.label, []).append(value)
+                    print(f"  round {r + 1}/{runs} {name:10} {side.label[:1] if side.src else 'null':4} "
+                          f"{value:10,.1f} {fig.unit}", file=sys.stderr, flush=True)
+        dropped = report(bench, chosen, a, b, null, runs)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"a": a.label, "b": b.label, "runs": runs,
+                                                   "results": bench.results}, indent=2))
+        return 1 if dropped and args.fail_on_drop else 0
+    finally:
+        for path in checkouts:
+            remove_checkout(repo, path)
+        subprocess.run(["rm", "-rf", str(work)])
+
+
+def prepare(data: Path, work: Path, chosen: list[str]) -> Bench:
+    started = time.perf_counter()
+    ds = build_datasets(data, full=False)
+    for name in ("small", "large"):
+        for variant in ("sharded", "plain"):
+            warm_page_cache(ds[name][variant])
+    if "ls" in chosen:
+        warm_page_cache(ds["million"])
+    bench = Bench(ds, work, rel_files(ds["small"]["plain"], KEY), rel_files(ds["large"]["plain"], KEY))
+    print(f"datasets ready in {time.perf_counter() - started:.0f} s ({data})", file=sys.stderr, flush=True)
+    return bench
+
+
+def report(bench: Bench, chosen: list[str], a: Side, b: Side, null: Side | None, runs: int) -> bool:
+    """Print the table; whether any figure dropped beyond the noise."""
+    print(f"\nacross commits, {runs} runs each (load average now {os.getloadavg()[0]:.1f})")
+    print(f"  {a.label}\n  {b.label}")
+    print("  B/A is a speed ratio: above 1, B is faster (for figures in seconds too)\n")
+    print(f"{'figure':30} {'unit':8} {'A median':>10} {'B median':>10} {'B/A':>6} {'per-round B/A':>14} "
+          f"{'noise':>6}  verdict")
+    dropped = False
+    for name in chosen:
+        fig = FIGURES[name]
+        va, vb = bench.results[name][a.label], bench.results[name][b.label]
+        v = judge(fig, va, vb)
+        dropped |= v.word == "SLOWER"
+        print(f"{fig.name:30} {fig.unit:8} {statistics.median(va):10,.1f} {statistics.median(vb):10,.1f} "
+              f"{v.ratio:6.2f} {f'{v.low:.2f}-{v.high:.2f}':>14} {v.noise:6.0%}  {v.word}")
+    if null is not None:
+        print(f"\nagainst the {null.label} (same files unsharded, measured in the same rounds): median of "
+              "per-round ratios")
+        for name in chosen:
+            if not FIGURES[name].null:
+                continue
+            vn = bench.results[name][null.label]
+            cells = []
+            for side in (a, b):
+                ratios = [x / n for x, n in zip(bench.results[name][side.label], vn)]
+                cells.append(f"{side.label[:1]} {statistics.median(ratios):.2f} "
+                             f"({min(ratios):.2f}-{max(ratios):.2f})")
+            print(f"{FIGURES[name].name:30} null {statistics.median(vn):10,.1f} {FIGURES[name].unit:8} "
+                  + "   ".join(cells))
+    return dropped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench-compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rev", help="side A: a commit (checked out into a temporary worktree)")
+    parser.add_argument("rev_b", nargs="?", help="side B: another commit (default: this working tree)")
+    parser.add_argument("--runs", type=int, help="rounds per side (default 5; 3 with --fast)")
+    parser.add_argument("--fast", action="store_true", help="3 rounds (about 3 minutes once datasets exist)")
+    parser.add_argument("--only", help=f"comma-separated figures (of: {', '.join(FIGURES)})")
+    parser.add_argument("--null", action="store_true",
+                        help="also measure the null pyfuse3 fs each round (ratios to the FUSE ceiling)")
+    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "bench-data"),
+                        help="where the datasets are built once and reused (shared with scripts/bench)")
+    parser.add_argument("--json", help="write every measured value to this file")
+    parser.add_argument("--fail-on-drop", action="store_true", help="exit 1 if any figure dropped beyond noise")
+    return run(parser.parse_args(argv))
