@@ -36,7 +36,15 @@ class CountedLRU(LRUCache):
         return value
 
     def get(self, key, default=None):  # type: ignore[override]
-        return self._counted(super().get(key, _MISSING), default)
+        # Every lookup asks several caches: one dict probe on a hit (not
+        # cachetools' `in` followed by `[]`).
+        try:
+            value = self[key]
+        except KeyError:
+            self.misses += 1
+            return default
+        self.hits += 1
+        return value
 
     def pop(self, key, default=None):  # type: ignore[override]
         return self._counted(super().pop(key, _MISSING), default)

@@ -8,7 +8,7 @@ with new bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import DataError, SourceError
 from ..sources.base import ByteSource, ObjectStat
@@ -21,28 +21,31 @@ class Blob:
     parts: tuple[tuple[str, int, tuple], ...]  # (source key, size, version)
     size: int
     mtime_ns: int
+    # Derived once: every lookup and read of a chunk asks for them (cache keys, messages).
+    label: str = field(init=False, compare=False, repr=False)
+    version: tuple = field(init=False, compare=False, repr=False)
+    ident: tuple = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.parts) == 1:  # the usual case, built once per lookup
+            label, _, one = self.parts[0]
+            version: tuple = (one,)
+        else:
+            label = "+".join(key for key, _, _ in self.parts)
+            version = tuple(version for _, _, version in self.parts)
+        object.__setattr__(self, "label", label)
+        object.__setattr__(self, "version", version)
+        # What identifies these bytes: cache keys are built on it.
+        object.__setattr__(self, "ident", (label, version))
 
     @classmethod
     def of(cls, key: str, st: ObjectStat) -> "Blob":
         return cls(((key, st.size, st.version),), st.size, st.mtime_ns)
 
     @property
-    def version(self) -> tuple:
-        return tuple(version for _, _, version in self.parts)
-
-    @property
     def versioned(self) -> bool:
         """Whether every part has a version (without one, a copy kept across mounts could be stale)."""
         return all(version for _, _, version in self.parts)
-
-    @property
-    def label(self) -> str:
-        return "+".join(key for key, _, _ in self.parts)
-
-    @property
-    def ident(self) -> tuple:
-        """What identifies these bytes: cache keys are built on it."""
-        return (self.label, self.version)
 
     async def read(self, source: ByteSource, offset: int, size: int, index: bool = False) -> bytes:
         """Bytes [offset, offset+size) exactly, or DataError.

@@ -141,6 +141,12 @@ class Fetcher:
             # Local reads are syscalls, not round trips: nothing to hide by
             # reading ahead, and prefetched copies would only cost memory.
             self.policy.read_ahead = False
+        # A source that is not remote answers each read with a syscall and
+        # never waits on anything: no read of it is ever in flight for another
+        # to join, nothing is prefetched, and there is nothing to bound. Its
+        # reads skip the batch machinery (no tracking, limiter or nursery: a
+        # cold chunk's read is one call, as cheap as the source allows).
+        self.direct = not source.remote and source.index_cache is None
         self.counters = FetchCounters()
         self.prefetched = PrefetchCache(self.policy.prefetch_bytes, self.counters)
         self.flights = Flights()
@@ -178,11 +184,23 @@ class Fetcher:
 
     async def read(self, ext: Extent, index: bool = False) -> bytes:
         """The bytes of one extent: from a prefetch, a read in flight, or a new read."""
+        if self.direct:
+            return await self.read_direct(ext.blob, ext.start, ext.length, index)
         return (await self.read_many([ext], index=index))[0]
+
+    async def read_direct(self, blob: Blob, start: int, length: int, index: bool = False) -> bytes:
+        """One read of a `direct` source (the caller checked `direct`): counted like a batch of one."""
+        counters = self.counters
+        counters.batches += 1
+        counters.extents += 1
+        counters.reads += 1
+        return await blob.read(self.source, start, length, index=index)
 
     async def read_many(self, extents: Sequence[Extent], index: bool = False,
                         max_gap: int | None = None) -> list[bytes]:
         """The bytes of each extent, in order; DataError if any one fails."""
+        if self.direct:
+            return await self._read_many_direct(extents, index, max_gap)
         self.counters.batches += 1
         self.counters.extents += len(extents)
         results: list[bytes | None] = [None] * len(extents)
@@ -242,6 +260,18 @@ class Fetcher:
                 if ext.blob.versioned:
                     kept.put(ext.key, results[i])  # type: ignore[arg-type]
         return results  # type: ignore[return-value]
+
+    async def _read_many_direct(self, extents: Sequence[Extent], index: bool, max_gap: int | None) -> list[bytes]:
+        """`read_many` on a direct source: the same coalesced runs, read one after the other."""
+        self.counters.batches += 1
+        self.counters.extents += len(extents)
+        runs = plan(extents, self.policy.max_gap if max_gap is None else max_gap, self.policy.max_span)
+        for run in runs:
+            self.counters.reads += 1
+            run.data = await run.blob.read(self.source, run.start, run.end - run.start, index=index)
+        if len(runs) == 1:
+            return [_slice(runs[0], ext) for ext in extents]
+        return [_slice(self._run_of(runs, ext), ext) for ext in extents]
 
     def _prefetched(self, ext: Extent) -> bytes | None:
         """The extent's bytes if a prefetch brought them (taken out of the prefetch cache)."""

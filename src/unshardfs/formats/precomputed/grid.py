@@ -81,11 +81,10 @@ class ChunkGrid:
 
     def name_of_code(self, code: int) -> str:
         """The name of the chunk whose compressed Morton code is `code` (KeyError if none)."""
-        cells, valid = self.coder.decode_array(np.array([code], dtype=np.uint64))
-        if not valid[0]:
+        cell = self.coder.decode(code)
+        if cell is None:
             raise KeyError(code)
-        x, y, z = cells[0].tolist()
-        return self.chunk_name((x, y, z))
+        return self.chunk_name(cell)  # type: ignore[arg-type]
 
 
 class GridNaming(Naming):
@@ -131,9 +130,31 @@ class VolumeGeometry(Geometry):
         sizes = np.prod(np.maximum(extents, 0), axis=1) * self.voxel_bytes
         return np.where(valid, sizes, 0)
 
+    def _raw_size(self, key: int) -> int:
+        """`_raw_sizes` of one key, without arrays (every lookup asks)."""
+        cell = self.grid.coder.decode(key)
+        if cell is None:
+            return 0
+        size = self.voxel_bytes
+        for g, c, s in zip(cell, self.grid.chunk_size, self.grid.size):
+            size *= max(min(c, s - g * c), 0)
+        return size
+
     def exact(self, keys: np.ndarray) -> np.ndarray | None:
         return self._raw_sizes(keys) if self.raw else None
 
     def cap(self, keys: np.ndarray) -> np.ndarray:
         raw = self._raw_sizes(keys)
         return np.minimum(raw if self.raw else raw * self.SLACK + self.EXTRA, self._cap)
+
+    def exact_one(self, key: int) -> int | None:
+        return self._raw_size(key) if self.raw else None
+
+    def cap_one(self, key: int) -> int:
+        return self.sizes_one(key)[1]
+
+    def sizes_one(self, key: int) -> tuple[int | None, int]:
+        raw = self._raw_size(key)
+        if self.raw:
+            return raw, min(raw, self._cap)
+        return None, min(raw * self.SLACK + self.EXTRA, self._cap)

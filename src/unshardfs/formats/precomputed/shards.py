@@ -18,7 +18,7 @@ from cachetools import LRUCache
 
 from ...concurrency import gather
 from ...core.blob import Blob
-from ...core.bounded import gunzip, off_loop
+from ...core.bounded import gunzip, gunzip_cost, off_loop
 from ...core.fetch import Extent
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
@@ -136,6 +136,10 @@ class PrecomputedStore(ShardedStore):
 
     async def shard_index(self, blob: Blob) -> np.ndarray:
         """The (2**minishard_bits, 2) array of minishard index ranges (relative to the data area)."""
+        cached = self.caches.shard_index.get(blob.ident)
+        if cached is not None:
+            return cached
+
         async def load() -> np.ndarray:
             size = self.index_size
             self.limits.check_index(size, blob.label, cache=self.caches.shard_index.maxsize)
@@ -204,8 +208,9 @@ class PrecomputedStore(ShardedStore):
             gzipped = self.spec.minishard_index_encoding == "gzip"
             for m, raw in zip(numbers_ok, raws):
                 where = f"{blob.label} minishard {m}"
-                # A gzip index may inflate up to the budget whatever its length: off the event loop.
-                cost = max(len(raw), budget) if gzipped else len(raw)
+                # A gzip index may inflate up to the budget, but no more than deflate's
+                # ratio allows: a small one is decoded inline, a large one in a thread.
+                cost = max(len(raw), gunzip_cost(len(raw), budget)) if gzipped else len(raw)
                 try:
                     table = await off_loop(lambda raw=raw, where=where: self._decode(raw, blob, where), cost)
                 except DataError as e:
