@@ -329,7 +329,7 @@ class Fetcher:
     # -- prefetch --------------------------------------------------------------------
 
     def prefetch(self, extents: Sequence[Extent],
-                 fill: Callable[[Blob, int, int], Iterable[Extent]] | None = None) -> int:
+                 fill: Callable[[Blob, int, int], Iterable[Extent]] | None = None, wide: bool = False) -> int:
         """Fetch `extents` in the background into the prefetch cache.
 
         Returns how many of `extents`, from the first, are taken care of
@@ -339,7 +339,11 @@ class Fetcher:
         in flight is adopted by that read rather than read again. `fill(blob,
         start, end)` names the other extents a read will cover between the
         ones wanted (the gaps it reads to save a round trip): they are kept
-        too, instead of being read again when their turn comes.
+        too, instead of being read again when their turn comes. With `wide`,
+        extents further apart are joined where `fill` names what lies between
+        them (bytes that are wanted later, not waste): a run is kept wide only
+        if what it reads that nobody wants stays within `prefetch_gap` per
+        join, and all runs within the budget.
         """
         if not self.can_prefetch:
             return 0
@@ -358,18 +362,41 @@ class Fetcher:
                     budget -= ext.length
                     chosen.append(ext)
             taken += 1
-        for run in plan(chosen, self.policy.prefetch_gap, self.policy.max_span):
-            if fill is not None and len(run.extents) > 1:
-                known = {ext.key for ext in run.extents}
-                run.extents += [ext for ext in fill(run.blob, run.start, run.end)
-                                if run.start <= ext.start and ext.end <= run.end and ext.key not in known
-                                and ext.key not in self.prefetched and self._covering(ext) is None]
+        runs = self._wide_runs(chosen, fill, budget + sum(e.length for e in chosen)) if wide and fill else None
+        if runs is None:
+            runs = plan(chosen, self.policy.prefetch_gap, self.policy.max_span)
+            for run in runs:
+                if fill is not None and len(run.extents) > 1:
+                    self._fill_run(run, fill)
+        for run in runs:
             run.prefetch = True
             self._prefetch_in_flight += run.end - run.start
             self.counters.prefetch_bytes += run.end - run.start
             self._track(run)  # visible to readers before it starts
             self.spawn(self._prefetch_run, run)
         return taken
+
+    def _fill_run(self, run: _Run, fill: Callable[[Blob, int, int], Iterable[Extent]]) -> None:
+        """Add the extents `fill` names inside the run (not cached, not in flight elsewhere)."""
+        known = {ext.key for ext in run.extents}
+        run.extents += [ext for ext in fill(run.blob, run.start, run.end)
+                        if run.start <= ext.start and ext.end <= run.end and ext.key not in known
+                        and ext.key not in self.prefetched and self._covering(ext) is None]
+
+    def _wide_runs(self, chosen: list[Extent], fill: Callable[[Blob, int, int], Iterable[Extent]],
+                   budget: int) -> list[_Run] | None:
+        """Runs joined across gaps that `fill` fills, or None where that would waste more than
+        the narrow plan may (`prefetch_gap` per join) or exceed `budget` bytes."""
+        runs = plan(chosen, self.policy.max_span, self.policy.max_span)
+        total = 0
+        for run in runs:
+            joins = len(run.extents) - 1
+            if joins:
+                self._fill_run(run, fill)
+                if (run.end - run.start) - _covered(run.extents) > joins * self.policy.prefetch_gap:
+                    return None
+            total += run.end - run.start
+        return runs if total <= budget else None
 
     async def _prefetch_run(self, run: _Run) -> None:
         size = run.end - run.start

@@ -102,6 +102,10 @@ class GridNaming(Naming):
         cell = self.grid.parse_chunk_name(name)
         return None if cell is None else self.grid.coder.encode(cell)
 
+    def name(self, key: int) -> str | None:
+        cell = self.grid.coder.decode(key)
+        return None if cell is None else self.grid.chunk_name(cell)  # type: ignore[arg-type]
+
     def names(self, keys: np.ndarray) -> list[str | None]:
         cells, valid = self.grid.coder.decode_array(keys)
         if valid.all():
