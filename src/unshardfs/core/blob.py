@@ -52,6 +52,17 @@ class Blob:
 
         `index` marks index structures, which a disk cache may keep across mounts.
         """
+        reader = source.read_index if index else source.read
+        if len(self.parts) == 1 and 0 <= offset and offset + size <= self.size:
+            # One object (the usual case): one call, no pieces to join.
+            key, _, version = self.parts[0]
+            try:
+                data = await reader(key, offset, size, version)
+            except SourceError as e:
+                raise DataError(self.label, str(e)) from e
+            if len(data) != size:
+                raise DataError(self.label, f"short read at offset {offset}: file shrank while mounted?")
+            return data
         out = []
         base = 0
         want_end = offset + size
@@ -59,7 +70,6 @@ class Blob:
             lo, hi = max(offset, base), min(want_end, base + part_size)
             if lo < hi:
                 try:
-                    reader = source.read_index if index else source.read
                     data = await reader(key, lo - base, hi - lo, version)
                 except SourceError as e:
                     raise DataError(self.label, str(e)) from e
