@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -41,10 +42,12 @@ READERS = 8
 
 @dataclass
 class Side:
-    """One checkout under test: `src` goes first on the daemon's PYTHONPATH (None: the null pyfuse3 fs)."""
+    """One checkout under test (`src` goes first on its daemon's PYTHONPATH), or a baseline file
+    system serving the same files unsharded (`src` None, `baseline` its kind)."""
 
     label: str
     src: Path | None
+    baseline: str = ""  # "nullfs" or "ratarmount"
 
     @property
     def env(self) -> dict[str, str] | None:
@@ -55,7 +58,11 @@ class Side:
 
     @property
     def kind(self) -> str:
-        return "unshardfs" if self.src is not None else "nullfs"
+        return "unshardfs" if self.src is not None else self.baseline
+
+    @property
+    def tag(self) -> str:
+        return self.label[:1] if self.src is not None else self.baseline
 
 
 @dataclass
@@ -64,7 +71,7 @@ class Figure:
     unit: str
     measure: Callable[["Bench", Side], float]
     higher_is_better: bool = True
-    null: bool = False  # the null pyfuse3 fs can be measured too (same files, unsharded)
+    baselines: tuple[str, ...] = ()  # baseline file systems that serve this figure's files too
 
 
 @dataclass
@@ -75,7 +82,11 @@ class Bench:
     large_files: list[str]
     results: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # figure -> side label -> values
 
+    tar: Path | None = None  # the small scale's chunks as a tar, for ratarmount
+
     def source(self, side: Side, name: str) -> Path:
+        if side.kind == "ratarmount":
+            return self.tar  # type: ignore[return-value]
         ds = self.data[name]
         return ds["sharded"] if side.src is not None else ds["plain"]
 
@@ -113,11 +124,11 @@ class Bench:
 
 
 FIGURES: dict[str, Figure] = {
-    "first": Figure("first read, 4096 x 16 KiB", "files/s", Bench.first_read, null=True),
-    "warm": Figure("warm re-read, 4096 x 16 KiB", "files/s", Bench.warm_reread, null=True),
+    "first": Figure("first read, 4096 x 16 KiB", "files/s", Bench.first_read, baselines=("nullfs", "ratarmount")),
+    "warm": Figure("warm re-read, 4096 x 16 KiB", "files/s", Bench.warm_reread, baselines=("nullfs",)),
     "readers": Figure(f"{READERS} readers, first read", "files/s", Bench.readers),
     "ls": Figure("ls -f, 1,000,000 chunks", "s", Bench.ls_million, higher_is_better=False),
-    "sequential": Figure("sequential, 2 MiB raw chunks", "MiB/s", Bench.sequential, null=True),
+    "sequential": Figure("sequential, 2 MiB raw chunks", "MiB/s", Bench.sequential, baselines=("nullfs",)),
 }
 
 
@@ -215,21 +226,22 @@ def run(args: argparse.Namespace) -> int:
             b = Side(f"B working tree of {repo} ({describe(repo, 'HEAD')[:7]} + changes)", repo / "src")
         for side in (a, b):
             importable(side)
-        null = Side("null pyfuse3 fs", None) if args.null else None
-        bench = prepare(Path(args.data).resolve(), work, chosen)
+        baselines = ([Side("null pyfuse3 fs", None, "nullfs")] if args.null else []) + \
+            ([Side("ratarmount on a tar", None, "ratarmount")] if args.ratarmount else [])
+        bench = prepare(Path(args.data).resolve(), work, chosen, args.ratarmount)
         print(f"{a.label}\n{b.label}\n{runs} runs each, alternating; load average {os.getloadavg()[0]:.1f}",
               flush=True)
         for r in range(runs):
             order = (a, b) if r % 2 == 0 else (b, a)
             for name in chosen:
                 fig = FIGURES[name]
-                sides = list(order) + ([null] if null is not None and fig.null else [])
+                sides = list(order) + [side for side in baselines if side.baseline in fig.baselines]
                 for side in sides:
                     value = fig.measure(bench, side)
                     bench.results.setdefault(name, {}).setdefault(side.label, []).append(value)
-                    print(f"  round {r + 1}/{runs} {name:10} {side.label[:1] if side.src else 'null':4} "
+                    print(f"  round {r + 1}/{runs} {name:10} {side.tag:10} "
                           f"{value:10,.1f} {fig.unit}", file=sys.stderr, flush=True)
-        dropped = report(bench, chosen, a, b, null, runs)
+        dropped = report(bench, chosen, a, b, baselines, runs)
         if args.json:
             Path(args.json).write_text(json.dumps({"a": a.label, "b": b.label, "runs": runs,
                                                    "results": bench.results}, indent=2))
@@ -240,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         subprocess.run(["rm", "-rf", str(work)])
 
 
-def prepare(data: Path, work: Path, chosen: list[str]) -> Bench:
+def prepare(data: Path, work: Path, chosen: list[str], ratarmount: bool) -> Bench:
     started = time.perf_counter()
     ds = build_datasets(data, full=False)
     for name in ("small", "large"):
@@ -249,11 +261,17 @@ def prepare(data: Path, work: Path, chosen: list[str]) -> Bench:
     if "ls" in chosen:
         warm_page_cache(ds["million"])
     bench = Bench(ds, work, rel_files(ds["small"]["plain"], KEY), rel_files(ds["large"]["plain"], KEY))
+    if ratarmount:
+        bench.tar = work / "small.tar"
+        with tarfile.open(bench.tar, "w") as t:
+            t.add(ds["small"]["plain"] / KEY, arcname=KEY)
+        with mounted("ratarmount", bench.tar, work):
+            pass  # ratarmount builds its index once, outside the timing
     print(f"datasets ready in {time.perf_counter() - started:.0f} s ({data})", file=sys.stderr, flush=True)
     return bench
 
 
-def report(bench: Bench, chosen: list[str], a: Side, b: Side, null: Side | None, runs: int) -> bool:
+def report(bench: Bench, chosen: list[str], a: Side, b: Side, baselines: list[Side], runs: int) -> bool:
     """Print the table; whether any figure dropped beyond the noise."""
     print(f"\nacross commits, {runs} runs each (load average now {os.getloadavg()[0]:.1f})")
     print(f"  {a.label}\n  {b.label}")
@@ -268,19 +286,20 @@ def report(bench: Bench, chosen: list[str], a: Side, b: Side, null: Side | None,
         dropped |= v.word == "SLOWER"
         print(f"{fig.name:30} {fig.unit:8} {statistics.median(va):10,.1f} {statistics.median(vb):10,.1f} "
               f"{v.ratio:6.2f} {f'{v.low:.2f}-{v.high:.2f}':>14} {v.noise:6.0%}  {v.word}")
-    if null is not None:
-        print(f"\nagainst the {null.label} (same files unsharded, measured in the same rounds): median of "
-              "per-round ratios")
+    for base in baselines:
+        print(f"\nagainst {base.label} (the same files unsharded, measured in the same rounds): median "
+              "(range) of the per-round ratios")
         for name in chosen:
-            if not FIGURES[name].null:
+            fig = FIGURES[name]
+            if base.baseline not in fig.baselines:
                 continue
-            vn = bench.results[name][null.label]
+            vn = bench.results[name][base.label]
             cells = []
             for side in (a, b):
-                ratios = [x / n for x, n in zip(bench.results[name][side.label], vn)]
+                ratios = [speed(x, fig) / speed(n, fig) for x, n in zip(bench.results[name][side.label], vn)]
                 cells.append(f"{side.label[:1]} {statistics.median(ratios):.2f} "
                              f"({min(ratios):.2f}-{max(ratios):.2f})")
-            print(f"{FIGURES[name].name:30} null {statistics.median(vn):10,.1f} {FIGURES[name].unit:8} "
+            print(f"{fig.name:30} {base.baseline:10} {statistics.median(vn):10,.1f} {fig.unit:8} "
                   + "   ".join(cells))
     return dropped
 
@@ -295,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated figures (of: {', '.join(FIGURES)})")
     parser.add_argument("--null", action="store_true",
                         help="also measure the null pyfuse3 fs each round (ratios to the FUSE ceiling)")
+    parser.add_argument("--ratarmount", action="store_true",
+                        help="also measure ratarmount on a tar of the chunks each round (first read)")
     parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "bench-data"),
                         help="where the datasets are built once and reused (shared with scripts/bench)")
     parser.add_argument("--json", help="write every measured value to this file")
