@@ -10,10 +10,9 @@ The two sides are measured alternately, A B in even rounds and B A in odd
 ones, figure by figure, so a machine that gets busier or quieter during the
 run moves both sides alike. Each figure gets its median per side, the ratio
 B/A of the medians as a speed (above 1: B is faster, also for figures in
-seconds), the spread of the per-round ratios, and a verdict: a drop is
-flagged when the ratio is below 1 by more than the noise (the larger
-half-range of either side's own runs, at least MIN_NOISE) and B was slower
-in every round.
+seconds), the median and range of the per-round ratios, and a verdict from
+those (see `judge`): on a shared machine the spread of either side's own
+runs is mostly load, which the pairing within a round cancels.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from .datasets import build_datasets
 from .mounts import PY, mounted
 from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
 
-MIN_NOISE = 0.03  # below this, differences are not called either way
+MIN_NOISE = 0.03  # per-round ratios within this of 1 are not called either way
 READERS = 8
 
 
@@ -175,31 +174,30 @@ def speed(value: float, fig: Figure) -> float:
     return value if fig.higher_is_better else 1 / value
 
 
-def half_range(values: list[float]) -> float:
-    """Half the spread of a side's own runs, relative to their median."""
-    return (max(values) - min(values)) / 2 / statistics.median(values) if len(values) > 1 else 0.0
-
-
 @dataclass
 class Verdict:
     ratio: float  # speed of B over A, medians
     low: float  # lowest per-round ratio
     high: float
-    noise: float
+    paired: float  # median of the per-round ratios
     word: str
 
 
 def judge(fig: Figure, a: list[float], b: list[float]) -> Verdict:
+    """B/A of the medians, and a verdict from the per-round ratios (each round measures A and B
+    back to back, so a load change moves both): a drop when their median is below 1 by more
+    than MIN_NOISE and B lost every round (with 5 rounds, 2 chances in 32 of that by chance),
+    "slower?" when the median is that low but not every round agrees; likewise for gains."""
     ratio = speed(statistics.median(b), fig) / speed(statistics.median(a), fig)
-    paired = [speed(y, fig) / speed(x, fig) for x, y in zip(a, b)]
-    noise = max(MIN_NOISE, half_range(a), half_range(b))
-    if ratio < 1 - noise:
-        word = "SLOWER" if max(paired) < 1 else "slower? (not in every round)"
-    elif ratio > 1 + noise:
-        word = "faster" if min(paired) > 1 else "faster? (not in every round)"
+    per_round = [speed(y, fig) / speed(x, fig) for x, y in zip(a, b)]
+    paired = statistics.median(per_round)
+    if paired < 1 - MIN_NOISE:
+        word = "SLOWER" if max(per_round) < 1 else "slower? (not in every round)"
+    elif paired > 1 + MIN_NOISE:
+        word = "faster" if min(per_round) > 1 else "faster? (not in every round)"
     else:
         word = "same"
-    return Verdict(ratio, min(paired), max(paired), noise, word)
+    return Verdict(ratio, min(per_round), max(per_round), paired, word)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -276,8 +274,8 @@ def report(bench: Bench, chosen: list[str], a: Side, b: Side, baselines: list[Si
     print(f"\nacross commits, {runs} runs each (load average now {os.getloadavg()[0]:.1f})")
     print(f"  {a.label}\n  {b.label}")
     print("  B/A is a speed ratio: above 1, B is faster (for figures in seconds too)\n")
-    print(f"{'figure':30} {'unit':8} {'A median':>10} {'B median':>10} {'B/A':>6} {'per-round B/A':>14} "
-          f"{'noise':>6}  verdict")
+    print(f"{'figure':30} {'unit':8} {'A median':>10} {'B median':>10} {'B/A':>6} {'per-round B/A: median':>22} "
+          f"{'(range)':>12}  verdict")
     dropped = False
     for name in chosen:
         fig = FIGURES[name]
@@ -285,7 +283,7 @@ def report(bench: Bench, chosen: list[str], a: Side, b: Side, baselines: list[Si
         v = judge(fig, va, vb)
         dropped |= v.word == "SLOWER"
         print(f"{fig.name:30} {fig.unit:8} {statistics.median(va):10,.1f} {statistics.median(vb):10,.1f} "
-              f"{v.ratio:6.2f} {f'{v.low:.2f}-{v.high:.2f}':>14} {v.noise:6.0%}  {v.word}")
+              f"{v.ratio:6.2f} {v.paired:22.2f} {f'({v.low:.2f}-{v.high:.2f})':>12}  {v.word}")
     for base in baselines:
         print(f"\nagainst {base.label} (the same files unsharded, measured in the same rounds): median "
               "(range) of the per-round ratios")
