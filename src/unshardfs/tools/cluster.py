@@ -32,8 +32,13 @@ def quiet_dask(level: str) -> None:
     process: the environment reaches both, set before the import.
     """
     import logging
+    import warnings
 
     os.environ["DASK_LOGGING__DISTRIBUTED"] = level
+    if level != "info":
+        # e.g. "Port 8787 is already in use ... Hosting the HTTP server on port N instead":
+        # a warning through the warnings module, not the log.
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"distributed(\..*)?$")
     if "dask" in sys.modules:  # already imported (a test, or a library): refresh its config
         import dask
 
