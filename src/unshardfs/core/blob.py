@@ -13,23 +13,26 @@ from dataclasses import dataclass, field
 from ..errors import DataError, SourceError
 from ..sources.base import ByteSource, ObjectStat
 
+Version = tuple[object, ...]  # an object version, as its source gives it (`ObjectStat.version`)
+Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)
+
 
 @dataclass(frozen=True, slots=True)
 class Blob:
     """The logical concatenation of one or more objects (usually one)."""
 
-    parts: tuple[tuple[str, int, tuple], ...]  # (source key, size, version)
+    parts: tuple[tuple[str, int, Version], ...]  # (source key, size, version)
     size: int
     mtime_ns: int
     # Derived once: every lookup and read of a chunk asks for them (cache keys, messages).
     label: str = field(init=False, compare=False, repr=False)
-    version: tuple = field(init=False, compare=False, repr=False)
-    ident: tuple = field(init=False, compare=False, repr=False)
+    version: tuple[Version, ...] = field(init=False, compare=False, repr=False)
+    ident: Ident = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.parts) == 1:  # the usual case, built once per lookup
             label, _, one = self.parts[0]
-            version: tuple = (one,)
+            version: tuple[Version, ...] = (one,)
         else:
             label = "+".join(key for key, _, _ in self.parts)
             version = tuple(version for _, _, version in self.parts)

@@ -43,3 +43,14 @@ class Geometry:
     def sizes_one(self, key: int) -> tuple[int | None, int]:
         """(`exact_one`, `cap_one`) of a key: what a lookup asks."""
         return self.exact_one(key), self.cap_one(key)
+
+
+class FixedSize(Geometry):
+    """Every chunk decodes to exactly `size` bytes: sizes are known from the index alone."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+    def exact(self, keys: np.ndarray) -> np.ndarray:
+        return np.full(len(keys), self.size, dtype=np.int64)
