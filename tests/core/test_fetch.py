@@ -260,6 +260,47 @@ def test_prefetch_stays_within_its_budget():
     assert f.counters.prefetch_wasted_bytes > 0 and accounted(f)  # the oldest were evicted unread
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_racing_prefetches_keep_their_reads_within_the_budget(wide):
+    """Streams racing for the prefetch budget with extents whose reads join gaps: the bytes in
+    flight, gaps included, never exceed half the budget; each stream gets the rest by asking again."""
+    f, source = fetcher(prefetch_bytes=20_000, prefetch_gap=1000)
+    # Four streams over their own stretch of the blob: 1000-byte extents with 500-byte gaps
+    # between them (a read joins them, reading the gaps too).
+    streams = [[ext(base + 1500 * i, 1000) for i in range(12)] for base in range(0, 80_000, 20_000)]
+
+    def fill(blob, start, end):  # the gaps hold chunks wanted later, so a wide run may span them
+        return [ext(s, 500) for s in range(start + 1000, end, 1500)]
+
+    peak = 0
+    asked = 0
+
+    async def scan(wanted: list[Extent]) -> None:
+        nonlocal peak, asked
+        while wanted:
+            taken = f.prefetch(wanted, fill if wide else None, wide=wide)
+            peak = max(peak, f.stats()["prefetch_in_flight_bytes"])
+            wanted = wanted[taken:]
+            asked += 1
+            await trio.sleep(0.001 if not taken else 0)  # the others race for what is left
+
+    async def work():
+        source.gate = trio.Event()  # nothing lands until every stream has asked once
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for wanted in streams:
+                    nursery.start_soon(scan, wanted)
+                while asked < len(streams):
+                    await trio.sleep(0.001)
+                source.gate.set()
+
+    trio.run(_with_background, f, work)
+    assert 0 < peak <= 10_000  # half the budget
+    for e in (e for wanted in streams for e in wanted):
+        assert any(off <= e.start and e.end <= off + size for off, size in source.reads), e
+    assert f.counters.prefetch_skipped > 0 and accounted(f)
+
+
 async def _prefetch(f: Fetcher, extents) -> int:
     return f.prefetch(extents)
 

@@ -347,7 +347,8 @@ class Fetcher:
 
         Returns how many of `extents`, from the first, are taken care of
         (cached, on their way, or scheduled now): the prefetch budget (bytes
-        in flight at most half of the cache's) may stop it early, and the
+        in flight, gaps read to join extents included, at most half of the
+        cache's) may stop it early, and the
         caller asks again for the rest later. An extent inside a read already
         in flight is adopted by that read rather than read again. `fill(blob,
         start, end)` names the other extents a read will cover between the
@@ -361,26 +362,26 @@ class Fetcher:
         if not self.can_prefetch:
             return 0
         budget = self.policy.prefetch_bytes // 2 - self._prefetch_in_flight
+        left = budget
         chosen: list[Extent] = []
-        taken = 0
-        for ext in extents:
+        at: list[int] = []  # where each chosen extent is in `extents`
+        taken = len(extents)
+        for i, ext in enumerate(extents):
             if ext.key not in self.prefetched:
                 run = self._covering(ext)
                 if run is not None:
                     run.adopt(ext)
-                elif ext.length > budget:
-                    self.counters.prefetch_skipped += len(extents) - taken
+                elif ext.length > left:
+                    taken = i
                     break
                 else:
-                    budget -= ext.length
+                    left -= ext.length
                     chosen.append(ext)
-            taken += 1
-        runs = self._wide_runs(chosen, fill, budget + sum(e.length for e in chosen)) if wide and fill else None
-        if runs is None:
-            runs = plan(chosen, self.policy.prefetch_gap, self.policy.max_span)
-            for run in runs:
-                if fill is not None and len(run.extents) > 1:
-                    self._fill_run(run, fill)
+                    at.append(i)
+        runs, admitted = self._admit(chosen, fill, wide, budget)
+        if admitted < len(chosen):
+            taken = at[admitted]
+        self.counters.prefetch_skipped += len(extents) - taken
         for run in runs:
             run.prefetch = True
             self._prefetch_in_flight += run.end - run.start
@@ -388,6 +389,40 @@ class Fetcher:
             self._track(run)  # visible to readers before it starts
             self.spawn(self._prefetch_run, run)
         return taken
+
+    def _admit(self, chosen: list[Extent], fill: Callable[[Blob, int, int], Iterable[Extent]] | None,
+               wide: bool, budget: int) -> tuple[list[_Run], int]:
+        """The runs of the longest prefix of `chosen` whose reads fit in `budget` bytes, and its length.
+
+        The budget bounds what is read, so the gaps a run joins across count
+        too: extents that fit by their own lengths may not once joined.
+        """
+        runs = self._runs(chosen, fill, wide, budget)
+        if _spanned(runs) <= budget:
+            return runs, len(chosen)
+        # Shrink the prefix by bisection; `fits` always holds runs within the
+        # budget (those of chosen[:lo]), so the bound holds whatever the plan does.
+        fits: list[_Run] = []
+        lo, hi = 0, len(chosen)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            runs = self._runs(chosen[:mid], fill, wide, budget)
+            if _spanned(runs) <= budget:
+                lo, fits = mid, runs
+            else:
+                hi = mid
+        return fits, lo
+
+    def _runs(self, chosen: list[Extent], fill: Callable[[Blob, int, int], Iterable[Extent]] | None,
+              wide: bool, budget: int) -> list[_Run]:
+        """The reads that prefetch `chosen`: wide runs where they fit, else the narrow plan."""
+        runs = self._wide_runs(chosen, fill, budget) if wide and fill else None
+        if runs is None:
+            runs = plan(chosen, self.policy.prefetch_gap, self.policy.max_span)
+            for run in runs:
+                if fill is not None and len(run.extents) > 1:
+                    self._fill_run(run, fill)
+        return runs
 
     def _fill_run(self, run: _Run, fill: Callable[[Blob, int, int], Iterable[Extent]]) -> None:
         """Add the extents `fill` names inside the run (not cached, not in flight elsewhere)."""
@@ -401,15 +436,13 @@ class Fetcher:
         """Runs joined across gaps that `fill` fills, or None where that would waste more than
         the narrow plan may (`prefetch_gap` per join) or exceed `budget` bytes."""
         runs = plan(chosen, self.policy.max_span, self.policy.max_span)
-        total = 0
         for run in runs:
             joins = len(run.extents) - 1
             if joins:
                 self._fill_run(run, fill)
                 if (run.end - run.start) - _covered(run.extents) > joins * self.policy.prefetch_gap:
                     return None
-            total += run.end - run.start
-        return runs if total <= budget else None
+        return runs if _spanned(runs) <= budget else None
 
     async def _prefetch_run(self, run: _Run) -> None:
         size = run.end - run.start
@@ -460,6 +493,11 @@ async def _guarded(work: Callable[..., Awaitable[object]], args: tuple[object, .
     except Exception as e:  # noqa: BLE001 - the daemon outlives any bug in read-ahead
         log_once(log, f"background:{type(e).__name__}:{e}", "background %s failed: %s: %s",
                  getattr(work, "__qualname__", work), type(e).__name__, e)
+
+
+def _spanned(runs: Sequence[_Run]) -> int:
+    """Bytes the runs read, gaps included."""
+    return sum(run.end - run.start for run in runs)
 
 
 def _covered(extents: Sequence[Extent]) -> int:
