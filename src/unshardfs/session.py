@@ -17,8 +17,9 @@ from .caches import Caches
 from .core.fetch import FetchPolicy
 from .core.limits import Limits
 from .core.runtime import Runtime
-from .formats.registry import Dataset, open_dataset, split_format
+from .formats.registry import Dataset, open_dataset
 from .sources import CountingSource, RemoteOptions, open_source
+from .sources.pipeline import open_spec, parse_source
 from .vtree import DirNode
 
 
@@ -40,12 +41,12 @@ class Session:
     async def open(cls, url: str, options: dict | None = None, caches: Caches | None = None) -> "Session":
         """Open `url` with the options `options.format_options` made from a command line."""
         options = options or {}
-        named, rest = split_format(url)
-        source = CountingSource(open_source(rest, options.get("remote") or RemoteOptions()))
-        runtime = Runtime(source, caches or Caches(), options.get("limits") or Limits(),
-                          options.get("policy") or FetchPolicy())
+        spec = parse_source(url)
+        remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or Limits()
+        source = CountingSource(await open_spec(spec, lambda base: open_source(base, remote), limits))
+        runtime = Runtime(source, caches or Caches(), limits, options.get("policy") or FetchPolicy())
         try:
-            dataset = await open_dataset(runtime, named, options.get("formats") or {})
+            dataset = await open_dataset(runtime, spec.format, options.get("formats") or {})
         except BaseException:
             await source.aclose()
             raise

@@ -1,0 +1,150 @@
+"""The zip layer as a byte source: it runs the one SourceConformance suite over every inner source
+(local, HTTP, the GCS stand-in, S3 via moto), with STORED and DEFLATE members, and the archive
+changed behind its back by rewriting it."""
+
+from __future__ import annotations
+
+import itertools
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import trio
+
+from tests.sources.test_conformance import FAST, moto  # noqa: F401  (module-scoped S3 emulator)
+from tests.support.s3 import CREDENTIALS  # noqa: F401
+from tests.support.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
+from unshardfs.sources import CountingSource, LocalSource
+from unshardfs.sources.http import HttpSource
+from unshardfs.sources.objectstore import GcsSource, S3Source
+from unshardfs.sources.zip import ZipSource
+from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.zips import zip_tree
+
+
+def _tree_zip(tmp_path: Path, method: int, under: str = "") -> Path:
+    """TREE zipped (directory entries included for some directories only, as writers differ)."""
+    tree = write_tree(tmp_path / "tree-src")
+    archives = tmp_path / "archives"
+    archives.mkdir(exist_ok=True)
+    return zip_tree(tree, archives / "tree.zip", method, directories=(method == zipfile.ZIP_STORED), under=under)
+
+
+def _rezip(archive: Path, method: int, key: str, data: bytes | None, under: str = "") -> bytes:
+    """The archive with one member replaced or removed (a new file, as writers produce)."""
+    members = {k: v for k, v in TREE.items()}
+    with zipfile.ZipFile(archive) as z:
+        members = {i.filename.removeprefix(under): z.read(i) for i in z.infolist() if not i.is_dir()}
+    if data is None:
+        members.pop(key)
+    else:
+        members[key] = data
+    tmp = archive.with_suffix(".new")
+    with zipfile.ZipFile(tmp, "w", method) as z:
+        for name, body in members.items():
+            z.writestr(under + name, body)
+    blob = tmp.read_bytes()
+    tmp.replace(archive)
+    return blob
+
+
+class ZipCase(SourceConformance):
+    listable, remote = True, False
+    method = zipfile.ZIP_STORED
+    under = ""
+
+    @pytest.fixture
+    def archive(self, tmp_path: Path) -> Path:
+        return _tree_zip(tmp_path, self.method, self.under)
+
+    @pytest.fixture
+    def make(self, archive: Path) -> MakeSource:
+        return lambda: ZipSource(LocalSource(str(archive.parent)), archive.name, self.under)
+
+    @pytest.fixture
+    def change(self, archive: Path) -> Change:
+        return lambda key, data: _rezip(archive, self.method, key, data, self.under) and None
+
+
+class TestZipLocal(ZipCase):
+    pass
+
+
+class TestZipDeflated(ZipCase):
+    method = zipfile.ZIP_DEFLATED
+
+
+class TestZipBzip2Under(ZipCase):
+    """Members compressed with bzip2, the tree under a directory the pipeline names (`|zip:data/`)."""
+
+    method = zipfile.ZIP_BZIP2
+    under = "data/"
+
+
+class TestZipCounted(ZipCase):
+    @pytest.fixture
+    def make(self, archive: Path) -> MakeSource:
+        return lambda: CountingSource(ZipSource(CountingSource(LocalSource(str(archive.parent))), archive.name))
+
+
+class TestZipHttp(ZipCase):
+    """Over a plain HTTP server (which cannot list): the archive's directory lists anyway."""
+
+    remote = True
+
+    @pytest.fixture
+    def make(self, archive: Path) -> Iterator[MakeSource]:
+        with DatasetServer(archive.parent) as server:
+            yield lambda: ZipSource(HttpSource(server.url, FAST), archive.name)
+
+
+class TestZipGcs(ZipCase):
+    remote = True
+
+    @pytest.fixture
+    def make(self, archive: Path) -> Iterator[MakeSource]:
+        with DatasetServer(archive.parent.parent, gcs_bucket="bkt") as server:
+            yield lambda: ZipSource(GcsSource("bkt", archive.parent.name, FAST, server.url), archive.name)
+
+
+class TestZipS3(ZipCase):
+    remote = True
+    buckets = itertools.count()
+
+    @pytest.fixture
+    def bucket(self, archive: Path, moto: tuple[str, Any]) -> str:  # noqa: F811
+        name = f"zip-{next(self.buckets)}"
+        moto[1].create_bucket(Bucket=name)
+        moto[1].put_object(Bucket=name, Key="d/tree.zip", Body=archive.read_bytes())
+        return name
+
+    @pytest.fixture
+    def make(self, bucket: str, moto: tuple[str, Any]) -> MakeSource:  # noqa: F811
+        return lambda: ZipSource(S3Source(bucket, "d", FAST, moto[0]), "tree.zip")
+
+    @pytest.fixture
+    def change(self, archive: Path, bucket: str, moto: tuple[str, Any]) -> Change:  # noqa: F811
+        def change(key: str, data: bytes | None) -> None:
+            moto[1].put_object(Bucket=bucket, Key="d/tree.zip", Body=_rezip(archive, self.method, key, data))
+
+        return change
+
+
+def test_stored_member_is_one_ranged_read(tmp_path: Path) -> None:
+    """A STORED member's range costs one archive read after its local header (read once)."""
+    archive = _tree_zip(tmp_path, zipfile.ZIP_STORED)
+
+    async def main() -> None:
+        inner = CountingSource(LocalSource(str(archive.parent)))
+        source = await ZipSource(inner, archive.name).open()
+        before = inner.counters.reads
+        assert await source.read("a.bin", 100, 50) == TREE["a.bin"][100:150]
+        assert inner.counters.reads - before == 2  # local header, then the range
+        assert source.counters["local_headers"] == 1
+        for offset in (0, 500, 900):
+            assert await source.read("a.bin", offset, 10) == TREE["a.bin"][offset:offset + 10]
+        assert inner.counters.reads - before == 5
+        await source.aclose()
+
+    trio.run(main)
