@@ -20,6 +20,7 @@ from .core.runtime import Runtime
 from .formats.registry import Dataset, open_dataset
 from .sources import CountingSource, RemoteOptions, open_source
 from .sources.pipeline import open_spec, parse_source
+from .sources.zip import ZipSource, ZipSummary
 from .vtree import DirNode
 
 
@@ -62,6 +63,12 @@ class Session:
             finally:
                 self.runtime.fetcher.attach(None)
                 nursery.cancel_scope.cancel()
+
+    @property
+    def archive(self) -> "ZipSummary | None":
+        """What the zip archive the source is read through holds (None when there is none)."""
+        inner = self.source.inner
+        return inner.summary if isinstance(inner, ZipSource) else None
 
     def stats(self) -> dict:
         """Backing-source sections (reads, HTTP, disk cache), the read path and the caches."""

@@ -93,7 +93,8 @@ class ZipSummary:
 
     def lines(self) -> list[str]:
         methods = ", ".join(f"{n:,} {m}" for m, n in sorted(self.methods.items())) or "none"
-        out = [f"  members       {self.entries:,} ({methods})" + (", ZIP64" if self.zip64 else "")]
+        out = [f"  through zip   {self.archive}",
+               f"  members       {self.entries:,} ({methods})" + (", ZIP64" if self.zip64 else "")]
         if self.skipped:
             out.append(f"  skipped       {self.skipped:,} entries (unsafe names, duplicates, overlaps; see the log)")
         if self.ome is not None:
