@@ -240,3 +240,54 @@ def test_bad_archives_are_one_line_errors(tmp_path):
         result = run_cli("inspect", str(source))
         assert result.returncode != 0 and words in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch):
+    from tests.support.s3 import CREDENTIALS, moto_s3
+
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    with moto_s3() as server:
+        yield server
+
+
+def test_remote_archives(archives, mount, s3_endpoint):
+    """The same .ozx and precomputed zip over plain HTTP (which cannot list: the zip's directory lists anyway),
+    the GCS stand-in and S3 (moto): every mount equals the local one, reads are ranged."""
+    from unshardfs.testing.http_servers import DatasetServer
+
+    archive, unzipped = archives["ngff.ozx"]
+    pc_archive, pc_unzipped = archives["precomputed.zip"]
+    want = mount(unzipped).path
+    want_pc = mount(pc_unzipped / "mesh").path
+    endpoint, client = s3_endpoint
+    client.create_bucket(Bucket="bkt")
+    for path in (archive, pc_archive):
+        client.put_object(Bucket="bkt", Key=f"data/{path.name}", Body=path.read_bytes())
+    with DatasetServer(archive.parent) as http, DatasetServer(archive.parent.parent, gcs_bucket="gbkt") as gcs:
+        bases = {"http": (f"{http.url}/", ()), "gcs": (f"gs://gbkt/{archive.parent.name}/", ("--gcs-endpoint", gcs.url)),
+                 "s3": ("s3://bkt/data/", ("--s3-endpoint", endpoint))}
+        for label, (base, options) in bases.items():
+            got = mount(f"{base}{archive.name}|zip:|zarr3:", *options)
+            assert assert_same_tree(got.path, want) > 3, label
+            got = mount(f"{base}{pc_archive.name}|zip:mesh/|neuroglancer-precomputed:", *options)
+            assert assert_same_tree(got.path, want_pc, ("info", "mesh/info")) > 3, label
+            stats = json.loads(run_cli("stats", str(got.path)).stdout)
+            # A member's bytes are ranges of the archive, never the whole archive per file.
+            assert stats["zip"]["archive_bytes"] < 3 * pc_archive.stat().st_size, (label, stats["zip"])
+
+
+def test_dvid_export_in_a_zip(tmp_path, mount):
+    """A DVID export zipped (its Arrow files STORED) mounts like the export directory."""
+    from tests.formats.dvid.test_mount import SHARDING, VARIANTS
+    from unshardfs.testing.dvid import BLOCK, encode_volume, info_for, sample_volume, write_scale
+
+    size = (128, 96, 64)
+    write_scale(tmp_path / "export" / "s0", encode_volume(sample_volume(size, 3)),
+                tuple(-(-s // BLOCK) for s in size), SHARDING, VARIANTS["csv-stream-zstd"])
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(info_for([size], SHARDING)))
+    archive = zip_tree(tmp_path / "export", tmp_path / "export.zip", comment=b"")
+    got = mount(f"{archive}|zip:", "--info", str(spec)).path
+    assert assert_same_tree(got, mount(tmp_path / "export", "--info", str(spec)).path, ("info",)) > 3
