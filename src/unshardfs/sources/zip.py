@@ -601,8 +601,13 @@ class ZipSource:
         if size <= 0 or offset >= total:
             return b""
         size = min(size, total - offset)
-        start = await self._data_offset(index, st, i, key)
         method = int(index.method[i])
+        if method != zipfile.ZIP_STORED and total > self.limits.payload_bytes:
+            # Before any read: a bomb's claimed size alone refuses it.
+            raise DataError(f"{self.description}!{key}", f"{METHODS[method]} member of {total:,} bytes exceeds the "
+                                                         f"{self.limits.payload_bytes >> 20} MiB limit "
+                                                         f"(--max-payload-size)")
+        start = await self._data_offset(index, st, i, key)
         if method != zipfile.ZIP_STORED:
             data = await self._decoded_member(index, st, i, start, key)
             return data[offset:offset + size]
@@ -624,9 +629,6 @@ class ZipSource:
             return hit
         where = f"{self.description}!{key}"
         size, csize, method, crc = int(index.usize[i]), int(index.csize[i]), int(index.method[i]), int(index.crc[i])
-        if size > self.limits.payload_bytes:
-            raise DataError(where, f"{METHODS[method]} member of {size:,} bytes exceeds the "
-                                   f"{self.limits.payload_bytes >> 20} MiB limit (--max-payload-size)")
 
         async def work() -> bytes:
             raw = await self._read(start, csize, st.version)
