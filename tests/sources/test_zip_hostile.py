@@ -47,6 +47,17 @@ async def _keys(source: ZipSource, key: str = "") -> dict[str, int | None]:
     return out
 
 
+def _traced(main) -> tuple[object, int, int]:
+    """(what `main` returned, bytes still allocated after it, peak bytes allocated while it ran)."""
+    tracemalloc.start()
+    try:
+        result = trio.run(main)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, kept, peak
+
+
 def _good() -> list[Member]:
     return [Member(name, data) for name, data in GOOD.items()]
 
@@ -124,12 +135,7 @@ def test_claimed_counts_and_sizes_cost_nothing(tmp_path):
         with pytest.raises(ConfigError):
             await _open(huge, Limits(index_bytes=256 * MiB)).open()
 
-    tracemalloc.start()
-    try:
-        trio.run(main)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _traced(main)[2]
     assert peak < 4 * MiB, peak
 
 
@@ -171,12 +177,7 @@ def test_deflate_bombs_are_capped(tmp_path):
         assert await source.read("ok/a.bin", 0, 10) == b"a" * 10
         await source.aclose()
 
-    tracemalloc.start()
-    try:
-        trio.run(main)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _traced(main)[2]
     assert peak < 8 * MiB, peak
 
 
@@ -226,12 +227,7 @@ def test_index_memory_per_entry(tmp_path):
     async def main() -> ZipSource:
         return await _open(path).open()
 
-    tracemalloc.start()
-    try:
-        source = trio.run(main)
-        kept, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    source, kept, peak = _traced(main)
     assert source.summary.entries == n
     print(f"\nzip index: {kept / n:.0f} bytes kept per entry, parse peak {peak / n:.0f} bytes per entry")
     assert kept / n < 80, kept / n  # ~9-byte names + 6 columns; no object per entry
@@ -272,12 +268,7 @@ def test_garbled_central_directory(tmp_path, data):
         finally:
             await source.aclose()
 
-    tracemalloc.start()
-    try:
-        trio.run(main)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _traced(main)[2]
     assert peak < 8 * MiB, peak
 
 
