@@ -291,3 +291,24 @@ def test_dvid_export_in_a_zip(tmp_path, mount):
     archive = zip_tree(tmp_path / "export", tmp_path / "export.zip", comment=b"")
     got = mount(f"{archive}|zip:", "--info", str(spec)).path
     assert assert_same_tree(got, mount(tmp_path / "export", "--info", str(spec)).path, ("info",)) > 3
+
+
+def test_zarr2_zipstore(tmp_path, mount):
+    """A zarr-python 2 ZipStore (ome-zarr-py #298: napari-ome-zarr cannot open one) mounted with
+    `|zip:|zarr2:` is the plain v2 directory zarr 2.18 reads; the same without the pipeline."""
+    from unshardfs.testing.zarr import ZARR2_PYTHON, read_with_zarr2
+
+    archive = tmp_path / "v2.zarr.zip"
+    script = ("import sys, zarr, numpy as np\n"
+              "store = zarr.ZipStore(sys.argv[1], mode='w')\n"
+              "g = zarr.group(store=store)\n"
+              "g.create_dataset('raw', data=np.arange(60 * 70, dtype='<i4').reshape(60, 70), chunks=(16, 16))\n"
+              "store.close()\n")
+    result = subprocess.run([str(ZARR2_PYTHON), "-c", script, str(archive)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    want = np.arange(60 * 70, dtype="<i4").reshape(60, 70)
+    for source in (f"{archive}|zip:|zarr2:", str(archive)):
+        mnt = mount(source).path
+        assert (mnt / ".zgroup").exists() and (mnt / "raw" / ".zarray").exists()
+        np.testing.assert_array_equal(read_with_zarr2(mnt / "raw", tmp_path / "raw.npy"), want)
