@@ -185,8 +185,9 @@ def test_debian_zarr_reads_the_ozx(archives, mount, tmp_path):
                 np.testing.assert_array_equal(got, node[...], err_msg=f"{name}/{path}")
 
 
-def test_served_equals_unzipped(archives, mount):
-    source, unzipped = _source(archives, "precomputed.zip|mesh")
+@pytest.mark.parametrize("name", ["precomputed.zip|mesh", "plain.ozx"])
+def test_served_equals_unzipped(archives, mount, name):
+    source, unzipped = _source(archives, name)
     want = mount(unzipped).path
     with served(source) as url, httpx.Client() as client:
         files = walk_files(want)

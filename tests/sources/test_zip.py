@@ -16,6 +16,7 @@ from tests.sources.test_conformance import FAST, moto  # noqa: F401  (module-sco
 from tests.support.s3 import CREDENTIALS  # noqa: F401
 from tests.support.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
 from unshardfs.sources import CountingSource, LocalSource
+from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.http import HttpSource
 from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.sources.zip import ZipSource
@@ -88,6 +89,15 @@ class TestZipCounted(ZipCase):
         return lambda: CountingSource(ZipSource(CountingSource(LocalSource(str(archive.parent))), archive.name))
 
 
+class TestZipDiskCached(ZipCase):
+    """Over the --cache-dir layer: the central directory and index reads go through it."""
+
+    @pytest.fixture
+    def make(self, archive: Path, tmp_path: Path) -> MakeSource:
+        return lambda: ZipSource(DiskCachedSource(LocalSource(str(archive.parent)), str(tmp_path / "idx")),
+                                 archive.name)
+
+
 class TestZipHttp(ZipCase):
     """Over a plain HTTP server (which cannot list): the archive's directory lists anyway."""
 
@@ -131,20 +141,33 @@ class TestZipS3(ZipCase):
         return change
 
 
-def test_stored_member_is_one_ranged_read(tmp_path: Path) -> None:
-    """A STORED member's range costs one archive read after its local header (read once)."""
-    archive = _tree_zip(tmp_path, zipfile.ZIP_STORED)
+def test_archive_reads_per_member(tmp_path: Path) -> None:
+    """Deterministic archive reads: a small member (or one read whole) comes with its local header in one
+    read; a large one read in part costs its local header once, then one ranged read per read."""
+    big = bytes(range(256)) * 800  # 200 KiB
+    archive = tmp_path / "counts.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("small", TREE["a.bin"])
+        z.writestr("big", big)
+        z.writestr("big-whole", big)
 
     async def main() -> None:
-        inner = CountingSource(LocalSource(str(archive.parent)))
+        inner = CountingSource(LocalSource(str(tmp_path)))
         source = await ZipSource(inner, archive.name).open()
-        before = inner.counters.reads
-        assert await source.read("a.bin", 100, 50) == TREE["a.bin"][100:150]
-        assert inner.counters.reads - before == 2  # local header, then the range
-        assert source.counters["local_headers"] == 1
-        for offset in (0, 500, 900):
-            assert await source.read("a.bin", offset, 10) == TREE["a.bin"][offset:offset + 10]
-        assert inner.counters.reads - before == 5
+        assert inner.counters.reads == 1  # tail: end record and central directory at once
+
+        async def reads(key: str, offset: int, size: int, want: bytes) -> int:
+            before = inner.counters.reads
+            assert await source.read(key, offset, size) == want
+            return inner.counters.reads - before
+
+        assert await reads("small", 100, 50, TREE["a.bin"][100:150]) == 1
+        assert await reads("small", 0, 5000, TREE["a.bin"]) == 1
+        assert await reads("big", 1000, 10, big[1000:1010]) == 2  # local header, then the range
+        for offset in (0, 500, 150_000):
+            assert await reads("big", offset, 4096, big[offset:offset + 4096]) == 1
+        assert await reads("big-whole", 0, len(big), big) == 1
+        assert source.counters["local_headers"] == 3
         await source.aclose()
 
     trio.run(main)

@@ -77,6 +77,11 @@ ENCRYPTED_FLAG = 0x1
 DESCRIPTOR_FLAG = 0x8
 U32, U16 = 0xFFFFFFFF, 0xFFFF
 DECODED_CACHE = 64 << 20
+# Members this small (or read whole, up to WHOLE_MAX) are read with their local header in one request;
+# EXTRA_SLACK covers a local extra field (timestamps, ZIP64) longer than none.
+WHOLE = 64 << 10
+WHOLE_MAX = 4 << 20
+EXTRA_SLACK = 128
 
 
 @dataclass(frozen=True)
@@ -563,15 +568,17 @@ class ZipSource:
             raise SourceError(f"{self.description}: no member {key!r}")
         return index, st, i
 
-    async def _data_offset(self, index: ZipIndex, st: ObjectStat, i: int, key: str) -> int:
-        """Where member i's data starts, from its local header, checked against the central directory."""
+    async def _data_offset(self, index: ZipIndex, st: ObjectStat, i: int, key: str, along: int = 0
+                           ) -> tuple[int, bytes]:
+        """Where member i's data starts, from its local header, checked against the central directory;
+        on the first call also the bytes after it that came with the header (up to `along` more)."""
         offset = int(index.data[i])
         if offset >= 0:
-            return offset
+            return offset, b""
         header = int(index.header[i])
         name = index.names[i]
         full = self.root.encode() + name
-        raw = await self._read(header, LOCAL.size + len(full), st.version)
+        raw = await self._read(header, LOCAL.size + len(full) + along, st.version)
         self.counters["local_headers"] += 1
         where = f"{self.description}!{key}"
         if len(raw) < LOCAL.size or raw[:4] != zipfile.stringFileHeader:
@@ -593,7 +600,7 @@ class ZipSource:
         if offset + int(index.csize[i]) > int(index.limit[i]):
             raise DataError(where, "member data overlaps the next member or the central directory")
         index.data[i] = offset
-        return offset
+        return offset, raw[LOCAL.size + n + m:]
 
     async def _read_member(self, key: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
         index, st, i = await self._member(key, version)
@@ -607,18 +614,24 @@ class ZipSource:
             raise DataError(f"{self.description}!{key}", f"{METHODS[method]} member of {total:,} bytes exceeds the "
                                                          f"{self.limits.payload_bytes >> 20} MiB limit "
                                                          f"(--max-payload-size)")
-        start = await self._data_offset(index, st, i, key)
+        csize = int(index.csize[i])
+        # A small member (or one read whole) comes with its local header in one request: a round trip
+        # saved per member of an unsharded store in a remote archive. Extra fields are usually short.
+        whole = csize <= WHOLE or (offset == 0 and size == total and csize <= WHOLE_MAX)
+        start, came = await self._data_offset(index, st, i, key, EXTRA_SLACK + csize if whole else 0)
+        came = came[:csize] if len(came) >= csize else b""
         if method != zipfile.ZIP_STORED:
-            data = await self._decoded_member(index, st, i, start, key)
+            data = await self._decoded_member(index, st, i, start, key, came or None)
             return data[offset:offset + size]
-        data = await self._read(start + offset, size, st.version, idx)
+        data = came[offset:offset + size] if came else await self._read(start + offset, size, st.version, idx)
         if len(data) != size:
             raise SourceError(f"{self.description}!{key}: archive ends inside the member (truncated)")
         if offset == 0 and size == total and zlib.crc32(data) != int(index.crc[i]):
             raise DataError(f"{self.description}!{key}", "CRC-32 mismatch")
         return data
 
-    async def _decoded_member(self, index: ZipIndex, st: ObjectStat, i: int, start: int, key: str) -> bytes:
+    async def _decoded_member(self, index: ZipIndex, st: ObjectStat, i: int, start: int, key: str,
+                              raw: bytes | None = None) -> bytes:
         ident = (st.version, int(index.header[i]))
         hit = self._decoded.get(ident)
         if hit is not None:
@@ -631,18 +644,18 @@ class ZipSource:
         size, csize, method, crc = int(index.usize[i]), int(index.csize[i]), int(index.method[i]), int(index.crc[i])
 
         async def work() -> bytes:
-            raw = await self._read(start, csize, st.version)
-            if len(raw) != csize:
+            data = raw if raw is not None else await self._read(start, csize, st.version)
+            if len(data) != csize:
                 raise SourceError(f"{where}: archive ends inside the member (truncated)")
-            decode: Callable[[], bytes] = lambda: _decode(method, raw, size, where)
-            data = await off_loop(decode, csize)
-            if zlib.crc32(data) != crc:
+            decode: Callable[[], bytes] = lambda: _decode(method, data, size, where)
+            decoded = await off_loop(decode, csize)
+            if zlib.crc32(decoded) != crc:
                 raise DataError(where, "CRC-32 mismatch")
             self.counters["decoded_members"] += 1
-            self.counters["decoded_bytes"] += len(data)
-            if len(data) <= DECODED_CACHE // 4:
-                self._decoded[ident] = data
-            return data
+            self.counters["decoded_bytes"] += len(decoded)
+            if len(decoded) <= DECODED_CACHE // 4:
+                self._decoded[ident] = decoded
+            return decoded
 
         return await self._flights.run(ident, work)
 
