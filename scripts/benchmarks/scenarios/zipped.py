@@ -2,7 +2,7 @@
 STORED, as RFC-9 `.ozx` and zarr-python's ZipStore write them) against the same command through a mount
 of the unzipped sharded directory, locally and through a Range server answering after 20 ms. The
 datasets are the remote scenario's (1,024 chunks of 32 KiB, precomputed and Zarr v3). Each pair is
-measured alternately, best of `ROUNDS`, so load on the shared machine hits both sides alike.
+measured alternately, best of `ROUNDS` (5), so load on the shared machine hits both sides alike.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from ..context import Context
 from .remote import build, cp_dir
 
-ROUNDS = 3
+ROUNDS = 5
 LATENCY = 0.02
 
 
