@@ -484,22 +484,26 @@ class ZipSource:
         self._index, self._stat, self._dirty = index, st, False
         self._decoded.clear()
 
+    def _stale(self, st: ObjectStat) -> bool:
+        return self._index is None or self._stat is None or self._dirty or st.version != self._stat.version
+
     async def _current(self, fresh: bool) -> tuple[ZipIndex, ObjectStat] | None:
         """The index, read again first if the archive changed (checked by a stat when `fresh`)."""
         st = self._stat
-        if fresh or self._dirty or self._index is None:
+        if fresh or st is None or self._stale(st):
             st = await self._archive_stat()
             if st is None:
                 return None
-        if self._index is None or self._dirty or st.version != self._stat.version:  # type: ignore[union-attr]
+        if self._stale(st):
             async with self._lock:
-                if self._index is None or self._dirty or st.version != self._stat.version:  # type: ignore
+                if self._stale(st):
                     try:
-                        await self._load(st)  # type: ignore[arg-type]
-                    except ConfigError as e:
+                        await self._load(st)
+                    except ConfigError as e:  # replaced by something unreadable while in use: damage
                         self._index = None
                         raise SourceError(str(e)) from None
-        return self._index, self._stat  # type: ignore[return-value]
+        assert self._index is not None and self._stat is not None
+        return self._index, self._stat
 
     # -- the ByteSource contract ------------------------------------------------------
 
