@@ -23,12 +23,9 @@ from .base import ByteSource
 # Neuroglancer's format names -> our format plug-ins (Zarr v2 stores are shown by the zarr plug-in as stored).
 FORMATS = {"neuroglancer-precomputed": "precomputed", "precomputed": "precomputed", "zarr3": "zarr",
            "zarr2": "zarr", "zarr": "zarr"}
-# Parts Neuroglancer/TensorStore know that we do not read, with what they are.
+# Parts Neuroglancer/TensorStore know that we do not read, with what they are (for the error).
 KNOWN = {"ocdbt": "OCDBT kvstore", "icechunk": "Icechunk kvstore", "gzip": "gzip kvstore adapter",
-         "byte_range": "byte_range kvstore adapter", "n5": "N5 format", "n5+gzip": "N5 format",
-         "tiff": "TIFF", "json": "JSON kvstore", "kvstore": "kvstore adapter", "deepzoom": "Deep Zoom format",
-         "nifti": "NIfTI format", "obj": "OBJ meshes", "vtk": "VTK meshes", "graphene": "graphene format",
-         "boss": "BOSS", "render": "render", "nggraph": "nggraph", "python": "python"}
+         "byte_range": "byte_range kvstore adapter", "n5": "N5 format", "tiff": "TIFF format"}
 ARCHIVE_SUFFIXES = (".ozx", ".zip")
 
 
@@ -41,16 +38,12 @@ class SourceSpec:
     format: str | None  # a format plug-in name, or None to detect
 
 
-def _format_prefix(text: str) -> tuple[str | None, str]:
-    from ..formats.registry import split_format
-
-    return split_format(text)
-
-
 def parse_source(url: str) -> SourceSpec:
     """Parse SOURCE (see the module docstring); ConfigError names any part not supported."""
+    from ..formats.registry import split_format
+
     base, *parts = url.split("|")
-    named, base = _format_prefix(base)
+    named, base = split_format(base)  # an old-style prefix: precomputed://, zarr3://
     if not base:
         raise ConfigError(f"{url!r}: no source before the first '|'")
     zip_path: str | None = None
@@ -62,8 +55,6 @@ def parse_source(url: str) -> SourceSpec:
         if scheme == "zip":
             if zip_path is not None:
                 raise ConfigError(f"pipeline part {part!r}: a zip inside a zip is not supported")
-            if named is not None:
-                raise ConfigError(f"pipeline part {part!r}: the format ({named}) must come last")
             zip_path = rest
         elif scheme in FORMATS:
             if rest.strip("/"):
