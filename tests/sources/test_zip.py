@@ -171,3 +171,30 @@ def test_archive_reads_per_member(tmp_path: Path) -> None:
         await source.aclose()
 
     trio.run(main)
+
+
+def test_remote_first_read_of_a_large_member_is_one_round_trip(tmp_path: Path) -> None:
+    """Over HTTP (a delay per request), a large member's first ranged read sends its local header read and
+    the range at the central directory's offset together: two requests, one round trip; a member whose
+    local extra field differs from the central one is read again at the right offset, still exact."""
+    from tests.support.zips import Member, build
+
+    big = bytes(range(256)) * 800
+    archive = tmp_path / "remote.zip"
+    # "odd" has an extra field in its local header only: the guess from the central directory is wrong.
+    archive.write_bytes(build([Member(b"big", big), Member(b"odd", big, local_extra=b"\x99\x99\x04\x00abcd")]))
+
+    async def main(server: DatasetServer) -> None:
+        source = await ZipSource(HttpSource(server.url, FAST), archive.name).open()
+        for key in ("big", "odd"):
+            server.reset_log()
+            assert await source.read(key, 70_000, 5000) == big[70_000:75_000]
+            assert (len(server.requests()), server.round_trips()) == ((2, 1) if key == "big" else (3, 2)), key
+            server.reset_log()
+            assert await source.read(key, 1000, 10) == big[1000:1010]
+            assert len(server.requests()) == 1
+        await source.aclose()
+
+    with DatasetServer(tmp_path) as server:
+        server.faults.delay = 0.05
+        trio.run(main, server)

@@ -25,6 +25,7 @@ class Member:
     local_usize: int | None = None  # the local header's size (default: the central one)
     same_header_as: int | None = None  # point the central entry at another member's local header
     zip64: bool = False  # sizes and offset in a ZIP64 extra field
+    local_extra: bytes = b""  # an extra field in the local header only
 
 
 def deflate(data: bytes) -> bytes:
@@ -46,7 +47,8 @@ def build(members: list[Member], comment: bytes = b"", claimed_entries: int | No
         local_name = m.name if m.local_name is None else m.local_name
         local_usize = (0xFFFFFFFF if m.zip64 else usize) if m.local_usize is None else m.local_usize
         out += LOCAL.pack(zipfile.stringFileHeader, 20, 0, 0x800, m.method, 0, 0x21, crc, len(stored),
-                          local_usize & 0xFFFFFFFF, len(local_name), 0) + local_name + stored
+                          local_usize & 0xFFFFFFFF, len(local_name), len(m.local_extra)) + local_name + m.local_extra \
+            + stored
         header = offsets[m.same_header_as] if m.same_header_as is not None else offset
         centrals.append((m, crc, len(stored), usize, header))
     cd_start = len(out)

@@ -42,7 +42,7 @@ import zlib
 from array import array
 from collections import Counter
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import numpy as np
 import trio
@@ -56,6 +56,8 @@ from ..logonce import log_once
 from .base import ByteSource, IndexCache, ObjectStat, name_problem
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+U = TypeVar("U")
 
 # zipfile's record layouts (the struct formats fit; the reading around them does not, see above).
 EOCD = struct.Struct(zipfile.structEndArchive)
@@ -145,6 +147,9 @@ class ZipIndex:
         self.usize = np.asarray(columns["usize"], dtype=np.uint64)[pick]
         self.method = np.asarray(columns["method"], dtype=np.uint16)[pick]
         self.crc = np.asarray(columns["crc"], dtype=np.uint32)[pick]
+        # The central extra field's length: the local one is usually the same, so the data offset can be
+        # guessed before the local header has been read.
+        self.extra = np.asarray(columns["extra"], dtype=np.uint16)[pick]
         self.isdir = np.fromiter((names[i].endswith(b"/") for i in order), dtype=bool, count=len(order))
         self.data = np.full(len(order), -1, dtype=np.int64)
         # Where the next member's local header (or the central directory) starts:
@@ -185,7 +190,7 @@ class CentralDirectory:
         self.zip64 = False
         self.names: list[bytes] = []
         # Compact columns (8 bytes per value), not an object per entry.
-        self.columns = {k: array("Q") for k in ("header", "csize", "usize", "method", "crc")}
+        self.columns = {k: array("Q") for k in ("header", "csize", "usize", "method", "crc", "extra")}
 
     def skip(self, name: object, reason: str) -> None:
         self.skipped += 1
@@ -285,7 +290,7 @@ class CentralDirectory:
                 return
         self.names.append(encoded)
         for key, value in (("header", header), ("csize", csize), ("usize", usize), ("method", method),
-                           ("crc", crc)):
+                           ("crc", crc), ("extra", len(extra))):
             self.columns[key].append(value)
 
 
@@ -622,12 +627,30 @@ class ZipSource:
         # A small member (or one read whole) comes with its local header in one request: a round trip
         # saved per member of an unsharded store in a remote archive. Extra fields are usually short.
         whole = csize <= WHOLE or (offset == 0 and size == total and csize <= WHOLE_MAX)
-        start, came = await self._data_offset(index, st, i, key, EXTRA_SLACK + csize if whole else 0)
+        guessed: bytes | Exception | None = None
+        guessed_at = -1
+        if int(index.data[i]) < 0 and not whole and method == zipfile.ZIP_STORED and self.remote:
+            # A part of a large member, first time: read the local header and the range at the offset the
+            # central directory suggests at once (one round trip, not two); re-read if the guess was wrong.
+            guessed_at = int(index.header[i]) + LOCAL.size + len(self.root.encode()) + len(index.names[i]) + int(
+                index.extra[i])
+            (start, came), guessed = await _together(
+                lambda: self._data_offset(index, st, i, key),
+                lambda: self._read(guessed_at + offset, size, st.version, idx))
+        else:
+            start, came = await self._data_offset(index, st, i, key, EXTRA_SLACK + csize if whole else 0)
         came = came[:csize] if len(came) >= csize else b""
         if method != zipfile.ZIP_STORED:
             data = await self._decoded_member(index, st, i, start, key, came or None)
             return data[offset:offset + size]
-        data = came[offset:offset + size] if came else await self._read(start + offset, size, st.version, idx)
+        if came:
+            data = came[offset:offset + size]
+        elif guessed_at == start and guessed is not None:
+            if isinstance(guessed, Exception):
+                raise guessed
+            data = guessed
+        else:
+            data = await self._read(start + offset, size, st.version, idx)
         if len(data) != size:
             raise SourceError(f"{self.description}!{key}: archive ends inside the member (truncated)")
         if offset == 0 and size == total and zlib.crc32(data) != int(index.crc[i]):
@@ -684,6 +707,26 @@ class ZipSource:
 
     def stats(self) -> dict[str, object]:
         return {**self.inner.stats(), "zip": dict(self.counters)}
+
+
+async def _together(first: Callable[[], Awaitable[T]], second: Callable[[], Awaitable[U]]
+                    ) -> tuple[T, U | Exception]:
+    """Both at once: `first`'s result (its error raised as is, never wrapped in a group) and `second`'s
+    result or error (the caller decides whether it matters)."""
+    results: list = [None, None]
+
+    async def run(k: int, work: Callable[[], Awaitable[object]]) -> None:
+        try:
+            results[k] = await work()
+        except Exception as e:  # reported to the caller unwrapped; cancellation passes through
+            results[k] = e
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, 0, first)
+        nursery.start_soon(run, 1, second)
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0], results[1]
 
 
 def _find_end(tail: bytes) -> int | None:
