@@ -35,7 +35,9 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint (default: AWS)")
     remote.add_argument("--gcs-endpoint", metavar="URL", help="GCS endpoint (default: storage.googleapis.com)")
     remote.add_argument("--cache-dir", metavar="DIR",
-                        help="keep shard/minishard indexes on disk, so a remount does not fetch them again")
+                        help="keep shard/minishard indexes on disk, so a remount does not fetch them again; "
+                             "they live in DIR/unshardfs-index-cache/ (made and marked by unshardfs, refused if "
+                             "it holds anything else), and no file unshardfs did not write is ever deleted")
     remote.add_argument("--cache-dir-size", type=int, default=1024, metavar="MiB",
                         help="budget of --cache-dir (default %(default)s)")
     fetch = FetchPolicy()

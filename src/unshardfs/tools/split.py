@@ -20,7 +20,7 @@ import trio
 
 from ..logonce import collect_problems
 from ..session import Session
-from .walk import Select, WalkSummary, check, export
+from .walk import Dest, Select, WalkSummary, check, export
 
 # Files held in a shard carry their chunk id (passthrough files only their source key).
 CHUNK_XATTR = "user.unshardfs.chunk_id"
@@ -61,19 +61,21 @@ def selector(part: int, parts: int) -> Select | None:
 
 
 async def _run(job: Part) -> PartResult:
+    out = None if job.dest is None else Dest.open(Path(job.dest))
     session = await Session.open(job.source, job.formats)
     if job.parts > 1:
         session.runtime.shard_filter = shard_filter(job.part, job.parts)
     try:
         with collect_problems() as problems:
             async with session.running():
-                if job.dest is None:
+                if out is None:
                     summary = await check(session.tree, None, selector(job.part, job.parts))
                 else:
-                    summary = await export(session.tree, Path(job.dest), job.write_jobs, None,
-                                           selector(job.part, job.parts))
+                    summary = await export(session.tree, out, job.write_jobs, None, selector(job.part, job.parts))
     finally:
         await session.aclose()
+        if out is not None:
+            out.close()
     return PartResult(list(problems), summary, session.source.counters.reads)
 
 
