@@ -196,5 +196,5 @@ def test_remote_first_read_of_a_large_member_is_one_round_trip(tmp_path: Path) -
         await source.aclose()
 
     with DatasetServer(tmp_path) as server:
-        server.faults.delay = 0.05
+        server.faults.delay = 0.3  # long enough that two requests sent together overlap even on a busy machine
         trio.run(main, server)
