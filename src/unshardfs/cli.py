@@ -13,9 +13,10 @@ from typing import Any, Callable
 from . import __version__
 from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError, DataError, SourceError
-from .fuse_adapter import STATS_XATTR, MountOptions
+from .fuse.engines import ENGINES
+from .fuse.ops import STATS_XATTR, MountOptions
 from .httpserver import Limits
-from .options import add_cache_options, add_source_options, cache_sizes, format_options
+from .options import add_cache_options, add_source_options, format_options, make_caches
 
 EXAMPLES = """\
 examples:
@@ -63,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", help="log file when detached (default: ~/.cache/unshardfs/<mountpoint>.log)")
     m.add_argument("--cache-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="how long the kernel may cache names and attributes (default 3600)")
+    m.add_argument("--fuse-engine", choices=ENGINES, default="kernel",
+                   help="kernel: our own FUSE protocol session (no-open, parallel lookups; default); "
+                        "pyfuse3: libfuse through pyfuse3")
     add_cache_options(m)
     add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -148,6 +152,8 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                             "N local worker processes; export's DEST must be on a file system every worker shares")
     group.add_argument("--parts", type=int, default=0, metavar="N",
                        help="tasks to split the shards into (default: 4 per worker thread)")
+    group.add_argument("--debug", action="store_true",
+                       help="show Dask's own log lines (INFO and up; otherwise warnings, and with -q only errors)")
 
 
 def default_log_file(mountpoint: str) -> str:
@@ -174,10 +180,9 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
             os.close(ready_fd)
             ready_fd = None
 
-    from .caches import Caches
     from .session import Session
 
-    caches = Caches(cache_sizes(args))
+    caches = make_caches(args)
     request = MountRequest(
         mountpoint=args.mountpoint,
         fsname=f"unshardfs:{args.source}",
@@ -185,18 +190,18 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o and o != "rw"],
         debug=args.debug,
         options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
+        engine=args.fuse_engine,
     )
     return serve(request, lambda: Session.open(args.source, format_options(args), caches), ready)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .caches import Caches
     from .httpfront import ServeOptions
     from .serve import ServeRequest, run
     from .session import Session
 
     _logging(args.debug)
-    caches = Caches(cache_sizes(args))
+    caches = make_caches(args)
     limits = Limits(max_connections=args.max_connections, keep_alive_seconds=args.keep_alive,
                     header_seconds=args.header_timeout, send_timeout_seconds=args.send_timeout,
                     buffer_bytes=args.response_buffer << 20)

@@ -25,8 +25,9 @@ from urllib.parse import parse_qs, quote, unquote_to_bytes
 
 from cachetools import TTLCache
 
-from .errors import DataError, StaleError, expected_failure
-from .logonce import log_once
+from . import edge
+from .errors import DataError
+from .formats.registry import json_names
 from .sources.base import name_problem
 from .vtree import DirNode, FileNode, Node
 
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 STATS_PATH = "/_unshardfs/stats"  # reserved: the same JSON as a mount's stats xattr
 PIECE = 1 << 20  # bytes per body message: bounded memory per response however large the file
 PAGE = 10_000  # entries per HTML listing page (million-entry directories stay usable)
-JSON_NAMES = frozenset({"info", "zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "provenance"})
 METHODS = "GET, HEAD, OPTIONS"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 NAME_BYTES = 1024  # a longer path segment names nothing in any source (and reaches none)
@@ -60,7 +60,8 @@ class HttpError(Exception):
 
 
 def content_type(name: str) -> str:
-    if name in JSON_NAMES or name.endswith(".json"):
+    """JSON for the metadata file names the formats declare (`FormatPlugin.json_names`) and *.json."""
+    if name.endswith(".json") or name in json_names():
         return "application/json"
     return "application/octet-stream"
 
@@ -180,15 +181,11 @@ class TreeApp:
                               method == "HEAD")
         except Exception as e:  # noqa: BLE001 - every failure is an answer, never a dead server
             self.counters["errors"] += 1
-            known = expected_failure(e)
-            if known is not None:
-                log_once(log, f"http:{known}", "502 for %s: %s", scope.get("path"), known)
-                status, text = 502, f"the backing data could not be read: {known}"
-            else:
-                log_once(log, f"httpbug:{type(e).__name__}:{e}", "500 for %s", scope.get("path"))
-                log.debug("traceback", exc_info=True)
-                status, text = 500, "internal error"
-            await self._reply(send, status, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
+            failure = edge.classify(e)
+            edge.report(log, failure, scope.get("path", "")[:300], e, answered=str(failure.status))
+            code = failure.status
+            text = "internal error" if failure.bug else f"the backing data could not be read: {failure.message}"
+            await self._reply(send, code, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
         finally:
             if self.options.access_log:
                 origin = headers.get("origin")
@@ -287,13 +284,11 @@ class TreeApp:
         """Exactly `size` bytes (or DataError); a file whose shard was replaced is re-resolved once."""
         if size <= 0:
             return node, b""
-        try:
-            data = await node.read(offset, size)
-        except StaleError as e:
-            fresh = await self._resolve(names) if names else None
-            if not isinstance(fresh, FileNode) or fresh.size != node.size:
-                raise DataError(e.where, f"{e.reason}; its content changed") from e
-            node, data = fresh, await fresh.read(offset, size)
+
+        async def resolve() -> Node | None:
+            return await self._resolve(names) if names else None
+
+        node, data = await edge.read_current(node, offset, size, resolve)
         if len(data) != size:
             raise DataError("/".join(names), f"short read at {offset}: {len(data)} of {size} bytes")
         return node, data
@@ -356,7 +351,7 @@ async def _json_listing(node: DirNode) -> AsyncIterator[bytes]:
     first = True
     yield b"["
     async for name, is_dir, size in _entries(node):
-        item = {"name": name, "type": "directory" if is_dir else "file"}
+        item: dict[str, object] = {"name": name, "type": "directory" if is_dir else "file"}
         if not is_dir:
             item["size"] = size
         pieces.append(("" if first else ",") + json.dumps(item))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from .caches import CacheSizes, MiB
+from .caches import Caches, CacheSizes, MiB
 from .core.fetch import FetchPolicy
 from .core.limits import Limits
-from .formats.registry import add_format_options, given_options
+from .formats.registry import add_format_options, given_options, index_levels
 from .sources import RemoteOptions
 from .sources.http import HttpOptions
 
@@ -60,19 +60,21 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
 def add_cache_options(parser: argparse.ArgumentParser) -> None:
     """The daemon's cache budgets (mount and serve)."""
     sizes = CacheSizes()
-    parser.add_argument("--shard-index-cache", type=int, default=sizes.shard_index_bytes // MiB, metavar="MiB",
-                        help="shard index cache (default %(default)s)")
-    parser.add_argument("--minishard-index-cache", type=int, default=sizes.minishard_index_bytes // MiB,
-                        metavar="MiB", help="decoded minishard index cache (default %(default)s)")
+    for level in index_levels():  # as the formats declare them
+        parser.add_argument(level.option, dest=level.dest, type=int, default=level.default // MiB, metavar="MiB",
+                            help=f"{level.help} (default %(default)s)")
     parser.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
                         help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
                              "compressed payloads fetched at lookup)")
 
 
-def cache_sizes(args: argparse.Namespace) -> CacheSizes:
+def make_caches(args: argparse.Namespace) -> Caches:
+    """The caches the command line asks for: one per declared index level, chunks, payloads."""
     chunk = args.chunk_cache * MiB
-    return CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, chunk,
-                      encoded_chunk_bytes=chunk // 8)
+    levels = index_levels()
+    sizes = CacheSizes({level.name: getattr(args, level.dest) * MiB for level in levels}, chunk,
+                       encoded_chunk_bytes=chunk // 8)
+    return Caches(sizes, levels)
 
 
 def format_options(args: argparse.Namespace) -> dict:

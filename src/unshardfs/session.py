@@ -17,7 +17,7 @@ from .caches import Caches
 from .core.fetch import FetchPolicy
 from .core.limits import Limits
 from .core.runtime import Runtime
-from .formats.registry import Dataset, open_dataset
+from .formats.registry import Dataset, index_levels, open_dataset
 from .sources import CountingSource, RemoteOptions, open_source
 from .sources.pipeline import open_spec, parse_source
 from .sources.zip import ZipSource, ZipSummary
@@ -45,7 +45,7 @@ class Session:
         spec = parse_source(url)
         remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or Limits()
         source = CountingSource(await open_spec(spec, lambda base: open_source(base, remote), limits))
-        runtime = Runtime(source, caches or Caches(), limits, options.get("policy") or FetchPolicy())
+        runtime = Runtime(source, caches or Caches(levels=index_levels()), limits, options.get("policy") or FetchPolicy())
         try:
             dataset = await open_dataset(runtime, spec.format, options.get("formats") or {})
         except BaseException:

@@ -22,9 +22,9 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.support.mounts import run_cli
+from unshardfs.testing.mounts import run_cli
 from tests.support.served import served
-from tests.support.trees import assert_same_tree, walk_files
+from unshardfs.testing.trees import assert_same_tree, walk_files
 from unshardfs.testing.zips import unzip, zip_tree
 
 pytest.importorskip("ngff_zarr")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mounts import run_cli
+from unshardfs.testing.mounts import run_cli
 from tests.support.swapping import checksums
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.local import LocalSource

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import trio
 
-from tests.support.mounts import daemon_pids
+from unshardfs.testing.mounts import daemon_pids
 from tests.support.served import served
 from tests.support.swapping import OUTSIDE_MARK, Swapper, outside_twin
 from unshardfs.errors import SourceError

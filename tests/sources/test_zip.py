@@ -14,7 +14,7 @@ import trio
 
 from tests.sources.test_conformance import FAST, moto  # noqa: F401  (module-scoped S3 emulator)
 from tests.support.s3 import CREDENTIALS  # noqa: F401
-from tests.support.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
+from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
 from unshardfs.sources import CountingSource, LocalSource
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.http import HttpSource

@@ -299,7 +299,7 @@ def test_hostile_zip_through_a_mount(tmp_path, mount):
 
 def assert_same_tree_of(mounted: Path, plain: Path) -> int:
     """The volume's files (not extra/) equal the unsharded twin's."""
-    from tests.support.trees import assert_same_file, walk_files
+    from unshardfs.testing.trees import assert_same_file, walk_files
 
     want = walk_files(plain)
     for rel, path in want.items():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mounts import UNSHARDFS, run_cli
+from unshardfs.testing.mounts import UNSHARDFS, run_cli
 from tests.support.swapping import OUTSIDE_MARK, Swapper, checksums, outside_twin
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 

@@ -8,6 +8,7 @@ few callers that parse metadata while serving turn them into `DataError`.
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 from typing import Any, Iterator
@@ -43,9 +44,9 @@ def _is_int(value: object) -> bool:
 
 
 def as_int(value: object, where: str, lo: int = -INT_LIMIT, hi: int = INT_LIMIT) -> int:
-    if not _is_int(value) or not lo <= value <= hi:  # type: ignore[operator]
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:  # JSON true is no number
         raise MetadataError(where, f"must be an integer in [{lo}, {hi}], got {_short(value)}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def as_ints(value: object, where: str, length: int | None = None, lo: int = -INT_LIMIT,
@@ -78,7 +79,7 @@ class Fields:
     def __init__(self, raw: object, where: str) -> None:
         if not isinstance(raw, dict):
             raise MetadataError(where, f"must be a JSON object, got {type(raw).__name__}")
-        self.raw: dict = raw
+        self.raw: dict[str, Any] = raw
         self.where = where
 
     def at(self, name: str) -> str:
@@ -101,26 +102,28 @@ class Fields:
         value = self._value(name, default)
         return value if value is default and default is not _MISSING else as_int(value, self.at(name), lo, hi)
 
-    def ints(self, name: str, length: int | None = None, lo: int = -INT_LIMIT, hi: int = INT_LIMIT,
-             default: Any = _MISSING) -> tuple[int, ...]:
+    def ints(self, name: str, length: builtins.int | None = None, lo: builtins.int = -INT_LIMIT,
+             hi: builtins.int = INT_LIMIT, default: Any = _MISSING) -> tuple[builtins.int, ...]:
         value = self._value(name, default)
         return as_ints(value, self.at(name), length, lo, hi)
 
-    def str(self, name: str, choices: tuple[str, ...] | None = None, default: Any = _MISSING) -> str:
+    def str(self, name: builtins.str, choices: tuple[builtins.str, ...] | None = None,
+            default: Any = _MISSING) -> builtins.str:
         value = self._value(name, default)
         return as_str(value, self.at(name), choices)
 
-    def obj(self, name: str, default: Any = _MISSING) -> "Fields":
+    def obj(self, name: builtins.str, default: Any = _MISSING) -> "Fields":
         return Fields(self._value(name, default), self.at(name))
 
-    def list(self, name: str, default: Any = _MISSING, max_length: int = 1 << 20) -> list:
+    def list(self, name: builtins.str, default: Any = _MISSING, max_length: builtins.int = 1 << 20
+             ) -> builtins.list[Any]:
         value = self._value(name, default)
         if not isinstance(value, list) or len(value) > max_length:
             raise MetadataError(self.at(name), f"must be a list (of at most {max_length:,} items), got "
                                 f"{_short(value)}")
         return value
 
-    def objects(self, name: str, default: Any = _MISSING) -> Iterator["Fields"]:
+    def objects(self, name: builtins.str, default: Any = _MISSING) -> Iterator["Fields"]:
         """Each item of a list member, as `Fields` (every item must be an object)."""
         for i, item in enumerate(self.list(name, default)):
             yield Fields(item, f"{self.at(name)}[{i}]")

@@ -25,28 +25,42 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
 import numpy as np
 
 from ..errors import DataError
-from .blob import Blob
-from .fetch import Extent
-from .table import ChunkTable
+from .blob import Blob, Ident
+from .fetch import Extent, Fetcher
+from .policy import POLICY
+from .table import ChunkTable, int_list
 
-if TYPE_CHECKING:
-    from .chunks import ChunkContext, ChunkFile
-
-MAX_STREAMS = 16
-FIRST_WINDOW = 8
-MAX_WINDOW = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
-SLACK = 8  # a read may skip this many predicted chunks and still continue a confirmed stream
-CONFIRM = 2  # matches before a guess starts prefetching
-# Listed entries remembered (listing order; key order over sparse keys; the chunks in a
-# prefetch's gaps): about 50 bytes each at most.
-LISTED_KEYS_MAX = 1 << 20
+MAX_STREAMS = POLICY.max_streams
+FIRST_WINDOW = POLICY.first_window
+MAX_WINDOW = POLICY.max_window
+SLACK = POLICY.slack
+CONFIRM = POLICY.confirm
+LISTED_KEYS_MAX = POLICY.listed_keys_max
+WHOLE_READ_MAX = POLICY.whole_read_max
 
 Picked = tuple[int, Extent, ChunkTable]  # a stream position, its chunk's extent, and the chunk's table
+
+
+class ScanTarget(Protocol):
+    """What read-ahead needs of a directory of chunk files (a `ChunkContext` is one)."""
+
+    @property
+    def fetcher(self) -> Fetcher: ...
+
+    @property
+    def dense(self) -> bool:
+        """Whether keys fill a range (the key after k is k+1)."""
+
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        """The table holding chunk `key` and its position (None: absent; DataError: damaged)."""
+
+    def has_payload(self, ext: Extent) -> bool:
+        """Whether the payload at `ext` is already kept for its reader."""
 
 
 @dataclass(eq=False)
@@ -81,14 +95,15 @@ class Listings:
     def __init__(self) -> None:
         self.batches: list[np.ndarray] = []
         self.count = 0
-        self._seen: set[tuple] = set()
+        self._seen: set[tuple[Ident, int, int]] = set()
         self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its keys (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
-        self._tables: dict[tuple, list] = {}  # blob ident -> its listed tables
-        self._spans: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # ... as sorted (starts, lengths)
+        self._tables: dict[Ident, list[ChunkTable]] = {}  # blob ident -> its listed tables
+        # ... as (starts, lengths, keys) sorted by start
+        self._spans: dict[Ident, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def add(self, table) -> None:
+    def add(self, table: ChunkTable) -> None:
         mark = (table.blob.ident, int(table.keys[0]), len(table))
         if mark in self._seen or self.count >= LISTED_KEYS_MAX:
             return
@@ -99,8 +114,8 @@ class Listings:
         self._tables.setdefault(table.blob.ident, []).append(table)
         self._spans.pop(table.blob.ident, None)
 
-    def within(self, blob: Blob, start: int, end: int) -> list[Extent]:
-        """Listed chunk extents of `blob` lying inside [start, end)."""
+    def within(self, blob: Blob, start: int, end: int, after: int | None = None) -> list[Extent]:
+        """Listed chunk extents of `blob` lying inside [start, end) (of keys above `after`, if given)."""
         spans = self._spans.get(blob.ident)
         if spans is None:
             tables = self._tables.get(blob.ident)
@@ -108,11 +123,16 @@ class Listings:
                 return []
             starts = np.concatenate([t.starts for t in tables])
             order = np.argsort(starts, kind="stable")
-            spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order])
-        starts, lengths = spans
+            spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order],
+                                               np.concatenate([t.keys for t in tables])[order])
+        starts, lengths, keys = spans
         lo, hi = np.searchsorted(starts, [np.uint64(start), np.uint64(end)])
-        return [Extent(blob, s, n) for s, n in zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist())
-                if s + n <= end]
+        if after is not None:
+            ahead = keys[lo:hi] > np.uint64(after)
+            pairs = zip(starts[lo:hi][ahead].tolist(), lengths[lo:hi][ahead].tolist())
+        else:
+            pairs = zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist())
+        return [Extent(blob, s, n) for s, n in pairs if s + n <= end]
 
     def after(self, key: int, n: int) -> list[int] | None:
         """Up to `n` keys listed after `key`; None if `key` was not listed."""
@@ -121,11 +141,11 @@ class Listings:
             i = self._position(b, key)
             if i is not None:
                 self._last = b
-                out = self.batches[b][i + 1:i + 1 + n].tolist()
+                out = int_list(self.batches[b][i + 1:i + 1 + n])
                 for later in self.batches[b + 1:]:
                     if len(out) >= n:
                         break
-                    out += later[:n - len(out)].tolist()
+                    out += int_list(later[:n - len(out)])
                 return out
         return None
 
@@ -147,24 +167,24 @@ class Listings:
 
 @dataclass(eq=False)
 class ScanScope:
-    ctx: "ChunkContext"
+    ctx: ScanTarget
     streams: list[_Stream] = field(default_factory=list)
-    pending: deque = field(default_factory=lambda: deque(maxlen=4096))
+    pending: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     working: bool = False
     listings: Listings = field(default_factory=Listings)
 
     # -- fed by the chunk files and listings --------------------------------------------
 
-    def note(self, f: "ChunkFile") -> None:
-        """A chunk file is being read from its start (cheap: the work happens in the background)."""
+    def note(self, key: int) -> None:
+        """Chunk `key`'s file is being read from its start (cheap: the work happens in the background)."""
         fetcher = self.ctx.fetcher
         if not fetcher.can_prefetch:
             return
-        self.pending.append(f.key)
+        self.pending.append(key)
         if not self.working:
             self.working = fetcher.spawn(self._work)
 
-    def listed(self, table) -> None:
+    def listed(self, table: ChunkTable) -> None:
         """Keys of a listing batch, in listing order."""
         if len(table):
             self.listings.add(table)
@@ -206,14 +226,19 @@ class ScanScope:
             stream.cursor = 0
         start = max(stream.frontier, stream.cursor)
         picked, stop = await self._window(stream, start, stream.cursor + stream.window)
-        tables: dict[tuple, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
+        tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
 
-        def fill(blob: Blob, start: int, end: int) -> list[Extent]:
-            return self._fill(blob, start, end, tables.get(blob.ident, {}).values())
+        # A scan in key order over hashed shards wants chunks scattered over each shard: the
+        # chunks between them come later in the same scan (those above the key just read), so a
+        # request may span them (fewer, larger requests) and keep them rather than read them again.
+        after = stream.upcoming[stream.cursor - 1] if stream.order == "key" and stream.cursor else None
 
-        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill)
+        def fill(blob: Blob, start: int, end: int) -> list[Extent]:
+            return self._fill(blob, start, end, tables.get(blob.ident, {}).values(), after)
+
+        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill, wide=after is not None)
         # The frontier passes only what the fetcher took (its budget may stop it
         # early): the rest is asked for again at the next extension.
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
@@ -248,7 +273,7 @@ class ScanScope:
     async def _extent(self, key: int) -> tuple[Extent, ChunkTable] | None:
         """The chunk's extent and the table it is in, if it is worth prefetching."""
         try:
-            found = await self.ctx.store.locate(key)
+            found = await self.ctx.locate(key)
         except DataError:
             return None
         if found is None:
@@ -259,18 +284,20 @@ class ScanScope:
 
     def _wanted(self, ext: Extent) -> bool:
         """Whether prefetching the chunk's payload could save its reader a request."""
-        from .chunks import WHOLE_READ_MAX
+        return ext.length <= WHOLE_READ_MAX and not self.ctx.has_payload(ext)
 
-        return ext.length <= WHOLE_READ_MAX and ext.key not in self.ctx.caches.encoded_chunk
-
-    def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable]) -> list[Extent]:
+    def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable],
+              after: int | None = None) -> list[Extent]:
         """The chunks a prefetch of [start, end) of `blob` reads anyway, known from the listing
         and from `tables` (a scan in key order wants them later: keep them rather than read them
-        again)."""
-        found = {ext.key: ext for ext in self.listings.within(blob, start, end)}
+        again); with `after`, only those of keys above it (the scan has read the others)."""
+        found = {ext.key: ext for ext in self.listings.within(blob, start, end, after)}
         for table in tables:
             ends = table.starts + table.lengths
-            for i in np.nonzero((table.starts >= np.uint64(start)) & (ends <= np.uint64(end)))[0].tolist():
+            inside = (table.starts >= np.uint64(start)) & (ends <= np.uint64(end))
+            if after is not None:
+                inside &= table.keys > np.uint64(after)
+            for i in np.nonzero(inside)[0].tolist():
                 ext = Extent(blob, int(table.starts[i]), int(table.lengths[i]))
                 found.setdefault(ext.key, ext)
         return [ext for ext in found.values() if self._wanted(ext)]
@@ -278,21 +305,21 @@ class ScanScope:
     async def _successors(self, order: str, key: int, n: int) -> list[int]:
         """Up to `n` keys expected after `key` in a scan of the given order."""
         if order == "key":
-            if self.ctx.naming.dense:
+            if self.ctx.dense:
                 return list(range(key + 1, key + 1 + n))
             listed = self.listings.sorted_keys()
             if listed is None:
                 return []
             i = int(np.searchsorted(listed, np.uint64(key), side="right"))
-            return listed[i:i + n].tolist()
+            return int_list(listed[i:i + n])
         listed_after = self.listings.after(key, n)
         if listed_after is not None:
             return listed_after
         try:  # not listed: the entries after it in its index table
-            found = await self.ctx.store.locate(key)
+            found = await self.ctx.locate(key)
         except DataError:
             return []
         if found is None:
             return []
         table, i = found
-        return table.keys[i + 1:i + 1 + n].tolist()
+        return int_list(table.keys[i + 1:i + 1 + n])

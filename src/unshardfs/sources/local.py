@@ -6,7 +6,7 @@ import errno
 import logging
 import os
 import stat as statmod
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from cachetools import LRUCache
 
@@ -25,7 +25,7 @@ class _FdCache(LRUCache):
     open+pread+close, which matters when thousands of small chunks are read.
     """
 
-    def popitem(self):  # type: ignore[override]
+    def popitem(self) -> tuple[Any, tuple[int, Any]]:
         key, (fd, _ident) = super().popitem()
         os.close(fd)
         return key, (fd, _ident)
@@ -160,9 +160,9 @@ class LocalSource:
             return data
         except OSError as e:
             self._drop_fd(key)
-            raise SourceError(f"read {self.path(key)}: {e.strerror or errno.errorcode.get(e.errno)}") from e
+            raise SourceError(f"read {self.path(key)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         path = self.path(key)
         try:
             fd = self._beneath.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)

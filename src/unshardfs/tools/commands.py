@@ -56,7 +56,7 @@ async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
     try:
         with collect_problems() as problems, _bar(args, "file") as bar:
             async with session.running():
-                if dest is None:
+                if out is None:  # no DEST: a check
                     summary = await check(session.tree, _progress(bar))
                 else:
                     summary = await export(session.tree, out, args.jobs, _progress(bar))
@@ -74,9 +74,9 @@ def _jobs(args: argparse.Namespace, parts: int, dest: Path | None) -> list[Part]
 
 def _on_cluster(args: argparse.Namespace, dest: Path | None) -> list[PartResult]:
     """The parts on a Dask cluster; progress by completed part."""
-    from .cluster import check_dest_visible, connect, default_parts, run_parts
+    from .cluster import check_dest_visible, connect, dask_log_level, default_parts, run_parts
 
-    client = connect(args.scheduler)
+    client = connect(args.scheduler, dask_log_level(args.debug, args.quiet))
     try:
         if dest is not None:
             check_dest_visible(client, dest)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable
+from typing import Callable
 
 import trio
 
@@ -47,9 +47,10 @@ def _bucket(text: str, parts: int) -> int:
     return zlib.crc32(text.encode()) % parts
 
 
-def shard_filter(part: int, parts: int) -> Callable[[str, Hashable], bool]:
-    """Listings of this part show only the shards that hash to it (so only their indexes are read)."""
-    return lambda label, shard: _bucket(f"{label}\0{shard!r}", parts) == part
+def shard_filter(part: int, parts: int) -> Callable[[str, str], bool]:
+    """Listings of this part show only the shards that hash to it (so only their indexes are read);
+    shards are named by their store's token, the same in every process."""
+    return lambda label, token: _bucket(f"{label}\0{token}", parts) == part
 
 
 def selector(part: int, parts: int) -> Select | None:

@@ -16,7 +16,7 @@ import copy
 import logging
 
 import math
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 from ...core.chunks import ChunkContext
 from ...core.codecs import Crc32cSuffix, Stored
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 VIEWS = ("zarr3", "zarr2")
 
 
-def _children(entries: dict | None) -> tuple[str, ...]:
+def _children(entries: dict[str, Any] | None) -> tuple[str, ...]:
     """Direct children named by consolidated metadata (paths are relative to the group);
     names that cannot be a path segment (`..`, NUL, ...) are logged and left out."""
     names = set()
@@ -106,9 +106,10 @@ class ZarrHierarchy:
             raw, meta_st = loaded
             if st is None:
                 st = ObjectStat(0, meta_st.mtime_ns, True)
+            fields = cast(dict[str, Any], raw)  # node_type checked it is an object
             if node_type(raw, meta_key) == "group":
-                return self._group(key, st, raw, meta_st)  # type: ignore[arg-type]
-            return self._array(key, st, raw, meta_st)  # type: ignore[arg-type]
+                return self._group(key, st, fields, meta_st)
+            return self._array(key, st, fields, meta_st)
         except ConfigError as e:
             if strict:
                 raise
@@ -118,7 +119,7 @@ class ZarrHierarchy:
 
     # -- arrays ---------------------------------------------------------------
 
-    def _array(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node | Verdict:
+    def _array(self, key: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node | Verdict:
         where = join_key(key, "zarr.json")
         meta = ArrayMeta.from_json(raw, where)
         try:
@@ -138,7 +139,8 @@ class ZarrHierarchy:
             chunks = ChunkContext(store, FlatNaming(store, layout), Stored(), geometry)
             self._inventory(key, store, chunks)
             view = ChunkView(chunks, layout, f"zarr3:{key}", st.mtime_ns)
-            fixed = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs), meta_st.mtime_ns)}
+            fixed: dict[str, Node] = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs),
+                                                              meta_st.mtime_ns)}
             return ArrayDir(self.source, key, st, fixed, view)
         separator = "/" if parent_key(key) in self.ome_groups else meta.key_encoding.separator
         zarray, zattrs, checksum = array_v2(meta, flat, separator, where)
@@ -178,7 +180,7 @@ class ZarrHierarchy:
 
     # -- groups ---------------------------------------------------------------
 
-    def _group(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node:
+    def _group(self, key: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node:
         consolidated = raw.get("consolidated_metadata")
         entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
         if not isinstance(entries, dict):
@@ -213,7 +215,7 @@ class ZarrHierarchy:
             return node  # logged when the array itself is looked up
         return meta.rewritten(flat.chunk_shape, flat.codecs) if flat.levels else node
 
-    def _zmetadata(self, key: str, raw: dict, entries: dict) -> dict:
+    def _zmetadata(self, key: str, raw: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, object] = {".zgroup": {"zarr_format": 2}}
         attrs = attrs_v2(raw)
         if attrs:
