@@ -29,6 +29,7 @@ examples:
   unshardfs mount --view zarr2 /data/em.zarr /mnt/em2   # the same as Zarr v2, for v2-only readers
   unshardfs mount --info spec.json /data/dvid-export /mnt/seg  # DVID export-shards as precomputed
   unshardfs mount precomputed://gs://bucket/seg /mnt/seg    # straight from object storage (also s3://, https://)
+  unshardfs mount 'gs://bucket/img.ozx|zip:|zarr3:' /mnt/img  # inside a zip, as Neuroglancer names it (also a.zip)
   unshardfs unmount /mnt/fafb
   unshardfs serve /data/fafb-seg --port 8080      # the same tree over HTTP (CORS on), no FUSE needed
   unshardfs stats http://127.0.0.1:8080            # a server's live statistics
@@ -52,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mount", help="mount SOURCE on MOUNTPOINT", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("source", metavar="SOURCE",
-                   help="dataset directory or file:// URL, optionally prefixed precomputed://, zarr3:// or zarr://")
+                   help="dataset directory or file://, http(s)://, gs://, s3:// URL, optionally prefixed precomputed://, "
+                        "zarr3:// or zarr://; a zip archive as BASE|zip:[PATH]|FORMAT: (FORMAT: "
+                        "neuroglancer-precomputed, zarr3, zarr2, zarr) or a path ending in .ozx/.zip")
     m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached; log to stderr")
     m.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="OPT[,OPT...]",

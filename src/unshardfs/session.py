@@ -17,8 +17,10 @@ from .caches import Caches
 from .core.fetch import FetchPolicy
 from .core.limits import Limits
 from .core.runtime import Runtime
-from .formats.registry import Dataset, index_levels, open_dataset, split_format
+from .formats.registry import Dataset, index_levels, open_dataset
 from .sources import CountingSource, RemoteOptions, open_source
+from .sources.pipeline import open_spec, parse_source
+from .sources.zip import ZipSource, ZipSummary
 from .vtree import DirNode
 
 
@@ -40,12 +42,12 @@ class Session:
     async def open(cls, url: str, options: dict | None = None, caches: Caches | None = None) -> "Session":
         """Open `url` with the options `options.format_options` made from a command line."""
         options = options or {}
-        named, rest = split_format(url)
-        source = CountingSource(open_source(rest, options.get("remote") or RemoteOptions()))
-        runtime = Runtime(source, caches or Caches(levels=index_levels()), options.get("limits") or Limits(),
-                          options.get("policy") or FetchPolicy())
+        spec = parse_source(url)
+        remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or Limits()
+        source = CountingSource(await open_spec(spec, lambda base: open_source(base, remote), limits))
+        runtime = Runtime(source, caches or Caches(levels=index_levels()), limits, options.get("policy") or FetchPolicy())
         try:
-            dataset = await open_dataset(runtime, named, options.get("formats") or {})
+            dataset = await open_dataset(runtime, spec.format, options.get("formats") or {})
         except BaseException:
             await source.aclose()
             raise
@@ -61,6 +63,12 @@ class Session:
             finally:
                 self.runtime.fetcher.attach(None)
                 nursery.cancel_scope.cancel()
+
+    @property
+    def archive(self) -> "ZipSummary | None":
+        """What the zip archive the source is read through holds (None when there is none)."""
+        inner = self.source.inner
+        return inner.summary if isinstance(inner, ZipSource) else None
 
     def stats(self) -> dict:
         """Backing-source sections (reads, HTTP, disk cache), the read path and the caches."""

@@ -8,6 +8,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import resource
 import select
 import socket
 import time
@@ -101,8 +102,8 @@ class Attack:
         parts = urlsplit(url)
         self.stop = context.Event()
         self.results = context.Queue()
-        self.process = context.Process(target=target, args=(parts.hostname, parts.port, self.stop, self.results, *args),
-                                       daemon=True)
+        self.process = context.Process(target=_attacker, args=(target, parts.hostname, parts.port, self.stop,
+                                                               self.results, *args), daemon=True)
 
     def __enter__(self) -> Attack:
         self.process.start()
@@ -134,6 +135,21 @@ def measure(site, url: str, pid: int, attack_target, *args, rss_growth: int) -> 
 # -- the attackers (each in its own process) -------------------------------------------
 
 
+def _attacker(target, host, port, stop, results, *args) -> None:
+    """Run one attack in this forked process; an attacker that fails says why instead of reporting nothing.
+
+    The process is forked from pytest, which may hold many descriptors late in a full run: the
+    attacker takes the hard limit so its hundreds of sockets fit.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        target(host, port, stop, results, *args)
+    except BaseException as e:  # noqa: BLE001 - reported to the test, which fails with it
+        results.put({"error": repr(e)})
+        raise
+
+
 def _connect(host: str, port: int, rcvbuf: int | None = None) -> socket.socket | None:
     s = socket.socket()
     if rcvbuf:
@@ -152,7 +168,12 @@ def _closed_by_server(sockets: list[socket.socket]) -> list[socket.socket]:
     """The sockets the server has answered or closed (readable); each is drained and closed."""
     if not sockets:
         return []
-    readable, _, _ = select.select(sockets, [], [], 0)
+    # poll, not select: select refuses descriptors past FD_SETSIZE (1024), which a full test run reaches.
+    poller = select.poll()
+    for s in sockets:
+        poller.register(s, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(0)}
+    readable = [s for s in sockets if s.fileno() in ready]
     for s in readable:
         try:
             s.recv(1 << 16)

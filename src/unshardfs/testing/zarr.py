@@ -23,6 +23,9 @@ import os
 # repository root); UNSHARDFS_ZARR2_PYTHON points elsewhere.
 ZARR2_PYTHON = Path(os.environ.get("UNSHARDFS_ZARR2_PYTHON")
                     or Path(__file__).resolve().parents[3] / ".venv-zarr2" / "bin" / "python")
+# Debian's packaged zarr 2.13 with numcodecs 0.11 (apt-get install python3-zarr; scripts/setup does), run by
+# the system Python: the oldest v2 reader people have, which knows fewer codec parameters.
+DEBIAN_ZARR_PYTHON = Path(os.environ.get("UNSHARDFS_DEBIAN_ZARR_PYTHON") or "/usr/bin/python3")
 
 
 def codec(name: str, **config) -> dict:
@@ -146,8 +149,8 @@ def consolidate(path: Path) -> None:
         zarr.consolidate_metadata(str(path))
 
 
-def read_with_zarr2(path: Path, out: Path, consolidated: bool = False) -> np.ndarray:
-    """Read an array (or `group:array`) through zarr-python 2 in its own venv."""
+def read_with_zarr2(path: Path, out: Path, consolidated: bool = False, python: Path | None = None) -> np.ndarray:
+    """Read an array (or `group:array`) through zarr-python 2 in its own venv (or `python`'s)."""
     script = (
         "import sys, zarr, numpy as np\n"
         "path, out, cons = sys.argv[1], sys.argv[2], sys.argv[3] == '1'\n"
@@ -160,11 +163,11 @@ def read_with_zarr2(path: Path, out: Path, consolidated: bool = False) -> np.nda
         "assert zarr.__version__.startswith('2.'), zarr.__version__\n"
         "np.save(out, a[...])\n"
     )
-    result = subprocess.run([str(ZARR2_PYTHON), "-c", script, str(path), str(out), "1" if consolidated else "0"],
+    result = subprocess.run([str(python or ZARR2_PYTHON), "-c", script, str(path), str(out), "1" if consolidated else "0"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return np.load(out)
 
 
-__all__ = ["BYTES_BE", "BYTES_LE", "CRC", "ZARR2_PYTHON", "ZCase", "codec", "consolidate", "read_with_zarr2",
+__all__ = ["BYTES_BE", "BYTES_LE", "CRC", "DEBIAN_ZARR_PYTHON", "ZARR2_PYTHON", "ZCase", "codec", "consolidate", "read_with_zarr2",
            "sharding", "write_case", "write_group"]

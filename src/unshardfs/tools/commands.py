@@ -43,7 +43,9 @@ async def _inspect(args: argparse.Namespace) -> int:
             bar.set_description(part.key or ".")
             reports.append(await part.report(bar.update))
     await session.aclose()
-    print(json.dumps(reports, indent=2) if args.json else format_report(reports, args.source))
+    archive = session.archive
+    print(json.dumps(reports, indent=2) if args.json else
+          format_report(reports, args.source, archive.lines() if archive else None))
     return 0
 
 

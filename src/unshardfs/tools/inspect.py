@@ -7,8 +7,9 @@ and chunk indexes only, no payload is read.
 from __future__ import annotations
 
 
-def format_report(reports: list[dict], source: str) -> str:
-    lines = [f"{source}: {len(reports)} sharded director{'y' if len(reports) == 1 else 'ies'}"]
+def format_report(reports: list[dict], source: str, archive: list[str] | None = None) -> str:
+    """`archive`: lines about the zip archive the source is read through, if any."""
+    lines = [f"{source}: {len(reports)} sharded director{'y' if len(reports) == 1 else 'ies'}", *(archive or [])]
     for r in reports:
         lines.append("")
         lines.append(f"{r['key']}/  ({r['kind']}{', ' + r['encoding'] if r.get('encoding') else ''})")

@@ -7,10 +7,28 @@ from typing import Any
 import argparse
 
 from ...core.runtime import Runtime
+from ...errors import ConfigError
 from ...sources.base import ByteSource
 from ..registry import Dataset, FormatPlugin
 
 VIEWS = ("zarr3", "zarr2")
+# A Zarr v2 store (a zarr-python 2 ZipStore, `x.zip|zip:|zarr2:`) has no sharding: it is shown as stored.
+V2_MARKERS = (".zgroup", ".zarray")
+
+
+async def _v2_store(runtime: Runtime) -> Dataset:
+    """A Zarr v2 store, shown as stored (its files unchanged): what v2 readers of a zipped store need."""
+    from ...passthrough import PassthroughDir
+
+    st = await runtime.source.stat("")
+    if st is None or not st.is_dir:
+        raise ConfigError(f"{runtime.source.description}: not a directory")
+
+    async def nothing_sharded():
+        return
+        yield
+
+    return Dataset(PassthroughDir(runtime.source, "", st), nothing_sharded)
 
 
 class ZarrFormat(FormatPlugin):
@@ -29,12 +47,17 @@ class ZarrFormat(FormatPlugin):
         return {"view": args.view} if getattr(args, "view", None) else {}
 
     async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
-        st = await source.stat("zarr.json")
-        return st is not None and not st.is_dir
+        for marker in ("zarr.json", *V2_MARKERS):
+            st = await source.stat(marker)
+            if st is not None and not st.is_dir:
+                return True
+        return False
 
     async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
         from .hierarchy import ZarrHierarchy
 
+        if await runtime.source.stat("zarr.json") is None:
+            return await _v2_store(runtime)
         hierarchy = ZarrHierarchy(runtime, options.get("view") or "zarr3")
         return Dataset(await hierarchy.build(), hierarchy.inventory)
 

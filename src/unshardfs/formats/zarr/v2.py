@@ -71,7 +71,10 @@ def _compressor(codec: object, where: str) -> dict[str, Any]:
     if name == "gzip":
         return {"id": "gzip", "level": config.get("level", 5)}
     if name == "zstd":
-        return {"id": "zstd", "level": config.get("level", 0), "checksum": bool(config.get("checksum", False))}
+        # numcodecs < 0.13 (Debian's python3-numcodecs 0.11) refuses a `checksum` key it does not know; a
+        # read-only view needs it only when true (the frames say whether they carry a checksum).
+        zstd = {"id": "zstd", "level": config.get("level", 0)}
+        return {**zstd, "checksum": True} if config.get("checksum", False) else zstd
     if name == "blosc":
         shuffle = config.get("shuffle", "noshuffle")
         if not isinstance(shuffle, str) or shuffle not in BLOSC_SHUFFLE:
