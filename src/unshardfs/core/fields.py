@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator
+import re
+from typing import Any, Callable, Iterator, TypeVar
 
-from ..errors import ConfigError
+import numpy as np
+import trio
+from trio.lowlevel import RunVar
 
-# A metadata file larger than this is not metadata (an `info` of a large
-# dataset is a few KiB; consolidated Zarr metadata of thousands of arrays a
-# few MiB).
-MAX_METADATA_BYTES = 64 << 20
+from ..errors import ConfigError, Located, quote
+from .limits import METADATA_DEPTH, METADATA_NUMBER, METADATA_STRING, Limits, MiB
+
+DEFAULT_LIMITS = Limits()
 # Integers in metadata become grid sizes and byte offsets: beyond 2**63 they
 # overflow numpy's int64 and the format's own arithmetic.
 INT_LIMIT = (1 << 63) - 1
@@ -28,13 +31,9 @@ VOXEL_LIMIT = 1 << 61
 _MISSING: Any = object()
 
 
-class MetadataError(ConfigError):
-    """A metadata member is missing or has the wrong type or range."""
-
-    def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"{where}: {reason}")
-        self.where = where
-        self.reason = reason
+class MetadataError(Located, ConfigError):
+    """A metadata member is missing or has the wrong type or range (or the document is beyond
+    the metadata limits)."""
 
 
 def _is_int(value: object) -> bool:
@@ -44,7 +43,7 @@ def _is_int(value: object) -> bool:
 
 def as_int(value: object, where: str, lo: int = -INT_LIMIT, hi: int = INT_LIMIT) -> int:
     if not _is_int(value) or not lo <= value <= hi:  # type: ignore[operator]
-        raise MetadataError(where, f"must be an integer in [{lo}, {hi}], got {_short(value)}")
+        raise MetadataError(where, f"must be an integer in [{lo}, {hi}], got {quote(value)}")
     return value  # type: ignore[return-value]
 
 
@@ -54,20 +53,15 @@ def as_ints(value: object, where: str, length: int | None = None, lo: int = -INT
     if (not isinstance(value, list) or (length is not None and len(value) != length)
             or len(value) > max_length or not all(_is_int(v) and lo <= v <= hi for v in value)):
         count = f"{length} " if length is not None else ""
-        raise MetadataError(where, f"must be a list of {count}integers in [{lo}, {hi}], got {_short(value)}")
+        raise MetadataError(where, f"must be a list of {count}integers in [{lo}, {hi}], got {quote(value)}")
     return tuple(value)
 
 
 def as_str(value: object, where: str, choices: tuple[str, ...] | None = None) -> str:
     if not isinstance(value, str) or (choices is not None and value not in choices):
         wanted = f"one of {list(choices)}" if choices is not None else "a string"
-        raise MetadataError(where, f"must be {wanted}, got {_short(value)}")
+        raise MetadataError(where, f"must be {wanted}, got {quote(value)}")
     return value
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class Fields:
@@ -117,13 +111,38 @@ class Fields:
         value = self._value(name, default)
         if not isinstance(value, list) or len(value) > max_length:
             raise MetadataError(self.at(name), f"must be a list (of at most {max_length:,} items), got "
-                                f"{_short(value)}")
+                                f"{quote(value)}")
         return value
 
     def objects(self, name: str, default: Any = _MISSING) -> Iterator["Fields"]:
         """Each item of a list member, as `Fields` (every item must be an object)."""
         for i, item in enumerate(self.list(name, default)):
             yield Fields(item, f"{self.at(name)}[{i}]")
+
+
+class ShallowEdit:
+    """A copy of a parsed document to edit, sharing every part it does not change.
+
+    A deep copy of an untrusted tree costs as much again as the parse (and
+    recursed once per level); here only the containers on the way to an edit
+    are copied, each once.
+    """
+
+    def __init__(self, raw: dict) -> None:
+        self.root = dict(raw)
+        self._copied = {id(self.root)}
+
+    def at(self, *path: str | int) -> Any:
+        """The container at `path` (members and list indexes), now a copy of its own to edit."""
+        node: Any = self.root
+        for key in path:
+            child = node[key]
+            if id(child) not in self._copied:
+                child = dict(child) if isinstance(child, dict) else list(child)
+                node[key] = child
+                self._copied.add(id(child))
+            node = child
+        return node
 
 
 def grid_shape(shape: tuple[int, ...], chunk: tuple[int, ...], where: str,
@@ -136,15 +155,96 @@ def grid_shape(shape: tuple[int, ...], chunk: tuple[int, ...], where: str,
     return grid
 
 
-def load_json(raw: bytes, where: str) -> object:
-    """Parse untrusted JSON: bounded size, any parser failure (incl. absurd nesting) a `MetadataError`."""
-    if len(raw) > MAX_METADATA_BYTES:
-        raise MetadataError(where, f"{len(raw):,} bytes is too large for a metadata file")
+# Structure of a JSON text without its strings: a string literal (escapes
+# included) is replaced by `""`, so what remains are brackets, commas, colons,
+# numbers and literals, and counting them counts what a parse would build.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d,}" % (METADATA_NUMBER + 1))
+# Brackets only, `{}` folded into `[]`: the nesting depth is the running count.
+_FOLD = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
+_STEP = np.zeros(256, np.int8)
+_STEP[ord("[")], _STEP[ord("]")] = 1, -1
+_DEPTH_PIECE = 1 << 20
+
+# A document larger than this is parsed on a worker thread (one such parse at a
+# time per process, so several at once cannot multiply the memory they take).
+OFF_LOOP_BYTES = 256 << 10
+_big_parses: RunVar[trio.CapacityLimiter] = RunVar("big_parses")
+
+T = TypeVar("T")
+
+
+def _max_depth(brackets: bytes) -> int:
+    """The deepest nesting of a text of `[` and `]`, in pieces of bounded memory."""
+    depth = deepest = 0
+    for start in range(0, len(brackets), _DEPTH_PIECE):
+        steps = _STEP[np.frombuffer(brackets, np.uint8, min(_DEPTH_PIECE, len(brackets) - start), start)]
+        running = np.cumsum(steps, dtype=np.int64) + depth
+        deepest = max(deepest, int(running.max()))
+        depth = int(running[-1])
+    return deepest
+
+
+def check_size(size: int, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    if size > limits.metadata_bytes:
+        raise MetadataError(where, f"{size:,} bytes is more than the {limits.metadata_bytes / MiB:g} MiB "
+                            "allowed for a metadata file (--max-metadata-size)")
+
+
+def check_shape(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """MetadataError unless `raw` is within the metadata limits: its bytes, the values a parse would
+    build, nesting depth, string and number lengths. Runs at C speed over the bytes, before a
+    single Python object of the document exists."""
+    check_size(len(raw), where, limits)
+    bare = _STRING.sub(b'""', raw)
+    values = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+    if values > limits.metadata_values:
+        raise MetadataError(where, f"holds about {values:,} JSON values, more than the {limits.metadata_values:,} "
+                            "allowed (--max-metadata-values)")
+    depth = _max_depth(bare.translate(_FOLD, _NOT_BRACKET))
+    if depth > METADATA_DEPTH:
+        raise MetadataError(where, f"is nested {depth:,} deep, more than the {METADATA_DEPTH} allowed")
+    if _LONG_NUMBER.search(bare):
+        raise MetadataError(where, f"holds a number literal longer than {METADATA_NUMBER} characters")
+    # Only a document with that many bytes of strings in all can hold one that long.
+    if len(raw) - len(bare) > METADATA_STRING:
+        longest = max((m.end() - m.start() for m in _STRING.finditer(raw)), default=0)
+        if longest - 2 > METADATA_STRING:
+            raise MetadataError(where, f"holds a string of {longest - 2:,} bytes, more than the "
+                                f"{METADATA_STRING:,} allowed")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    # A Python-level hook (rather than the C default) gives a thread switch per
+    # object, so a long parse on a worker thread does not hold the event loop off.
+    return dict(pairs)
+
+
+def load_json(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> object:
+    """Parse untrusted JSON within `limits` (see `check_shape`); any failure, including the parser
+    running out of stack or memory, is a one-line `MetadataError` naming `where`."""
+    check_shape(raw, where, limits)
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_pairs_hook=_object)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MetadataError(where, f"is not valid JSON: {e}") from None
     except RecursionError:
         raise MetadataError(where, "is nested too deeply") from None
+    except MemoryError:
+        raise MetadataError(where, "is too large to parse") from None
     except ValueError as e:  # e.g. integers with too many digits
         raise MetadataError(where, f"is not valid JSON: {e}") from None
+
+
+async def off_loop(size: int, parse: Callable[..., T], *args: Any) -> T:
+    """`parse(*args)` for a document of `size` bytes: directly if small, else on a worker thread,
+    one at a time, so the event loop keeps answering and concurrent big parses do not add up."""
+    if size <= OFF_LOOP_BYTES:
+        return parse(*args)
+    try:
+        limiter = _big_parses.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(1)
+        _big_parses.set(limiter)
+    return await trio.to_thread.run_sync(parse, *args, limiter=limiter)

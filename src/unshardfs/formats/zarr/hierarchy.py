@@ -12,7 +12,6 @@ sharded array), the v2 view leaves it out.
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import math
@@ -98,7 +97,7 @@ class ZarrHierarchy:
         """
         meta_key = join_key(key, "zarr.json")
         try:
-            loaded = await read_json(self.source, meta_key)
+            loaded = await read_json(self.source, meta_key, self.runtime.limits)
             if loaded is None:
                 if strict:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
@@ -186,9 +185,8 @@ class ZarrHierarchy:
         fixed: dict[str, Node] = {}
         if self.view == "zarr3":
             if entries is not None:
-                shown = copy.deepcopy(raw)
-                shown["consolidated_metadata"]["metadata"] = {
-                    path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
+                rewritten = {path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
+                shown = {**raw, "consolidated_metadata": {**consolidated, "metadata": rewritten}}
                 fixed["zarr.json"] = _json_file(shown, meta_st.mtime_ns)
             return GroupDir(self.source, key, st, fixed, self.resolve, children=_children(entries))
         if _is_ome(raw):

@@ -8,7 +8,6 @@ encoding. Anything else raises `Unsupported` with the reason.
 
 from __future__ import annotations
 
-import copy
 import math
 import string
 import struct
@@ -149,7 +148,8 @@ def ome_v04(attrs: dict) -> dict:
     if ome is None:
         return attrs
     out = {k: v for k, v in attrs.items() if k != "ome"}
-    out.update({k: copy.deepcopy(v) for k, v in ome.items() if k != "version"})
+    # Shared with `attrs`, not copied: what is changed below is replaced by new objects.
+    out.update({k: v for k, v in ome.items() if k != "version"})
     multiscales = out.get("multiscales")
     if isinstance(multiscales, list):
         out["multiscales"] = [dict(m, version="0.4") if isinstance(m, dict) else m for m in multiscales]
