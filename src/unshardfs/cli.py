@@ -185,8 +185,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _logging(debug: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logonce import OneLineFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler])
     # One line per HTTP request is noise outside --debug; failures are logged by the sources.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)

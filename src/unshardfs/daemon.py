@@ -74,10 +74,12 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
 
     async def main() -> None:
         session: Session | None = None
+        mounting = False  # only pyfuse3.init's failures are the mountpoint's (not a RuntimeError of the source's)
         try:
             check_mountpoint(request.mountpoint)
             session = await open_session()
             ops = TreeOperations(session.tree, request.options, session.stats)
+            mounting = True
             pyfuse3.init(ops, request.mountpoint, fuse_option_set(request))
         except BaseException as e:
             if session is not None:
@@ -88,7 +90,7 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
             if isinstance(e, (SourceError, DataError)):  # e.g. a remote store unreachable at mount time
                 ready(f"cannot read {request.fsname.removeprefix('unshardfs:')}: {e}")
                 raise ConfigError(str(e)) from e
-            if isinstance(e, RuntimeError):  # pyfuse3.init failing to mount
+            if mounting and isinstance(e, RuntimeError):  # pyfuse3.init failing to mount
                 ready(f"cannot mount on {request.mountpoint}: {e}")
                 raise ConfigError(str(e)) from e
             raise

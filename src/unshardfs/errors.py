@@ -116,9 +116,9 @@ class StaleError(DataError):
 
 
 def expected_failure(error: BaseException) -> UnshardfsError | None:
-    """The DataError/SourceError an error stands for, also when concurrent tasks wrapped it
+    """The DataError/SourceError (or ConfigError: metadata found damaged while serving) an error stands for, also when concurrent tasks wrapped it
     in an ExceptionGroup whose every leaf is one of ours; None for anything else (a bug)."""
-    if isinstance(error, (DataError, SourceError)):
+    if isinstance(error, (DataError, SourceError, ConfigError)):
         return error
     if isinstance(error, BaseExceptionGroup):
         leaves = [expected_failure(e) for e in error.exceptions]

@@ -8,10 +8,11 @@ few callers that parse metadata while serving turn them into `DataError`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
 
 import numpy as np
 import trio
@@ -110,13 +111,13 @@ class Fields:
     def list(self, name: str, default: Any = _MISSING, max_length: int = 1 << 20) -> list:
         value = self._value(name, default)
         if not isinstance(value, list) or len(value) > max_length:
-            raise MetadataError(self.at(name), f"must be a list (of at most {max_length:,} items), got "
-                                f"{quote(value)}")
+            got = f"{len(value):,} items" if isinstance(value, list) else quote(value)
+            raise MetadataError(self.at(name), f"must be a list (of at most {max_length:,} items), got {got}")
         return value
 
-    def objects(self, name: str, default: Any = _MISSING) -> Iterator["Fields"]:
+    def objects(self, name: str, default: Any = _MISSING, max_length: int = 1 << 20) -> Iterator["Fields"]:
         """Each item of a list member, as `Fields` (every item must be an object)."""
-        for i, item in enumerate(self.list(name, default)):
+        for i, item in enumerate(self.list(name, default, max_length)):
             yield Fields(item, f"{self.at(name)}[{i}]")
 
 
@@ -167,10 +168,11 @@ _STEP = np.zeros(256, np.int8)
 _STEP[ord("[")], _STEP[ord("]")] = 1, -1
 _DEPTH_PIECE = 1 << 20
 
-# A document larger than this is parsed on a worker thread (one such parse at a
-# time per process, so several at once cannot multiply the memory they take).
+# A document larger than this is parsed on a worker thread, and only one such
+# document is read and parsed at a time per process, so several at once cannot
+# multiply the memory they take.
 OFF_LOOP_BYTES = 256 << 10
-_big_parses: RunVar[trio.CapacityLimiter] = RunVar("big_parses")
+_big_documents: RunVar[trio.Lock] = RunVar("big_documents")
 
 T = TypeVar("T")
 
@@ -239,12 +241,22 @@ def load_json(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> object
 
 async def off_loop(size: int, parse: Callable[..., T], *args: Any) -> T:
     """`parse(*args)` for a document of `size` bytes: directly if small, else on a worker thread,
-    one at a time, so the event loop keeps answering and concurrent big parses do not add up."""
+    so the event loop keeps answering while it runs."""
     if size <= OFF_LOOP_BYTES:
         return parse(*args)
+    return await trio.to_thread.run_sync(parse, *args)
+
+
+@contextlib.asynccontextmanager
+async def one_big_document(size: int) -> AsyncIterator[None]:
+    """Held while a document of `size` bytes is read and parsed: big ones wait for each other."""
+    if size <= OFF_LOOP_BYTES:
+        yield
+        return
     try:
-        limiter = _big_parses.get()
+        lock = _big_documents.get()
     except LookupError:
-        limiter = trio.CapacityLimiter(1)
-        _big_parses.set(limiter)
-    return await trio.to_thread.run_sync(parse, *args, limiter=limiter)
+        lock = trio.Lock()
+        _big_documents.set(lock)
+    async with lock:
+        yield

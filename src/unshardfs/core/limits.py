@@ -17,6 +17,10 @@ from dataclasses import dataclass
 METADATA_DEPTH = 100
 METADATA_STRING = 1 << 20
 METADATA_NUMBER = 100
+# Levels of a pyramid (`scales`) and of annotation indexes (`spatial`,
+# `relationships`): real datasets have a few dozen; each level shown costs a
+# directory's state, so a list of 50,000 is refused rather than built.
+METADATA_LEVELS = 1024
 
 MiB = 1 << 20
 

@@ -16,6 +16,7 @@ from ...core.chunks import ChunkContext
 from ...core.dirs import ChunksDir
 from ...core.fields import VOXEL_LIMIT, Fields, ShallowEdit, as_ints, grid_shape, load_json
 from ...core.inventory import ChunkInventory, InventoryPart
+from ...core.limits import METADATA_LEVELS
 from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...overlay import OverlayDir
@@ -70,7 +71,7 @@ class DvidExport:
                               "source that can list (a local directory, gs:// or s3://)")
         raw, mtime_ns = await self._info()
         info = Fields(raw, "the DVID volume spec")
-        scales = list(info.objects("scales"))
+        scales = list(info.objects("scales", max_length=METADATA_LEVELS))
         if not scales:
             raise ConfigError("the DVID volume spec must be a precomputed info object with a non-empty scales list")
         shown = ShallowEdit(info.raw)

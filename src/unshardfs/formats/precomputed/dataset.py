@@ -17,6 +17,7 @@ from ...core.dirs import ShardedDir
 from ...core.fields import INT_LIMIT, VOXEL_LIMIT, Fields, MetadataError, ShallowEdit, as_ints, grid_shape
 from ...core.geometry import Geometry
 from ...core.inventory import ChunkInventory, InventoryPart
+from ...core.limits import METADATA_LEVELS
 from ...core.runtime import Runtime
 from ...errors import ConfigError, quote
 from ...passthrough import PassthroughDir
@@ -65,7 +66,7 @@ class PrecomputedDataset:
         raw, info_st = loaded
         info = Fields(raw, "info")
         shown = ShallowEdit(info.raw)
-        for i, scale in enumerate(info.objects("scales", default=[])):
+        for i, scale in enumerate(info.objects("scales", default=[], max_length=METADATA_LEVELS)):
             if scale.has("sharding"):
                 self._add_scale(info, scale)
                 del shown.at("scales", i)["sharding"]
@@ -194,9 +195,9 @@ class PrecomputedDataset:
         indexes: list[tuple[Fields, tuple[str | int, ...], str]] = []
         if info.has("by_id"):
             indexes.append((info.obj("by_id"), ("by_id",), "annotations by_id"))
-        for i, rel in enumerate(info.objects("relationships", default=[])):
+        for i, rel in enumerate(info.objects("relationships", default=[], max_length=METADATA_LEVELS)):
             indexes.append((rel, ("relationships", i), f"annotation relationship {quote(rel.get('id'))}"))
-        for i, level in enumerate(info.objects("spatial", default=[])):
+        for i, level in enumerate(info.objects("spatial", default=[], max_length=METADATA_LEVELS)):
             indexes.append((level, ("spatial", i), f"annotation spatial level {i}"))
         for index, path, kind in indexes:
             if not index.has("sharding"):

@@ -96,18 +96,21 @@ class ZarrHierarchy:
         HTTP): the directory is then shown if it holds a zarr.json.
         """
         meta_key = join_key(key, "zarr.json")
+
+        def build(raw: object, meta_st: ObjectStat) -> Node | Verdict:
+            # Off the event loop for a large zarr.json (see read_json): touches no trio state.
+            dir_st = st or ObjectStat(0, meta_st.mtime_ns, True)
+            if node_type(raw, meta_key) == "group":
+                return self._group(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
+            return self._array(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
+
         try:
-            loaded = await read_json(self.source, meta_key, self.runtime.limits)
-            if loaded is None:
+            node = await read_json(self.source, meta_key, self.runtime.limits, build)
+            if node is None:
                 if strict:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
                 return Verdict.PASS
-            raw, meta_st = loaded
-            if st is None:
-                st = ObjectStat(0, meta_st.mtime_ns, True)
-            if node_type(raw, meta_key) == "group":
-                return self._group(key, st, raw, meta_st)  # type: ignore[arg-type]
-            return self._array(key, st, raw, meta_st)  # type: ignore[arg-type]
+            return node
         except ConfigError as e:
             if strict:
                 raise
