@@ -201,16 +201,20 @@ def check_shape(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> None
     check_size(len(raw), where, limits)
     bare = _STRING.sub(b'""', raw)
     values = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+    strings = len(raw) - len(bare)
+    if _LONG_NUMBER.search(bare):
+        raise MetadataError(where, f"holds a number literal longer than {METADATA_NUMBER} characters")
     if values > limits.metadata_values:
         raise MetadataError(where, f"holds about {values:,} JSON values, more than the {limits.metadata_values:,} "
                             "allowed (--max-metadata-values)")
-    depth = _max_depth(bare.translate(_FOLD, _NOT_BRACKET))
+    brackets = bare.translate(_FOLD, _NOT_BRACKET)
+    del bare  # as large as the document: not kept while the rest is checked
+    depth = _max_depth(brackets)
+    del brackets
     if depth > METADATA_DEPTH:
         raise MetadataError(where, f"is nested {depth:,} deep, more than the {METADATA_DEPTH} allowed")
-    if _LONG_NUMBER.search(bare):
-        raise MetadataError(where, f"holds a number literal longer than {METADATA_NUMBER} characters")
     # Only a document with that many bytes of strings in all can hold one that long.
-    if len(raw) - len(bare) > METADATA_STRING:
+    if strings > METADATA_STRING:
         longest = max((m.end() - m.start() for m in _STRING.finditer(raw)), default=0)
         if longest - 2 > METADATA_STRING:
             raise MetadataError(where, f"holds a string of {longest - 2:,} bytes, more than the "
@@ -228,7 +232,11 @@ def load_json(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> object
     running out of stack or memory, is a one-line `MetadataError` naming `where`."""
     check_shape(raw, where, limits)
     try:
-        return json.loads(raw, object_pairs_hook=_object)
+        # Decoded here (as json.loads would) so that the bytes, when the caller handed over its
+        # only reference, are freed before the parse builds the tree.
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        del raw
+        return json.loads(text, object_pairs_hook=_object)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MetadataError(where, f"is not valid JSON: {e}") from None
     except RecursionError:
