@@ -8,11 +8,13 @@ import json
 import logging
 import os
 import sys
+from typing import Any, Callable
 
 from . import __version__
 from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import STATS_XATTR, MountOptions
+from .httpserver import Limits
 from .options import add_cache_options, add_source_options, cache_sizes, format_options
 
 EXAMPLES = """\
@@ -80,7 +82,20 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--cors-origin", default="*", metavar="ORIGIN",
                    help="Access-Control-Allow-Origin for browser viewers on other origins (default %(default)s)")
     v.add_argument("--no-cors", action="store_true", help="send no CORS headers")
-    v.add_argument("--access-log", action="store_true", help="log one line per request")
+    v.add_argument("--access-log", action="store_true", help="log one line per request (method, path, status)")
+    limits = Limits()
+    v.add_argument("--max-connections", type=_positive(int), default=limits.max_connections, metavar="N",
+                   help="open connections at most (default %(default)s; lowered to fit the file descriptor limit); "
+                        "over it, the connection idle longest is closed, or the newcomer gets a 503")
+    v.add_argument("--keep-alive", type=_positive(float), default=limits.keep_alive_seconds, metavar="SECONDS",
+                   help="close a connection idle this long between requests (default %(default)s)")
+    v.add_argument("--header-timeout", type=_positive(float), default=limits.header_seconds, metavar="SECONDS",
+                   help="a request's headers must arrive whole within this of their first byte (default %(default)s)")
+    v.add_argument("--send-timeout", type=_positive(float), default=limits.send_timeout_seconds, metavar="SECONDS",
+                   help="drop a client that takes no byte of its answer for this long (default %(default)s)")
+    v.add_argument("--response-buffer", type=_positive(int), default=limits.buffer_bytes >> 20, metavar="MiB",
+                   help="response bytes held for clients that have not taken them, all together; past it the "
+                        "client blocked longest is dropped (default %(default)s)")
     v.add_argument("--debug", action="store_true", help="verbose logging")
     add_cache_options(v)
     add_source_options(v)
@@ -179,9 +194,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     _logging(args.debug)
     caches = Caches(cache_sizes(args))
+    limits = Limits(max_connections=args.max_connections, keep_alive_seconds=args.keep_alive,
+                    header_seconds=args.header_timeout, send_timeout_seconds=args.send_timeout,
+                    buffer_bytes=args.response_buffer << 20)
     request = ServeRequest(args.bind, args.port, ServeOptions("" if args.no_cors else args.cors_origin,
-                                                              args.access_log))
+                                                              args.access_log), limits)
     return run(args.source, lambda: Session.open(args.source, format_options(args), caches), request)
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` above zero (a zero limit or timeout would refuse everything)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
+        return value
+    return parse
 
 
 def _logging(debug: bool) -> None:

@@ -1,12 +1,15 @@
 """Serve any virtual tree over HTTP: the unsharded view for viewers and machines without FUSE.
 
-An ASGI application (run by hypercorn on the daemon's trio loop) that knows
+An ASGI application (run by `httpserver` on the daemon's trio loop) that knows
 nothing of formats: it resolves a URL path in the tree, serves files with
 single ranges, validators and CORS, and lists directories as streamed HTML
 or JSON. Hostile requests never leave the tree: every path segment is
 percent-decoded on its own and must be a valid name (no `..`, no `/`
 smuggled in as `%2F`, no NUL), so `..` and encoded slashes are simply names
-that do not exist.
+that do not exist. No answer costs work in proportion to a number or a
+length the client chose: path depth and lengths are bounded by the request
+head's limit and each name by NAME_BYTES, a lookup walks at most the tree's
+own depth, and numbers in headers are read from at most NUMBER_DIGITS digits.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ PAGE = 10_000  # entries per HTML listing page (million-entry directories stay u
 JSON_NAMES = frozenset({"info", "zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "provenance"})
 METHODS = "GET, HEAD, OPTIONS"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+NAME_BYTES = 1024  # a longer path segment names nothing in any source (and reaches none)
+NUMBER_DIGITS = 18  # past any file size; longer numbers are not converted (CPU, and int's digit limit)
+_TOKENS = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")
 
 Send = Callable[[dict], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict]]
@@ -85,15 +91,20 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     if not first and not last:
         return None
     if not first:  # a suffix: the last N bytes
-        n = int(last)
+        n = _number(last)
         if n == 0:
             raise HttpError(416, "empty suffix range", {"Content-Range": f"bytes */{size}"})
         return max(0, size - n), size
-    start = int(first)
-    end = min(int(last) + 1, size) if last else size
-    if start >= size or (last and int(last) < start):
+    start = _number(first)
+    end = min(_number(last) + 1, size) if last else size
+    if start >= size or (last and _number(last) < start):
         raise HttpError(416, "range not satisfiable", {"Content-Range": f"bytes */{size}"})
     return start, end
+
+
+def _number(digits: str) -> int:
+    """A decimal number of the Range grammar; one too long to be any offset is simply larger than all."""
+    return int(digits) if len(digits.lstrip("0")) <= NUMBER_DIGITS else 1 << 64
 
 
 def split_path(raw_path: bytes) -> tuple[list[str], bool]:
@@ -105,11 +116,13 @@ def split_path(raw_path: bytes) -> tuple[list[str], bool]:
     for part in parts:
         if not part:
             continue  # '//' and the leading '/'
+        if len(part) > 3 * NAME_BYTES:
+            raise HttpError(404, "not found")
         try:
             name = unquote_to_bytes(part).decode("utf-8")
         except UnicodeDecodeError:
             raise HttpError(404, "not found") from None
-        if name_problem(name) is not None:  # `..`, an encoded '/', NUL: never a name in the tree
+        if len(name) > NAME_BYTES or name_problem(name) is not None:  # `..`, an encoded '/', NUL: never a name
             raise HttpError(404, "not found")
         names.append(name)
     return names, trailing
@@ -127,6 +140,8 @@ class TreeApp:
         # a source that changes is seen again).
         self._dirs: TTLCache = TTLCache(maxsize=4096, ttl=60)
         self.counters = {"requests": 0, "bytes": 0, "errors": 0, "not_found": 0, "not_modified": 0}
+        # The server's own counters (connections refused, slow clients dropped...), when it has them.
+        self.connection_stats: Callable[[], dict] | None = None
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -136,6 +151,9 @@ class TreeApp:
         self.counters["requests"] += 1
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         method = scope["method"]
+        status = [0]
+        if self.options.access_log:
+            send = _recording(send, status)
         try:
             if method == "OPTIONS":
                 return await self._reply(send, 204, b"", self._preflight(headers))
@@ -143,12 +161,13 @@ class TreeApp:
                 raise HttpError(405, "read-only", {"Allow": METHODS})
             raw = scope.get("raw_path") or scope["path"].encode()
             if raw.split(b"?", 1)[0] == STATS_PATH.encode():
-                body = json.dumps({**self.stats(), "http": self.counters}).encode()
+                extra = {"connections": self.connection_stats()} if self.connection_stats else {}
+                body = json.dumps({**self.stats(), "http": self.counters, **extra}).encode()
                 return await self._reply(send, 200, body, {"Content-Type": "application/json"}, method == "HEAD")
             names, trailing = split_path(raw)
             node = await self._resolve(names)
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             if isinstance(node, DirNode):
+                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
                 if not trailing and names:
                     location = "/" + "/".join(quote(n, safe="") for n in names) + "/"
                     raise HttpError(301, "directory", {"Location": location})
@@ -173,7 +192,8 @@ class TreeApp:
         finally:
             if self.options.access_log:
                 origin = headers.get("origin")
-                log.info("%s %s%s", method, scope.get("path"), f" (origin {origin})" if origin else "")
+                log.info("%s %s %d%s", method, scope.get("path", "")[:300], status[0],
+                         f" (origin {origin[:200]})" if origin else "")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -189,11 +209,11 @@ class TreeApp:
     async def _resolve(self, names: list[str]) -> Node:
         node: Node = self.root
         start = 0
-        for i in range(len(names) - 1, 0, -1):  # the deepest directory we know
-            cached = self._dirs.get(tuple(names[:i]))
-            if cached is not None:
-                node, start = cached, i
-                break
+        # The parent directory, if known (a chunk's request); else from the root, which stops at
+        # the first name absent: never more work than the tree is deep, however deep the path.
+        cached = self._dirs.get(tuple(names[:-1])) if len(names) > 1 else None
+        if cached is not None:
+            node, start = cached, len(names) - 1
         for i in range(start, len(names)):
             if not isinstance(node, DirNode):
                 raise HttpError(404, "not found")
@@ -218,10 +238,11 @@ class TreeApp:
     def _preflight(self, headers: dict[str, str]) -> dict[str, str]:
         if not self.options.cors_origin:
             return {"Allow": METHODS}
-        asked = headers.get("access-control-request-headers", "")
+        asked = headers.get("access-control-request-headers", "").strip()
         allowed = "Range, If-None-Match, If-Modified-Since, If-Range, Accept"
+        echo = asked if len(asked) <= 1024 and _TOKENS.match(asked) else allowed  # only a list of header names
         return {"Allow": METHODS, "Access-Control-Allow-Methods": METHODS,
-                "Access-Control-Allow-Headers": asked[:1024] or allowed, "Access-Control-Max-Age": "86400"}
+                "Access-Control-Allow-Headers": echo, "Access-Control-Max-Age": "86400"}
 
     async def _reply(self, send: Send, status: int, body: bytes, headers: dict[str, str], head: bool = False) -> None:
         await self._start(send, status, {**headers, "Content-Length": str(len(body))})
@@ -296,14 +317,24 @@ def _int(text: str) -> int:
     return int(text) if text.isdigit() and len(text) < 10 else 0
 
 
+def _recording(send: Send, status: list[int]) -> Send:
+    """`send`, noting the response status in `status[0]` (for the access log)."""
+    async def recorded(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = message["status"]
+        await send(message)
+    return recorded
+
+
 def _not_modified(headers: dict[str, str], tag: str, mtime_ns: int) -> bool:
     if "if-none-match" in headers:
-        return tag in [t.strip() for t in headers["if-none-match"].split(",")] or headers["if-none-match"].strip() == "*"
+        value = headers["if-none-match"]
+        return (tag in value and tag in [t.strip() for t in value.split(",")]) or value.strip() == "*"
     since = headers.get("if-modified-since")
-    if since:
+    if since and len(since) <= 64:  # an HTTP date is 29 characters
         try:
             when = email.utils.parsedate_to_datetime(since).timestamp()
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError, IndexError):
             return False
         return mtime_ns // 1_000_000_000 <= when
     return False

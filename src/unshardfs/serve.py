@@ -1,25 +1,31 @@
 """`unshardfs serve`: the virtual tree of a SOURCE over HTTP, on the daemon's trio loop, no FUSE.
 
-hypercorn (which runs on trio) speaks HTTP/1.1; `httpfront.TreeApp` answers.
-The same Session as a mount gives the same caches, concurrency limits and
-bounds on hostile input; SIGINT/SIGTERM stop the server cleanly.
+`httpserver.Server` (h11 on trio, with bounds on what each client may
+hold) speaks HTTP/1.1; `httpfront.TreeApp` answers. The same Session as a
+mount gives the same caches, concurrency limits and bounds on hostile input;
+SIGINT/SIGTERM stop the server cleanly.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 import trio
 
 from .errors import ConfigError, DataError, SourceError
 from .httpfront import ServeOptions, TreeApp
+from .httpserver import Limits, Server, listen, url_of
 from .session import Session
 
 log = logging.getLogger(__name__)
+
+# File descriptors kept for everything but clients: sources, caches, logs, the listener.
+FD_RESERVE = 64
 
 
 @dataclass(frozen=True)
@@ -27,49 +33,51 @@ class ServeRequest:
     bind: str = "127.0.0.1"  # loopback unless told otherwise: the tree is readable by anyone who connects
     port: int = 8080
     options: ServeOptions = ServeOptions()
-    # Bounds on clients: header size (a larger request is refused), idle keep-alive, and
-    # how long a request may take to arrive (a slow client cannot hold a connection forever).
-    max_header_bytes: int = 16 << 10
-    keep_alive_seconds: float = 30
-    read_timeout_seconds: float = 60
+    limits: Limits = Limits()
 
 
-def _config(request: ServeRequest):
-    from hypercorn.config import Config
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (what an unprivileged process may); the soft limit after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # e.g. above fs.nr_open: keep what we have
+            pass
+    return soft
 
-    config = Config()
-    host = f"[{request.bind}]" if ":" in request.bind else request.bind
-    config.bind = [f"{host}:{request.port}"]
-    config.h11_max_incomplete_size = request.max_header_bytes
-    config.keep_alive_timeout = request.keep_alive_seconds
-    config.read_timeout = request.read_timeout_seconds
-    config.accesslog = None  # our own one-line log, with --access-log
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.include_server_header = False
-    config.graceful_timeout = 2
-    return config
+
+def fitted(limits: Limits, fd_limit: int) -> Limits:
+    """`limits` with at most half the descriptors (less a reserve) for clients: never EMFILE on accept."""
+    room = max(8, (fd_limit - FD_RESERVE) // 2) if fd_limit != resource.RLIM_INFINITY else limits.max_connections
+    if limits.max_connections > room:
+        log.info("at most %d connections: the file descriptor limit is %d", room, fd_limit)
+        return replace(limits, max_connections=room)
+    return limits
 
 
 def run(source: str, open_session: Callable[[], Awaitable[Session]], request: ServeRequest) -> int:
     """Serve until SIGINT/SIGTERM; print the URL once listening. Returns the exit status."""
-    from hypercorn.trio import serve
+    limits = fitted(request.limits, raise_fd_limit())
 
     async def main() -> None:
         session = await open_session()
         stop = trio.Event()
         try:
+            try:
+                listeners = listen(request.bind, request.port)
+            except OSError as e:
+                raise ConfigError(f"cannot listen on {request.bind}:{request.port}: {e.strerror}") from e
             async with session.running(), trio.open_nursery() as nursery:
                 nursery.start_soon(_stop_on_signal, stop)
                 app = TreeApp(session.tree, session.stats, request.options)
-                try:
-                    urls = await nursery.start(lambda task_status: serve(app, _config(request),
-                                                                           shutdown_trigger=stop.wait,
-                                                                           task_status=task_status))
-                except OSError as e:
-                    raise ConfigError(f"cannot listen on {request.bind}:{request.port}: {e.strerror}") from e
-                print(f"serving {source} on {' '.join(urls)}", flush=True)
-                await stop.wait()
-                nursery.cancel_scope.deadline = trio.current_time() + 5  # graceful, then stop
+                server = Server(app, limits)
+                app.connection_stats = server.stats
+                print(f"serving {source} on {' '.join(url_of(li) for li in listeners)}", flush=True)
+                await server.serve(listeners, stop)
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await session.aclose()

@@ -193,3 +193,38 @@ def test_damage_is_502_and_the_rest_is_served(site, tmp_path):
             if status == 200:
                 assert body == (plain / name).read_bytes(), name
         assert 502 in statuses.values() and 200 in statuses.values(), statuses
+
+
+def _exchange(url: str, data: bytes) -> bytes:
+    """Everything the server sends back for `data` until it closes or goes quiet for a second."""
+    parts = urlsplit(url)
+    out = b""
+    with socket.create_connection((parts.hostname, parts.port), timeout=1) as s:
+        s.sendall(data)
+        try:
+            while chunk := s.recv(1 << 16):
+                out += chunk
+            out += b"<closed>"
+        except socket.timeout:
+            pass
+    return out
+
+
+def test_keep_alive_pipelining_and_request_bodies(site):
+    get_info = b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n"
+    with served(str(site["volume"]["sharded"])) as url:
+        # Pipelined requests are answered in order on one connection, which stays open.
+        answer = _exchange(url, get_info + b"HEAD /info HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.count(b"HTTP/1.1 200 OK") == 2 and answer.count(b"HTTP/1.1 404 Not Found") == 1
+        assert b"<closed>" not in answer and b"connection: close" not in answer.lower()
+        # HTTP/1.0: answered, then closed.
+        answer = _exchange(url, b"GET /info HTTP/1.0\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"<closed>")
+        # A body is never read: 413 and the connection ends; upgrades are declined (answered as HTTP/1.1).
+        for body in (b"Content-Length: 5\r\n\r\nabcde", b"Transfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n"):
+            answer = _exchange(url, b"GET /info HTTP/1.1\r\nHost: x\r\n" + body)
+            assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"<closed>"), answer
+        answer = _exchange(url, b"GET /info HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n" + get_info)
+        assert answer.count(b"HTTP/1.1 200 OK") == 2
+        assert _exchange(url, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+        assert _exchange(url, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import resource
 import signal
 import subprocess
 import tempfile
@@ -20,10 +21,23 @@ def served(source: str, *options: str, timeout: float = 60, log: Path | None = N
 
     Its log goes to `log` (a file: a pipe nobody drains would stall a chatty server).
     """
+    with serving(source, *options, timeout=timeout, log=log) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serving(source: str, *options: str, timeout: float = 60, log: Path | None = None,
+            files_limit: tuple[int, int] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`served`, also giving the server's process; `files_limit` sets its RLIMIT_NOFILE (soft, hard)."""
     log = log or Path(tempfile.mkstemp(prefix="unshardfs-serve-", suffix=".log")[1])
+
+    def limit() -> None:
+        if files_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, files_limit)
+
     with open(log, "w") as err:
         proc = subprocess.Popen([*UNSHARDFS, "serve", source, "--port", "0", *options], stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+                                stderr=err, text=True, preexec_fn=limit if files_limit else None)
     try:
         deadline = time.monotonic() + timeout
         url = None
@@ -35,7 +49,7 @@ def served(source: str, *options: str, timeout: float = 60, log: Path | None = N
             url = found.group(1) if found else None
             if time.monotonic() > deadline:
                 raise AssertionError("serve did not start")
-        yield url
+        yield url, proc
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0, log.read_text()
     finally:
