@@ -4,6 +4,12 @@ Every format parses its metadata through `Fields`, so each member is checked
 the same way and every complaint names its place (`info: scales[2].size`).
 Errors are `MetadataError` (a `ConfigError`: reported before serving); the
 few callers that parse metadata while serving turn them into `DataError`.
+
+Every document is parsed by `load_json` (through `formats/jsonfile.read_json`
+for files), which checks what the parse would build (bytes, values, depth,
+string and number lengths; `Limits` and the METADATA_* bounds) before
+building any of it. Parsed trees are edited through `ShallowEdit`, never
+deep-copied.
 """
 
 from __future__ import annotations
@@ -188,37 +194,31 @@ def _max_depth(brackets: bytes) -> int:
     return deepest
 
 
-def check_size(size: int, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
-    if size > limits.metadata_bytes:
-        raise MetadataError(where, f"{size:,} bytes is more than the {limits.metadata_bytes / MiB:g} MiB "
-                            "allowed for a metadata file (--max-metadata-size)")
-
-
-def check_shape(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
-    """MetadataError unless `raw` is within the metadata limits: its bytes, the values a parse would
-    build, nesting depth, string and number lengths. Runs at C speed over the bytes, before a
+def shape_problem(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
+    """What puts `raw` beyond the metadata limits (its bytes, the values a parse would build,
+    nesting depth, string and number lengths), or None. Runs at C speed over the bytes, before a
     single Python object of the document exists."""
-    check_size(len(raw), where, limits)
+    if len(raw) > limits.metadata_bytes:
+        return _too_large(len(raw), limits)
     bare = _STRING.sub(b'""', raw)
     values = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
-    strings = len(raw) - len(bare)
-    if _LONG_NUMBER.search(bare):
-        raise MetadataError(where, f"holds a number literal longer than {METADATA_NUMBER} characters")
     if values > limits.metadata_values:
-        raise MetadataError(where, f"holds about {values:,} JSON values, more than the {limits.metadata_values:,} "
-                            "allowed (--max-metadata-values)")
+        return (f"holds about {values:,} JSON values, more than the {limits.metadata_values:,} allowed "
+                "(--max-metadata-values)")
+    if _LONG_NUMBER.search(bare):
+        return f"holds a number literal longer than {METADATA_NUMBER} characters"
+    strings = len(raw) - len(bare)
     brackets = bare.translate(_FOLD, _NOT_BRACKET)
     del bare  # as large as the document: not kept while the rest is checked
     depth = _max_depth(brackets)
-    del brackets
     if depth > METADATA_DEPTH:
-        raise MetadataError(where, f"is nested {depth:,} deep, more than the {METADATA_DEPTH} allowed")
+        return f"is nested {depth:,} deep, more than the {METADATA_DEPTH} allowed"
     # Only a document with that many bytes of strings in all can hold one that long.
     if strings > METADATA_STRING:
-        longest = max((m.end() - m.start() for m in _STRING.finditer(raw)), default=0)
-        if longest - 2 > METADATA_STRING:
-            raise MetadataError(where, f"holds a string of {longest - 2:,} bytes, more than the "
-                                f"{METADATA_STRING:,} allowed")
+        longest = max((m.end() - m.start() for m in _STRING.finditer(raw)), default=0) - 2
+        if longest > METADATA_STRING:
+            return f"holds a string of {longest:,} bytes, more than the {METADATA_STRING:,} allowed"
+    return None
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict:
@@ -227,24 +227,51 @@ def _object(pairs: list[tuple[str, Any]]) -> dict:
     return dict(pairs)
 
 
-def load_json(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> object:
-    """Parse untrusted JSON within `limits` (see `check_shape`); any failure, including the parser
-    running out of stack or memory, is a one-line `MetadataError` naming `where`."""
-    check_shape(raw, where, limits)
+def _parse(raw: bytes) -> tuple[str | None, object]:
+    """(None, the parsed value) or (why it cannot be parsed, None): the parser's exceptions end
+    here, so none keeps the document alive (a JSONDecodeError holds all of it)."""
     try:
         # Decoded here (as json.loads would) so that the bytes, when the caller handed over its
         # only reference, are freed before the parse builds the tree.
         text = raw.decode(json.detect_encoding(raw), "surrogatepass")
         del raw
-        return json.loads(text, object_pairs_hook=_object)
+        return None, json.loads(text, object_pairs_hook=_object)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MetadataError(where, f"is not valid JSON: {e}") from None
+        return f"is not valid JSON: {str(e)[:200]}", None
     except RecursionError:
-        raise MetadataError(where, "is nested too deeply") from None
+        return "is nested too deeply", None
     except MemoryError:
-        raise MetadataError(where, "is too large to parse") from None
+        return "is too large to parse", None
     except ValueError as e:  # e.g. integers with too many digits
-        raise MetadataError(where, f"is not valid JSON: {e}") from None
+        return f"is not valid JSON: {str(e)[:200]}", None
+
+
+def load_json(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> object:
+    """Parse untrusted JSON within `limits` (see `shape_problem`); any failure, including the parser
+    running out of stack or memory, is a one-line `MetadataError` naming `where`.
+
+    The error is raised only once the document is let go (a traceback keeps its frames' locals
+    alive until the garbage collector finds the cycle).
+    """
+    problem = shape_problem(raw, limits)
+    parsed = None
+    if problem is None:
+        problem, parsed = _parse(raw)
+    del raw
+    if problem is not None:
+        raise MetadataError(where, problem)
+    return parsed
+
+
+def _too_large(size: int, limits: Limits) -> str:
+    return f"{size:,} bytes is more than the {limits.metadata_bytes / MiB:g} MiB allowed for a metadata file " \
+           "(--max-metadata-size)"
+
+
+def check_size(size: int, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """MetadataError for a file too large to be read as metadata (before it is read)."""
+    if size > limits.metadata_bytes:
+        raise MetadataError(where, _too_large(size, limits))
 
 
 async def off_loop(size: int, parse: Callable[..., T], *args: Any) -> T:
