@@ -74,7 +74,7 @@ def vm_hwm_mib(pid: int) -> float:
 def test_answers_while_big_metadata_is_parsed(store, tmp_path):
     """Four 24 MB zarr.json files requested at once: another file keeps answering within 2 s
     (on the code that parsed on the event loop: several seconds), and the server's peak memory
-    grows by less than 150 MiB (on that code: ~800 MB)."""
+    grows by less than 110 MiB (on that code: ~800 MB)."""
     with served(str(store), log=tmp_path / "serve.log") as url:
         (pid,) = daemon_pids(store)
         for _ in range(3):
@@ -103,7 +103,7 @@ def test_answers_while_big_metadata_is_parsed(store, tmp_path):
     # Each big file is a valid group: shown unchanged, whole, however its attributes look.
     assert results == {i: (200, (store / f"big{i}/zarr.json").stat().st_size) for i in range(4)}
     assert answered >= 3 and slowest < 2.0, f"slowest answer {slowest:.2f} s of {answered}"
-    assert peak - baseline < 150, f"peak {peak:.0f} MiB after a baseline of {baseline:.0f} MiB"
+    assert peak - baseline < 110, f"peak {peak:.0f} MiB after a baseline of {baseline:.0f} MiB"
 
 
 def test_deep_nesting_is_not_a_500(store, tmp_path):
@@ -112,7 +112,7 @@ def test_deep_nesting_is_not_a_500(store, tmp_path):
     with served(str(store), log=log) as url:
         assert get(url, "/deep/zarr.json") == (200, (store / "deep/zarr.json").read_bytes())
     text = log.read_text()
-    assert "Traceback" not in text and "deep/zarr.json: is nested 602 deep" in text, text[-3000:]
+    assert "Traceback" not in text and "deep/zarr.json: is nested more than" in text, text[-3000:]
 
 
 def test_log_stays_small_under_echoing_metadata(store, tmp_path):

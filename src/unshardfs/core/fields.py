@@ -173,6 +173,12 @@ _NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
 _STEP = np.zeros(256, np.int8)
 _STEP[ord("[")], _STEP[ord("]")] = 1, -1
 _DEPTH_PIECE = 1 << 20
+# What a window may end with: any bytes but quotes, and complete strings (possessive: no
+# backtracking, so no state per item); it stops at a string the window cuts.
+_SAFE_PREFIX = re.compile(rb'(?:[^"]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+')
+_NUMBER_TAIL = re.compile(rb"[-+0-9.eE]*\Z")
+_NUMBER_CHARS = frozenset(bytes([c]) for c in b"-+0123456789.eE")
+_WINDOW = 1 << 20
 
 # A document larger than this is parsed on a worker thread, and only one such
 # document is read and parsed at a time per process, so several at once cannot
@@ -183,47 +189,72 @@ _big_documents: RunVar[trio.Lock] = RunVar("big_documents")
 T = TypeVar("T")
 
 
-def _max_depth(brackets: bytes) -> int:
-    """The deepest nesting of a text of `[` and `]`, in pieces of bounded memory."""
-    depth = deepest = 0
+def _max_depth(brackets: bytes, depth: int) -> tuple[int, int]:
+    """The deepest nesting reached in a text of `[` and `]` entered at `depth` (or a bound of it
+    when that is within METADATA_DEPTH), and the depth at its end; in pieces of bounded memory."""
+    opens = brackets.count(b"[")
+    if depth + opens <= METADATA_DEPTH:  # cannot go deeper than that: no need to follow it
+        return depth + opens, depth + opens - (len(brackets) - opens)
+    deepest = depth
     for start in range(0, len(brackets), _DEPTH_PIECE):
         steps = _STEP[np.frombuffer(brackets, np.uint8, min(_DEPTH_PIECE, len(brackets) - start), start)]
         running = np.cumsum(steps, dtype=np.int64) + depth
         deepest = max(deepest, int(running.max()))
         depth = int(running[-1])
-    return deepest
+    return deepest, depth
+
+
+def _pieces(raw: bytes) -> Iterator[tuple[bytes, int]]:
+    """`raw` in pieces of about _WINDOW bytes that cut no string, each with its strings replaced
+    by `""`, and the length of the longest string it held (re.sub over a whole document would
+    first build a list of every piece between its strings: hundreds of MB for 16 MB)."""
+    pos = 0
+    while pos < len(raw):
+        window = raw[pos:pos + _WINDOW]
+        safe = _SAFE_PREFIX.match(window).end()  # type: ignore[union-attr]
+        if safe == 0:  # a string longer than the window starts here
+            whole = _STRING.match(raw, pos)
+            if whole is None:
+                yield raw[pos:], 0  # unterminated: what is left is no JSON, the parser says so
+                return
+            yield b'""', whole.end() - pos - 2
+            pos = whole.end()
+            continue
+        yield _STRING.sub(b'""', window[:safe]), 0
+        pos += safe
 
 
 def shape_problem(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
     """What puts `raw` beyond the metadata limits (its bytes, the values a parse would build,
-    nesting depth, string and number lengths), or None. Runs at C speed over the bytes, before a
-    single Python object of the document exists."""
+    nesting depth, string and number lengths), or None. Runs at C speed over the bytes, a window
+    at a time, before a single Python object of the document exists."""
     if len(raw) > limits.metadata_bytes:
         return _too_large(len(raw), limits)
-    bare = _STRING.sub(b'""', raw)
-    values = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
-    if values > limits.metadata_values:
-        return (f"holds about {values:,} JSON values, more than the {limits.metadata_values:,} allowed "
-                "(--max-metadata-values)")
-    if _LONG_NUMBER.search(bare):
-        return f"holds a number literal longer than {METADATA_NUMBER} characters"
-    strings = len(raw) - len(bare)
-    brackets = bare.translate(_FOLD, _NOT_BRACKET)
-    del bare  # as large as the document: not kept while the rest is checked
-    depth = _max_depth(brackets)
-    if depth > METADATA_DEPTH:
-        return f"is nested {depth:,} deep, more than the {METADATA_DEPTH} allowed"
-    # Only a document with that many bytes of strings in all can hold one that long.
-    if strings > METADATA_STRING:
-        longest = max((m.end() - m.start() for m in _STRING.finditer(raw)), default=0) - 2
+    values = depth = deepest = longest = 0
+    number_tail = b""  # a number literal may run on into the next piece
+    for bare, long_string in _pieces(raw):
+        values += bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+        if values > limits.metadata_values:
+            return (f"holds more than the {limits.metadata_values:,} JSON values allowed "
+                    "(--max-metadata-values)")
+        if _LONG_NUMBER.search(number_tail + bare[:METADATA_NUMBER + 1]) or _LONG_NUMBER.search(bare):
+            return f"holds a number literal longer than {METADATA_NUMBER} characters"
+        number_tail = (_NUMBER_TAIL.search(bare[-METADATA_NUMBER - 1:]).group()  # type: ignore[union-attr]
+                       if bare[-1:] in _NUMBER_CHARS else b"")
+        reached, depth = _max_depth(bare.translate(_FOLD, _NOT_BRACKET), depth)
+        deepest = max(deepest, reached)
+        if deepest > METADATA_DEPTH:
+            return f"is nested more than the {METADATA_DEPTH} levels allowed"
+        longest = max(longest, long_string)
         if longest > METADATA_STRING:
             return f"holds a string of {longest:,} bytes, more than the {METADATA_STRING:,} allowed"
     return None
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict:
-    # A Python-level hook (rather than the C default) gives a thread switch per
-    # object, so a long parse on a worker thread does not hold the event loop off.
+    # For a document parsed off the loop, a Python-level hook (rather than the C
+    # default) gives a thread switch per object, so a long parse on a worker
+    # thread does not hold the event loop off.
     return dict(pairs)
 
 
@@ -235,7 +266,7 @@ def _parse(raw: bytes) -> tuple[str | None, object]:
         # only reference, are freed before the parse builds the tree.
         text = raw.decode(json.detect_encoding(raw), "surrogatepass")
         del raw
-        return None, json.loads(text, object_pairs_hook=_object)
+        return None, json.loads(text, object_pairs_hook=_object if len(text) > OFF_LOOP_BYTES else None)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         return f"is not valid JSON: {str(e)[:200]}", None
     except RecursionError:
