@@ -17,7 +17,7 @@ from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError, DataError, SourceError
 from .fuse_adapter import STATS_XATTR, MountOptions
 from .httpserver import Limits
-from .options import add_cache_options, add_source_options, cache_sizes, format_options
+from .options import add_cache_options, add_source_options, format_options, make_caches
 
 EXAMPLES = """\
 examples:
@@ -173,10 +173,9 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
             os.close(ready_fd)
             ready_fd = None
 
-    from .caches import Caches
     from .session import Session
 
-    caches = Caches(cache_sizes(args))
+    caches = make_caches(args)
     request = MountRequest(
         mountpoint=args.mountpoint,
         fsname=f"unshardfs:{args.source}",
@@ -189,13 +188,12 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .caches import Caches
     from .httpfront import ServeOptions
     from .serve import ServeRequest, run
     from .session import Session
 
     _logging(args.debug)
-    caches = Caches(cache_sizes(args))
+    caches = make_caches(args)
     limits = Limits(max_connections=args.max_connections, keep_alive_seconds=args.keep_alive,
                     header_seconds=args.header_timeout, send_timeout_seconds=args.send_timeout,
                     buffer_bytes=args.response_buffer << 20)

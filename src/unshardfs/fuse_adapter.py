@@ -16,7 +16,7 @@ import os
 import stat
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, ParamSpec, Sequence, TypeVar, cast
 
 import pyfuse3
 from cachetools import LRUCache
@@ -36,7 +36,11 @@ FILE_MODE = stat.S_IFREG | 0o444
 logged_bugs: LRUCache = LRUCache(maxsize=1024)
 
 
-def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def guarded(handler: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Map our errors to errno; log and EIO anything unexpected instead of crashing."""
 
     @functools.wraps(handler)
@@ -57,7 +61,7 @@ def guarded(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
                 log.exception("unexpected error in %s; answering EIO", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
-    return wrapper
+    return cast(Callable[P, Coroutine[Any, Any, R]], wrapper)  # the same signature, errors mapped
 
 
 def read_only(*_args: Any, **_kwargs: Any) -> Awaitable[Any]:
@@ -129,7 +133,7 @@ class InodeTable:
                 return 0
             slot = self.slots[key] = len(self.slot_dirs)
             self.slot_dirs.append(None)
-        self.slot_dirs[slot] = parent  # type: ignore[assignment]
+        self.slot_dirs[slot] = parent if isinstance(parent, DirNode) else None  # only directories have keys
         return slot
 
     def slot_of(self, parent: int) -> int:
@@ -149,13 +153,15 @@ class InodeTable:
                 ino = slot << CHILD_ID_BITS | node.ident
                 self.recent.put(ino, node)
                 return ino
-        ino = self.by_name.get((parent, name))
-        if ino is None:
+        known = self.by_name.get((parent, name))
+        if known is None:
             ino = self.next_ino
             self.next_ino += 1
             self.by_name[(parent, name)] = ino
             self.names[ino] = (parent, name)
             self.counts[ino] = 0
+        else:
+            ino = known
         self.nodes[ino] = node
         return ino
 
@@ -192,8 +198,8 @@ class InodeTable:
             ident = ino & ((1 << CHILD_ID_BITS) - 1)
             return parent, parent.child_name(ident) if parent is not None else ""
         parent_ino, name = self.names.get(ino, (ROOT, b""))
-        parent = self.nodes.get(parent_ino)
-        return (parent if isinstance(parent, DirNode) else None), os.fsdecode(name)
+        node = self.nodes.get(parent_ino)
+        return (node if isinstance(node, DirNode) else None), os.fsdecode(name)
 
     def replace(self, ino: int, node: Node) -> None:
         if self.computed(ino):
@@ -272,7 +278,7 @@ class TreeOperations(pyfuse3.Operations):
             if attr.st_mode != FILE_MODE:
                 attr.st_mode = FILE_MODE
                 attr.st_nlink = 1
-            attr.st_size = node.size  # type: ignore[attr-defined]
+            attr.st_size = cast(FileNode, node).size  # not a directory: a file
         attr.st_blocks = (attr.st_size + 511) >> 9
         if attr.st_mtime_ns != node.mtime_ns:
             attr.st_mtime_ns = attr.st_ctime_ns = attr.st_atime_ns = node.mtime_ns
@@ -327,7 +333,7 @@ class TreeOperations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         return self.attributes(inode, await self.inodes.get(inode))
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             self.inodes.forget(ino, n)
 
@@ -347,10 +353,12 @@ class TreeOperations(pyfuse3.Operations):
         if start_id != listing.position or listing.iterator is None:
             await self._rewind(listing, start_id)
         slot = self.inodes.slot_of(listing.ino)
+        iterator = listing.iterator
+        assert iterator is not None  # `_rewind` opened it
         while True:
             if listing.index >= len(listing.batch):
                 try:
-                    listing.batch = await listing.iterator.__anext__()  # type: ignore[union-attr]
+                    listing.batch = await iterator.__anext__()
                 except StopAsyncIteration:
                     listing.batch = []
                     return
@@ -538,6 +546,7 @@ class TreeOperations(pyfuse3.Operations):
         data.f_namemax = 255
         return data
 
-    # Every write-type operation fails: the mount is a view, never a store.
+    # Every write-type operation fails: the mount is a view, never a store. (One refusal for all:
+    # pyfuse3 declares each operation with its own signature, hence the two ignores.)
     setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = read_only  # type: ignore[assignment]
     create = write = setxattr = removexattr = read_only  # type: ignore[assignment]

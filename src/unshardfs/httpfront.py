@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, quote, unquote_to_bytes
 from cachetools import TTLCache
 
 from .errors import DataError, StaleError, expected_failure
+from .formats.registry import json_names
 from .logonce import log_once
 from .sources.base import name_problem
 from .vtree import DirNode, FileNode, Node
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 STATS_PATH = "/_unshardfs/stats"  # reserved: the same JSON as a mount's stats xattr
 PIECE = 1 << 20  # bytes per body message: bounded memory per response however large the file
 PAGE = 10_000  # entries per HTML listing page (million-entry directories stay usable)
-JSON_NAMES = frozenset({"info", "zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "provenance"})
 METHODS = "GET, HEAD, OPTIONS"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 NAME_BYTES = 1024  # a longer path segment names nothing in any source (and reaches none)
@@ -60,7 +60,8 @@ class HttpError(Exception):
 
 
 def content_type(name: str) -> str:
-    if name in JSON_NAMES or name.endswith(".json"):
+    """JSON for the metadata file names the formats declare (`FormatPlugin.json_names`) and *.json."""
+    if name.endswith(".json") or name in json_names():
         return "application/json"
     return "application/octet-stream"
 
@@ -183,12 +184,12 @@ class TreeApp:
             known = expected_failure(e)
             if known is not None:
                 log_once(log, f"http:{known}", "502 for %s: %s", scope.get("path"), known)
-                status, text = 502, f"the backing data could not be read: {known}"
+                code, text = 502, f"the backing data could not be read: {known}"
             else:
                 log_once(log, f"httpbug:{type(e).__name__}:{e}", "500 for %s", scope.get("path"))
                 log.debug("traceback", exc_info=True)
-                status, text = 500, "internal error"
-            await self._reply(send, status, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
+                code, text = 500, "internal error"
+            await self._reply(send, code, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
         finally:
             if self.options.access_log:
                 origin = headers.get("origin")
@@ -356,7 +357,7 @@ async def _json_listing(node: DirNode) -> AsyncIterator[bytes]:
     first = True
     yield b"["
     async for name, is_dir, size in _entries(node):
-        item = {"name": name, "type": "directory" if is_dir else "file"}
+        item: dict[str, object] = {"name": name, "type": "directory" if is_dir else "file"}
         if not is_dir:
             item["size"] = size
         pieces.append(("" if first else ",") + json.dumps(item))

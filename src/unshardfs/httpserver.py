@@ -231,7 +231,8 @@ class _Connection:
                     event = self.h11.next_event()
                 except h11.RemoteProtocolError as e:
                     server.counters["bad_requests"] += 1
-                    return await self.refuse(e.error_status_hint, "malformed request")
+                    await self.refuse(e.error_status_hint, "malformed request")
+                    return None
                 if isinstance(event, h11.Request):
                     self._end_of_head()
                     return await self._checked(event)
@@ -246,7 +247,8 @@ class _Connection:
                     continue
                 if started:
                     server.counters["head_timeouts"] += 1
-                    return await self.refuse(408, "request head too slow")
+                    await self.refuse(408, "request head too slow")
+                    return None
                 return None  # idle keep-alive over
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None
@@ -265,10 +267,12 @@ class _Connection:
         size = len(request.method) + len(request.target) + 12 + sum(len(k) + len(v) + 4 for k, v in request.headers)
         if len(request.target) > self.limits.max_target_bytes:
             self.server.counters["bad_requests"] += 1
-            return await self.refuse(414, "request target too long")
+            await self.refuse(414, "request target too long")
+            return None
         if size > self.limits.max_header_bytes:
             self.server.counters["bad_requests"] += 1
-            return await self.refuse(431, "request headers too large")
+            await self.refuse(431, "request headers too large")
+            return None
         return request
 
     async def refuse(self, status: int, text: str) -> None:
@@ -323,7 +327,7 @@ class _Connection:
         parts = [self.head] if self.head else []
         self.head = b""
         if body:
-            parts += self.h11.send_with_data_passthrough(h11.Data(data=body))
+            parts += self.h11.send_with_data_passthrough(h11.Data(data=body)) or []
         if not message.get("more_body", False):
             parts.append(self.h11.send(h11.EndOfMessage()))
             self.complete = True

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from .caches import CacheSizes, MiB
+from .caches import Caches, CacheSizes, MiB
 from .core.fetch import FetchPolicy
 from .core.limits import Limits
-from .formats.registry import add_format_options, given_options
+from .formats.registry import add_format_options, given_options, index_levels
 from .sources import RemoteOptions
 from .sources.http import HttpOptions
 
@@ -35,7 +35,9 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint (default: AWS)")
     remote.add_argument("--gcs-endpoint", metavar="URL", help="GCS endpoint (default: storage.googleapis.com)")
     remote.add_argument("--cache-dir", metavar="DIR",
-                        help="keep shard/minishard indexes on disk, so a remount does not fetch them again")
+                        help="keep shard/minishard indexes on disk, so a remount does not fetch them again; "
+                             "they live in DIR/unshardfs-index-cache/ (made and marked by unshardfs, refused if "
+                             "it holds anything else), and no file unshardfs did not write is ever deleted")
     remote.add_argument("--cache-dir-size", type=int, default=1024, metavar="MiB",
                         help="budget of --cache-dir (default %(default)s)")
     fetch = FetchPolicy()
@@ -63,19 +65,21 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
 def add_cache_options(parser: argparse.ArgumentParser) -> None:
     """The daemon's cache budgets (mount and serve)."""
     sizes = CacheSizes()
-    parser.add_argument("--shard-index-cache", type=int, default=sizes.shard_index_bytes // MiB, metavar="MiB",
-                        help="shard index cache (default %(default)s)")
-    parser.add_argument("--minishard-index-cache", type=int, default=sizes.minishard_index_bytes // MiB,
-                        metavar="MiB", help="decoded minishard index cache (default %(default)s)")
+    for level in index_levels():  # as the formats declare them
+        parser.add_argument(level.option, dest=level.dest, type=int, default=level.default // MiB, metavar="MiB",
+                            help=f"{level.help} (default %(default)s)")
     parser.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
                         help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
                              "compressed payloads fetched at lookup)")
 
 
-def cache_sizes(args: argparse.Namespace) -> CacheSizes:
+def make_caches(args: argparse.Namespace) -> Caches:
+    """The caches the command line asks for: one per declared index level, chunks, payloads."""
     chunk = args.chunk_cache * MiB
-    return CacheSizes(args.shard_index_cache * MiB, args.minishard_index_cache * MiB, chunk,
-                      encoded_chunk_bytes=chunk // 8)
+    levels = index_levels()
+    sizes = CacheSizes({level.name: getattr(args, level.dest) * MiB for level in levels}, chunk,
+                       encoded_chunk_bytes=chunk // 8)
+    return Caches(sizes, levels)
 
 
 def format_options(args: argparse.Namespace) -> dict:

@@ -9,7 +9,7 @@ build their special directories on this.
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Literal
 
 from .passthrough import Declared, PassthroughDir
 from .sources.base import ByteSource, ObjectStat
@@ -51,7 +51,7 @@ class OverlayDir(DirNode):
         a node, Verdict.HIDE, or Verdict.PASS (as it is, or absent)."""
         return Verdict.PASS
 
-    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+    async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         """The computed child, None if absent, or Verdict.PASS for names not of the computed form."""
         return Verdict.PASS
 
@@ -67,10 +67,10 @@ class OverlayDir(DirNode):
             return node
         found = await self.virtual_lookup(name)
         if found is not Verdict.PASS:
-            return found  # type: ignore[return-value]
+            return found
         return await self.rest.lookup(name)
 
-    async def entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
+    async def entries(self) -> AsyncIterator[Batch]:
         if self.fixed:
             yield list(self.fixed.items())
         async for batch in self.virtual_entries():

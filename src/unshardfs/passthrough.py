@@ -90,7 +90,7 @@ class PassthroughDir(DirNode):
             st = await self.source.stat_dir(key)
         return await self._child(name, st)
 
-    async def entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
+    async def entries(self) -> AsyncIterator[Batch]:
         if not self.source.listable:
             # Only what the format's metadata names can be shown.
             known: list[Entry] = []

@@ -17,7 +17,7 @@ from .caches import Caches
 from .core.fetch import FetchPolicy
 from .core.limits import Limits
 from .core.runtime import Runtime
-from .formats.registry import Dataset, open_dataset, split_format
+from .formats.registry import Dataset, index_levels, open_dataset, split_format
 from .sources import CountingSource, RemoteOptions, open_source
 from .vtree import DirNode
 
@@ -42,7 +42,7 @@ class Session:
         options = options or {}
         named, rest = split_format(url)
         source = CountingSource(open_source(rest, options.get("remote") or RemoteOptions()))
-        runtime = Runtime(source, caches or Caches(), options.get("limits") or Limits(),
+        runtime = Runtime(source, caches or Caches(levels=index_levels()), options.get("limits") or Limits(),
                           options.get("policy") or FetchPolicy())
         try:
             dataset = await open_dataset(runtime, named, options.get("formats") or {})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mounts import UNSHARDFS, daemon_pids, force_unmount, run_cli
+from unshardfs.testing.mounts import UNSHARDFS, daemon_pids, force_unmount, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 

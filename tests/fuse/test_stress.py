@@ -3,7 +3,6 @@ signals to the daemon, and other users. All loops are bounded in count."""
 
 from __future__ import annotations
 
-import json
 import mmap
 import multiprocessing
 import os
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mounts import daemon_pids, force_unmount, run_cli
+from unshardfs.testing.mounts import daemon_pids, force_unmount, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 
@@ -34,10 +33,6 @@ def big(tmp_path_factory):
 
 def files_of(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != "info")
-
-
-def stats(mountpoint: Path) -> dict:
-    return json.loads(os.getxattr(mountpoint, "user.unshardfs.stats"))
 
 
 def test_differential_pread_mmap_seek(big, mount):
@@ -114,7 +109,7 @@ def test_concurrent_load_with_tiny_caches(big, mount):
         assert not p.is_alive(), "load test exceeded its time bound"
     results = [out.get(timeout=5) for _ in procs]
     assert results == [0] * len(procs)
-    s = stats(m.path)
+    s = m.stats()
     assert s["fuse"]["eio"] == 0
     for name, usage in s["caches"].items():
         assert usage["bytes"] <= usage["limit"] <= 1 << 20, (name, usage)
@@ -135,9 +130,9 @@ def test_killed_readers_leave_a_healthy_daemon(big, mount):
         v.kill()
         v.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while stats(m.path)["fuse"]["open_files"] and time.monotonic() < deadline:
+    while m.stats()["fuse"]["open_files"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert stats(m.path)["fuse"]["open_files"] == 0
+    assert m.stats()["fuse"]["open_files"] == 0
     for rel in large + names[:20]:
         assert (m.path / rel).read_bytes() == (big["plain"] / rel).read_bytes()
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.support.served import served
-from tests.support.mounts import run_cli
+from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, read_all, sharding, write_objects, write_volume
 
 REPO = Path(__file__).resolve().parents[2]

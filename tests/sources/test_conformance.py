@@ -1,4 +1,4 @@
-"""Every byte source runs the one ByteSource conformance suite (tests/support/source_conformance.py):
+"""Every byte source runs the one ByteSource conformance suite (unshardfs.testing.source_conformance):
 local directories, plain HTTP, the GCS JSON API stand-in, S3 through moto, and the disk-cache and
 counting layers."""
 
@@ -11,12 +11,14 @@ from typing import Any, Iterator
 import pytest
 
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
-from tests.support.source_conformance import Change, MakeSource, SourceConformance
+from unshardfs.testing.source_conformance import Change, MakeSource, SourceConformance
 from unshardfs.sources import CountingSource, LocalSource
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.http import HttpOptions, HttpSource
 from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.memory import MemorySource
+from unshardfs.testing.source_conformance import TREE
 
 # Failures are final at once: a conformance failure must not hide behind retries.
 FAST = HttpOptions(retries=0, timeout=10)
@@ -28,6 +30,24 @@ class TestLocal(SourceConformance):
     @pytest.fixture
     def make(self, tree: Path) -> MakeSource:
         return lambda: LocalSource(str(tree))
+
+
+class TestMemory(SourceConformance):
+    """The in-memory source shipped for format authors' unit tests keeps the same contract."""
+
+    listable, remote = True, False
+
+    @pytest.fixture
+    def source(self) -> MemorySource:
+        return MemorySource(TREE)
+
+    @pytest.fixture
+    def make(self, source: MemorySource) -> MakeSource:
+        return lambda: source
+
+    @pytest.fixture
+    def change(self, source: MemorySource) -> Change:
+        return lambda key, data: source.remove(key) if data is None else source.put(key, data)
 
 
 class TestCounting(SourceConformance):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import trio
 
-from tests.support.mounts import daemon_pids
+from unshardfs.testing.mounts import daemon_pids
 from unshardfs.errors import ConfigError, SourceError
 from unshardfs.sources import open_source
 from unshardfs.sources.http import HttpOptions, HttpSource, redirect_refusal

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.support.mounts import run_cli
+from unshardfs.testing.mounts import run_cli
 from unshardfs.errors import ConfigError, SourceError
 from unshardfs.sources import RemoteOptions, open_source
 from unshardfs.sources.objectstore import S3Source

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import json
 import os
 import random
 import shutil
@@ -28,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.mounts import daemon_pids
-from tests.support.trees import assert_same_tree
+from unshardfs.testing.mounts import daemon_pids
+from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, sharding as zsharding, write_case
@@ -157,9 +156,6 @@ class Shards:
         return extra
 
 
-def stats(mnt: Path) -> dict:
-    return json.loads(os.getxattr(mnt, "user.unshardfs.stats"))
-
 
 # -- scans ---------------------------------------------------------------------------------
 
@@ -185,7 +181,7 @@ def test_scan_in_listing_order(site, server, mount, layout):
     # beyond its chunks is wasted, and counted so: those, and the minishard indexes TensorStore
     # puts between its chunk runs.
     wasted = shards.check_payloads(server, reread=SCANNED_BEFORE_READ_AHEAD)
-    fetch = stats(m.path)["fetch"]
+    fetch = m.stats()["fetch"]
     assert fetch["prefetch_wasted_bytes"] == wasted
     assert fetch["prefetch_cached_entries"] == 0  # every prefetched chunk was read
     assert fetch["prefetch_bytes"] == fetch["prefetch_hit_bytes"] + fetch["prefetch_wasted_bytes"]
@@ -206,7 +202,7 @@ def test_cp_r_scan(site, server, mount, tmp_path):
     # shard that each window of keys (8, 9, 17, 33, 65, 129) touches; what the reads cover
     # between the chunks they want is kept, except 8 chunks already read.
     assert sum(c["payload"] for c in costs.values()) == 41
-    fetch = stats(m.path)["fetch"]
+    fetch = m.stats()["fetch"]
     wasted = shards.check_payloads(server, reread=8)
     assert fetch["prefetch_wasted_bytes"] == wasted == 8 * 4096
     assert fetch["prefetch_cached_entries"] == 0
@@ -245,7 +241,7 @@ def test_zarr_cp_r_of_nested_chunk_directories(site, server, mount, tmp_path):
     server.reset_log()
     subprocess.run(["cp", "-r", str(m.path / "c"), str(tmp_path / "copy")], check=True, timeout=60)
     assert assert_same_tree(tmp_path / "copy", site / "nested" / "plain" / "arr" / "c") == 128
-    fetch = stats(m.path)["fetch"]
+    fetch = m.stats()["fetch"]
     shards = 8
     assert fetch["reads"] == shards + SCANNED_BEFORE_READ_AHEAD  # shard indexes, and the reads before the scan
     assert fetch["prefetch_hits"] == 128 - SCANNED_BEFORE_READ_AHEAD
@@ -295,13 +291,13 @@ def test_scattered_reads_pay_nothing_for_read_ahead(site, server, mount):
         for name in names:
             assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes()
         sent[options] = sorted((r.method, r.path, r.range or "") for r in server.requests())
-        assert stats(m.path)["fetch"]["prefetch_bytes"] == 0
+        assert m.stats()["fetch"]["prefetch_bytes"] == 0
     assert sent[()] == sent[("--no-read-ahead",)]
     m = mount(f"{server.url}/igneous")
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda n: (m.path / KEY / n).read_bytes(), names))
     assert got == [(plain(site) / n).read_bytes() for n in names]
-    assert stats(m.path)["fetch"]["prefetch_bytes"] == 0
+    assert m.stats()["fetch"]["prefetch_bytes"] == 0
 
 
 # -- listings and lookups ------------------------------------------------------------------------
@@ -435,7 +431,7 @@ def test_prefetch_stays_within_its_budget(site, server, mount):
     names = sorted(os.listdir(m.path / KEY), key=lambda n: os.stat(m.path / KEY / n).st_ino)  # cp -r's order
     for name in names:
         assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes()
-        fetch = stats(m.path)["fetch"]
+        fetch = m.stats()["fetch"]
         assert fetch["prefetch_limit"] == 1 << 20
         assert fetch["prefetch_cached_bytes"] <= fetch["prefetch_limit"]
         assert fetch["prefetch_in_flight_bytes"] <= fetch["prefetch_limit"] // 2

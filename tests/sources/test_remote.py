@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
-from tests.support.trees import assert_same_tree, walk_files
+from unshardfs.testing.trees import assert_same_tree, walk_files
 from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
 from unshardfs.testing.http_servers import DatasetServer
 
@@ -269,7 +269,7 @@ def test_timeouts_end_in_eio(site, server, mount):
 
 def test_dvid_export_over_gcs(tmp_path, mount):
     """DVID exports need listing: over gs:// they mount like local ones; plain HTTP is refused clearly."""
-    from tests.support.mounts import run_cli
+    from unshardfs.testing.mounts import run_cli
     from unshardfs.testing.dvid import BLOCK, agglomerate, encode_volume, info_for, sample_volume, write_scale
     from tests.formats.dvid.test_mount import SHARDING, VARIANTS, read_tensorstore
 

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 import zstandard
 
-from tests.support.mounts import Mount, daemon_pids
+from unshardfs.testing.mounts import Mount, daemon_pids
 
 MiB = 1 << 20
 UNIT = 16 * MiB  # zeros per repeated deflate unit / zstd frame

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from tests.support.mounts import UNSHARDFS
+from unshardfs.testing.mounts import UNSHARDFS
 
 
 @contextlib.contextmanager

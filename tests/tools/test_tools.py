@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.support.mounts import UNSHARDFS, run_cli
-from tests.support.trees import walk_files
+from unshardfs.testing.mounts import UNSHARDFS, run_cli
+from unshardfs.testing.trees import walk_files
 from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete, damage_gzip_payload
 

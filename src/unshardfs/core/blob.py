@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from ..errors import DataError, SourceError
 from ..sources.base import ByteSource, ObjectStat
 
+Version = tuple[object, ...]  # an object version, as its source gives it (`ObjectStat.version`)
+Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)
+
 
 @dataclass(frozen=True, slots=True)
 class Blob:
     """The logical concatenation of one or more objects (usually one)."""
 
-    parts: tuple[tuple[str, int, tuple], ...]  # (source key, size, version)
+    parts: tuple[tuple[str, int, Version], ...]  # (source key, size, version)
     size: int
     mtime_ns: int
 
@@ -27,7 +30,7 @@ class Blob:
         return cls(((key, st.size, st.version),), st.size, st.mtime_ns)
 
     @property
-    def version(self) -> tuple:
+    def version(self) -> tuple[Version, ...]:
         return tuple(version for _, _, version in self.parts)
 
     @property
@@ -40,7 +43,7 @@ class Blob:
         return "+".join(key for key, _, _ in self.parts)
 
     @property
-    def ident(self) -> tuple:
+    def ident(self) -> Ident:
         """What identifies these bytes: cache keys are built on it."""
         return (self.label, self.version)
 

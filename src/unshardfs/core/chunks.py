@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Literal, cast
 
 import numpy as np
 
@@ -28,18 +28,15 @@ from .codecs import Codec
 from .fetch import Extent
 from .geometry import Geometry
 from .naming import Naming
+from .policy import POLICY
+from .readahead import ScanScope
 from .store import Shard, ShardedStore
-from .table import ChunkTable
-
-if TYPE_CHECKING:
-    from .readahead import ScanScope
+from .table import ChunkTable, int_list
 
 log = logging.getLogger(__name__)
 
-# Over the network a payload up to this size is fetched whole, once, instead
-# of in the kernel's 128 KiB pieces (each a round trip).
-WHOLE_READ_MAX = 1 << 20
-LIST_BATCH = 4096  # entries per listing batch (per-batch costs spread over enough entries)
+WHOLE_READ_MAX = POLICY.whole_read_max
+LIST_BATCH = POLICY.list_batch
 
 
 class ChunkFile(FileNode):
@@ -75,7 +72,7 @@ class ChunkFile(FileNode):
             return b""
         ctx = self.ctx
         if offset == 0 and ctx.scope is not None:
-            ctx.scope.note(self)
+            ctx.scope.note(self.key)
         if ctx.codec.transparent:
             if ctx.whole_reads and self.length <= WHOLE_READ_MAX:
                 return (await ctx.payload(self))[offset:offset + size]
@@ -93,7 +90,16 @@ class ChunkFile(FileNode):
 
 
 class ChunkContext:
-    def __init__(self, store: ShardedStore, naming: Naming, codec: Codec, geometry: Geometry | None = None,
+    """What the chunk files of one sharded directory share: a format's store, naming, codec and
+    geometry, and the mount's fetcher, caches and read-ahead scope.
+
+    Formats build one per directory and hand it to `ShardedDir`; lookups
+    (`lookup`, `file`), streamed listings (`listing`) and reads are then the
+    core's. Lookups return None for an absent chunk and raise DataError for
+    a damaged one; listings log damage once and leave the damaged part out.
+    """
+
+    def __init__(self, store: ShardedStore[Any, Any], naming: Naming, codec: Codec, geometry: Geometry | None = None,
                  read_ahead: bool = True) -> None:
         self.store = store
         self.naming = naming
@@ -104,9 +110,19 @@ class ChunkContext:
         self.whole_reads = store.source.remote
         self.scope: ScanScope | None = None
         if read_ahead and self.fetcher.policy.read_ahead:
-            from .readahead import ScanScope
-
             self.scope = ScanScope(self)
+
+    # -- what read-ahead sees (readahead.ScanTarget) --------------------------------------
+
+    @property
+    def dense(self) -> bool:
+        return self.naming.dense
+
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        return await self.store.locate(key)
+
+    def has_payload(self, ext: Extent) -> bool:
+        return ext.key in self.caches.encoded_chunk
 
     def with_naming(self, naming: Naming) -> "ChunkContext":
         """The same chunks under other names (one level of nested chunk directories);
@@ -117,7 +133,7 @@ class ChunkContext:
 
     # -- files -------------------------------------------------------------------------
 
-    async def lookup(self, name: str) -> "Node | None | Verdict":
+    async def lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         """The chunk file called `name`: Verdict.PASS if the name is not of the computed form."""
         if not self.naming.claims(name):
             return Verdict.PASS
@@ -216,7 +232,7 @@ class ChunkContext:
                 except StopAsyncIteration:
                     exhausted = True
                     break
-                if keep is not None and not keep(store.label, shard):
+                if keep is not None and not keep(store.label, store.token(shard)):
                     continue  # another part of a split check/export lists this shard
                 ahead.append(shard)
                 if window and len(ahead) > 1:
@@ -242,7 +258,8 @@ class ChunkContext:
         still reading (else both would send the shard's HEAD and index reads)."""
         return await self.fetcher.flights.run(("tables", id(self.store), shard), lambda: self.store.tables(shard))
 
-    async def listing(self, select=None, within: object = None) -> AsyncIterator[EntryBatch]:
+    async def listing(self, select: Callable[[np.ndarray], np.ndarray] | None = None,
+                      within: object = None) -> AsyncIterator[EntryBatch]:
         """The directory's chunk files in batches of about LIST_BATCH, shard by shard.
 
         `select(keys) -> mask` keeps a subset of the shards `within` gives
@@ -293,7 +310,8 @@ class ChunkContext:
             return None
         if self.scope is not None:
             self.scope.listed(table)
-        return ChunkBatch(self, table, names, sizes.tolist(), self.naming.idents(table.keys))
+        # Entries without a name were dropped above.
+        return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.idents(table.keys))
 
     async def _sizes(self, table: ChunkTable, where: str) -> tuple[np.ndarray, np.ndarray]:
         """File sizes of a table's entries and which entries can be listed at all."""
@@ -345,7 +363,7 @@ class ChunkBatch(EntryBatch):
 
 def _concat(tables: list[ChunkTable]) -> ChunkTable:
     """Tables of one shard as one (listing order kept; not for lookups)."""
-    extra = None if tables[0].extra is None else np.concatenate([t.extra for t in tables])  # type: ignore[misc]
+    extra = None if tables[0].extra is None else np.concatenate([t.extra for t in tables if t.extra is not None])
     return ChunkTable(tables[0].blob, np.concatenate([t.keys for t in tables]),
                       np.concatenate([t.starts for t in tables]), np.concatenate([t.lengths for t in tables]),
                       {}, extra)

@@ -11,16 +11,41 @@ fixes it; anything else is damage) and its `cap` (the most it may decode to).
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import crc32c
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import DataError
+from .blob import Blob
 from .bounded import gunzip
 
-if TYPE_CHECKING:
-    from .chunks import ChunkFile
+
+class PayloadRef(Protocol):
+    """What a codec knows of the chunk whose payload it decodes (a `ChunkFile` is one)."""
+
+    @property
+    def blob(self) -> Blob: ...
+
+    @property
+    def key(self) -> int: ...
+
+    @property
+    def extra(self) -> int:
+        """The format's per-entry column (`ChunkTable.extra`): a row in an Arrow record batch."""
+
+    @property
+    def length(self) -> int:
+        """Stored payload bytes."""
+
+    @property
+    def size(self) -> int:
+        """The file's size: what `decode` must return exactly."""
+
+    @property
+    def where(self) -> str:
+        """How errors name the chunk."""
 
 CODECS: dict[str, type["Codec"]] = {}
 
@@ -30,7 +55,7 @@ def register_codec(cls: type["Codec"]) -> type["Codec"]:
     return cls
 
 
-def codec(name: str, **params) -> "Codec":
+def codec(name: str, **params: object) -> "Codec":
     """The codec registered as `name`, configured with `params`."""
     try:
         return CODECS[name](**params)
@@ -39,6 +64,18 @@ def codec(name: str, **params) -> "Codec":
 
 
 class Codec:
+    """How a chunk's stored payload becomes its file's bytes (one small class per encoding).
+
+    Contract: `size`/`sizes` tell the file's size from the stored length
+    (and the geometry's `exact` size and `cap`) without reading the payload
+    when they can, None when the `trailer` bytes are needed
+    (`size_from_trailer`); `decode` returns exactly `f.size` bytes. Every
+    impossible length, size beyond `cap` or undecodable payload is a
+    `DataError(where, reason)`, never an exception of another type, and
+    decoding never allocates beyond `cap`. Register with `register_codec` or
+    an `unshardfs.codecs` entry point naming the class.
+    """
+
     name: ClassVar[str]
     # File bytes are the stored bytes themselves: reads can be served in ranges.
     transparent: ClassVar[bool] = False
@@ -64,11 +101,11 @@ class Codec:
     def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
         raise NotImplementedError
 
-    async def prepare(self, f: "ChunkFile") -> object:
+    async def prepare(self, f: PayloadRef) -> object:
         """Whatever `decode` needs besides the payload that takes I/O to get (a schema); None by default."""
         return None
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         """The file's bytes (exactly `f.size` of them, already bounded) from the payload, or DataError.
         Runs in a worker thread for large payloads: no awaiting, no shared mutable state."""
         raise NotImplementedError
@@ -91,14 +128,14 @@ class Stored(Codec):
         sizes = lengths.astype(np.int64)
         return sizes, np.ones(len(sizes), dtype=bool) if exact is None else sizes == exact
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         return payload
 
 
 GZIP_MIN = 18  # 10-byte header + empty deflate stream (2) + CRC32 + ISIZE
 
 
-def _max_deflated(decoded: np.ndarray | int):
+def _max_deflated(decoded: NDArray[np.int64] | int) -> NDArray[np.int64] | int:
     """Largest gzip encoding of `decoded` bytes: deflate's stored blocks add 5
     bytes per 16 KiB, headers and member chains a little more."""
     return decoded + decoded // 1000 + (64 << 10)
@@ -143,18 +180,18 @@ class Gzip(Codec):
         return None, (lengths >= GZIP_MIN) & (lengths <= _max_deflated(cap))
 
     def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
-        (size,) = struct.unpack("<I", trailer)
+        size: int = struct.unpack("<I", trailer)[0]
         if size > cap:
             raise DataError(where, f"gzip trailer claims {size:,} bytes, more than this file can hold ({cap:,})")
         return size
 
-    async def prepare(self, f: "ChunkFile") -> object:
+    async def prepare(self, f: PayloadRef) -> object:
         # Before the payload is fetched: a 64-byte chunk whose index gives it
         # 1.5 GB is never read into memory, let alone inflated.
         _check_gzip_length(f.length, f.size, f.where)
         return None
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         data = gunzip(payload, f.size, f.where)
         if len(data) != f.size:
             raise DataError(f.where, f"gzip payload decodes to {len(data):,} bytes, expected {f.size:,}")
@@ -180,7 +217,7 @@ class Crc32cSuffix(Codec):
         sizes = lengths.astype(np.int64) - 4
         return sizes, (sizes >= 0) & (sizes <= cap)
 
-    def decode(self, payload: bytes, f: "ChunkFile", prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         data = payload[:-4]
         if crc32c.crc32c(data) != int.from_bytes(payload[-4:], "little"):
             raise DataError(f.where, "chunk crc32c checksum mismatch")

@@ -8,7 +8,7 @@ Formats only choose the store, naming and codec (a `ChunkContext`).
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Literal
 
 from ..overlay import OverlayDir
 from ..sources.base import ByteSource, ObjectStat
@@ -30,7 +30,7 @@ class ShardedDir(OverlayDir):
     def hides(self, name: str) -> bool:
         return self.chunks.store.is_shard_file(name)
 
-    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+    async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         return await self.chunks.lookup(name)
 
     def virtual_entries(self) -> AsyncIterator[Batch]:
@@ -52,7 +52,7 @@ class ChunksDir(DirNode):
 
     async def lookup(self, name: str) -> Node | None:
         found = await self.chunks.lookup(name)
-        return None if found is Verdict.PASS else found  # type: ignore[return-value]
+        return None if found is Verdict.PASS else found
 
     def entries(self) -> AsyncIterator[Batch]:
         return self.chunks.listing()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Awaitable, Callable, Hashable, Iterable, Sequence, cast
 
 import trio
 
@@ -22,10 +22,12 @@ from ..caches import CountedLRU
 from ..errors import DataError
 from ..logonce import log_once
 from ..sources.base import ByteSource
-from .blob import Blob
+from .blob import Blob, Ident
 from .flight import Flights
 
 log = logging.getLogger(__name__)
+
+ExtentKey = tuple[Ident, int, int]  # an extent's cache key: its blob's ident, start and length
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class Extent:
         return self.start + self.length
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> ExtentKey:
         # Offset *and* length: two payloads may start at the same offset of
         # one version of a blob only if one of them is damaged, and then
         # they must not share a cache entry.
@@ -86,7 +88,7 @@ class PrefetchCache(CountedLRU):
         super().__init__(maxsize)
         self.counters = counters
 
-    def popitem(self):  # type: ignore[override]
+    def popitem(self) -> tuple[Hashable, bytes]:
         key, value = super().popitem()
         self.counters.prefetch_wasted_bytes += len(value)
         return key, value
@@ -116,7 +118,7 @@ class _Run:
 def plan(extents: Sequence[Extent], max_gap: int, max_span: int) -> list[_Run]:
     """Group extents into runs: same blob, sorted by offset, joined across small gaps."""
     runs: list[_Run] = []
-    by_blob: dict[tuple, list[Extent]] = {}
+    by_blob: dict[Ident, list[Extent]] = {}
     for ext in extents:
         by_blob.setdefault(ext.blob.ident, []).append(ext)
     for group in by_blob.values():
@@ -134,6 +136,16 @@ def plan(extents: Sequence[Extent], max_gap: int, max_span: int) -> list[_Run]:
 
 
 class Fetcher:
+    """The one read path of a mount: every byte a format or chunk file needs comes through here.
+
+    `read(ext)` and `read_many(extents)` return exactly the bytes of each
+    extent (coalescing neighbours closer than the policy's gap into one
+    request, sharing requests in flight, serving prefetched copies); a range
+    the source cannot deliver whole is a DataError. `index=True` marks index
+    structures (a disk cache may keep them). `prefetch` and `spawn` are for
+    the core's read-ahead; formats only read.
+    """
+
     def __init__(self, source: ByteSource, policy: FetchPolicy | None = None) -> None:
         self.source = source
         self.policy = policy or FetchPolicy()
@@ -144,7 +156,7 @@ class Fetcher:
         self.counters = FetchCounters()
         self.prefetched = PrefetchCache(self.policy.prefetch_bytes, self.counters)
         self.flights = Flights()
-        self._in_flight: dict[tuple, list[_Run]] = {}  # runs being read, by blob
+        self._in_flight: dict[Ident, list[_Run]] = {}  # runs being read, by blob
         self._prefetch_in_flight = 0  # bytes
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
@@ -167,7 +179,7 @@ class Fetcher:
     def can_prefetch(self) -> bool:
         return self._nursery is not None and self.policy.read_ahead
 
-    def spawn(self, work, *args) -> bool:
+    def spawn(self, work: Callable[..., Awaitable[object]], *args: object) -> bool:
         """Start `work(*args)` in the background if a nursery is attached."""
         if self._nursery is None:
             return False
@@ -237,15 +249,16 @@ class Fetcher:
                 self._raise(run)
             for i, ext in retry:
                 results[i] = _slice(self._run_of(runs, ext), ext)
+        out = cast(list[bytes], results)  # every slot was filled above
         if kept is not None:
             for i, ext in wanted:
                 if ext.blob.versioned:
-                    kept.put(ext.key, results[i])  # type: ignore[arg-type]
-        return results  # type: ignore[return-value]
+                    kept.put(ext.key, out[i])
+        return out
 
     def _prefetched(self, ext: Extent) -> bytes | None:
         """The extent's bytes if a prefetch brought them (taken out of the prefetch cache)."""
-        hit = self.prefetched.pop(ext.key, None)
+        hit: bytes | None = self.prefetched.pop(ext.key, None)
         if hit is not None:
             self.counters.prefetch_hits += 1
             self.counters.prefetch_hit_bytes += len(hit)
@@ -380,7 +393,7 @@ class Fetcher:
                 "prefetch_in_flight_bytes": self._prefetch_in_flight}
 
 
-async def _guarded(work, args: tuple) -> None:
+async def _guarded(work: Callable[..., Awaitable[object]], args: tuple[object, ...]) -> None:
     """Background work is an optimisation: whatever it raises is logged once and dropped,
     never allowed to end the nursery (and with it the daemon)."""
     try:

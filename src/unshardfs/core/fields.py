@@ -14,6 +14,7 @@ deep-copied.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import math
@@ -49,9 +50,9 @@ def _is_int(value: object) -> bool:
 
 
 def as_int(value: object, where: str, lo: int = -INT_LIMIT, hi: int = INT_LIMIT) -> int:
-    if not _is_int(value) or not lo <= value <= hi:  # type: ignore[operator]
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:  # JSON true is no number
         raise MetadataError(where, f"must be an integer in [{lo}, {hi}], got {quote(value)}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def as_ints(value: object, where: str, length: int | None = None, lo: int = -INT_LIMIT,
@@ -79,7 +80,7 @@ class Fields:
     def __init__(self, raw: object, where: str) -> None:
         if not isinstance(raw, dict):
             raise MetadataError(where, f"must be a JSON object, got {type(raw).__name__}")
-        self.raw: dict = raw
+        self.raw: dict[str, Any] = raw
         self.where = where
 
     def at(self, name: str) -> str:
@@ -102,26 +103,29 @@ class Fields:
         value = self._value(name, default)
         return value if value is default and default is not _MISSING else as_int(value, self.at(name), lo, hi)
 
-    def ints(self, name: str, length: int | None = None, lo: int = -INT_LIMIT, hi: int = INT_LIMIT,
-             default: Any = _MISSING) -> tuple[int, ...]:
+    def ints(self, name: str, length: builtins.int | None = None, lo: builtins.int = -INT_LIMIT,
+             hi: builtins.int = INT_LIMIT, default: Any = _MISSING) -> tuple[builtins.int, ...]:
         value = self._value(name, default)
         return as_ints(value, self.at(name), length, lo, hi)
 
-    def str(self, name: str, choices: tuple[str, ...] | None = None, default: Any = _MISSING) -> str:
+    def str(self, name: builtins.str, choices: tuple[builtins.str, ...] | None = None,
+            default: Any = _MISSING) -> builtins.str:
         value = self._value(name, default)
         return as_str(value, self.at(name), choices)
 
-    def obj(self, name: str, default: Any = _MISSING) -> "Fields":
+    def obj(self, name: builtins.str, default: Any = _MISSING) -> "Fields":
         return Fields(self._value(name, default), self.at(name))
 
-    def list(self, name: str, default: Any = _MISSING, max_length: int = 1 << 20) -> list:
+    def list(self, name: builtins.str, default: Any = _MISSING, max_length: builtins.int = 1 << 20
+             ) -> builtins.list[Any]:
         value = self._value(name, default)
         if not isinstance(value, list) or len(value) > max_length:
             got = f"{len(value):,} items" if isinstance(value, list) else quote(value)
             raise MetadataError(self.at(name), f"must be a list (of at most {max_length:,} items), got {got}")
         return value
 
-    def objects(self, name: str, default: Any = _MISSING, max_length: int = 1 << 20) -> Iterator["Fields"]:
+    def objects(self, name: builtins.str, default: Any = _MISSING,
+                max_length: builtins.int = 1 << 20) -> Iterator["Fields"]:
         """Each item of a list member, as `Fields` (every item must be an object)."""
         for i, item in enumerate(self.list(name, default, max_length)):
             yield Fields(item, f"{self.at(name)}[{i}]")
@@ -135,7 +139,7 @@ class ShallowEdit:
     are copied, each once.
     """
 
-    def __init__(self, raw: dict) -> None:
+    def __init__(self, raw: dict[str, Any]) -> None:
         self.root = dict(raw)
         self._copied = {id(self.root)}
 
@@ -251,7 +255,7 @@ def shape_problem(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
     return None
 
 
-def _object(pairs: list[tuple[str, Any]]) -> dict:
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # For a document parsed off the loop, a Python-level hook (rather than the C
     # default) gives a thread switch per object, so a long parse on a worker
     # thread does not hold the event loop off.

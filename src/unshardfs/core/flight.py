@@ -9,7 +9,7 @@ or the same exception).
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Hashable, TypeVar
+from typing import Awaitable, Callable, Hashable, TypeVar, cast
 
 import trio
 
@@ -45,11 +45,11 @@ class Flights:
                 continue  # its runner was cancelled: not our failure; run it ourselves
             if flight.error is not None:
                 raise flight.error
-            return flight.value  # type: ignore[return-value]
+            return cast(T, flight.value)  # set by the runner, whose `work` returns a T
         flight = self._flying[key] = _Flight()
         try:
-            flight.value = await work()
-            return flight.value  # type: ignore[return-value]
+            value = flight.value = await work()
+            return value
         except trio.Cancelled:
             flight.cancelled = True
             raise
@@ -64,7 +64,7 @@ class Flights:
         """The value in `cache`, or computed once (concurrent askers share the work) and kept."""
         value = cache.get(key)
         if value is not None:
-            return value  # type: ignore[return-value]
+            return cast(T, value)  # what `work` returned for this key
 
         async def fill() -> T:
             result = await work()

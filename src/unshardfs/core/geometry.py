@@ -33,3 +33,14 @@ class Geometry:
 
     def cap_one(self, key: int) -> int:
         return int(self.cap(np.array([key], dtype=np.uint64))[0])
+
+
+class FixedSize(Geometry):
+    """Every chunk decodes to exactly `size` bytes: sizes are known from the index alone."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+    def exact(self, keys: np.ndarray) -> np.ndarray:
+        return np.full(len(keys), self.size, dtype=np.int64)

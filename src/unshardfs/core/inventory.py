@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class SizeStats:
         self.histogram += np.bincount(np.searchsorted(SIZE_BUCKETS, sizes, side="right") - 1,
                                       minlength=len(SIZE_BUCKETS))
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {"chunks": self.chunks, "stored_bytes": self.stored,
                 "stored_chunk_size": {"min": self.smallest or 0, "max": self.largest,
                                       "mean": self.stored / self.chunks if self.chunks else 0,
@@ -52,7 +52,7 @@ class InventoryPart(ABC):
     key: str
 
     @abstractmethod
-    async def report(self, progress: Progress | None = None) -> dict:
+    async def report(self, progress: Progress | None = None) -> dict[str, Any]:
         """kind, key, layout, shards_expected/present, chunks, stored sizes, format details."""
 
 
@@ -65,9 +65,9 @@ class ChunkInventory(InventoryPart):
     chunks: ChunkContext
     layout: str
     shards_expected: int | None
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
-    async def report(self, progress: Progress | None = None) -> dict:
+    async def report(self, progress: Progress | None = None) -> dict[str, Any]:
         present = 0
         async for _ in self.chunks.store.shards():
             present += 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import DataError
+
 # Fixed bounds on the shape of a metadata document (no real metadata comes
 # near them; each exists because something deeper or longer costs out of
 # proportion): nesting depth (every walk over the tree, including Python's own
@@ -44,8 +46,6 @@ class Limits:
     def check_index(self, size: int, where: str, cache: int | None = None) -> None:
         """DataError for an index beyond the limit, or beyond `cache` (the budget of the
         cache that must hold it: a larger one would be read again on every use)."""
-        from ..errors import DataError
-
         limit = self.index_bytes if cache is None else min(self.index_bytes, cache)
         if size > limit:
             bound = "--max-index-size" if limit == self.index_bytes else "the size of the cache that holds it"

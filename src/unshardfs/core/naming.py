@@ -17,6 +17,14 @@ IDENT_LIMIT = 1 << CHILD_ID_BITS
 
 
 class Naming(ABC):
+    """Key <-> file name for the chunk files of one sharded directory (no I/O, no listing).
+
+    `claims` says which names the directory computes (a source entry of that
+    form is shadowed, never passed through); `parse` accepts only the
+    canonical spelling (anything else: None, an absent file); `names` is its
+    inverse over a listing batch. Idents (inode numbers) default to the key.
+    """
+
     # Keys fill a range (grid cells): the key after k is k+1. Sparse keys
     # (segment ids) are not dense.
     dense: bool = False
@@ -41,7 +49,8 @@ class Naming(ABC):
 
     def idents(self, keys: np.ndarray) -> list[int | None]:
         if not len(keys) or int(keys.max()) < IDENT_LIMIT:
-            return keys.tolist()
+            idents: list[int | None] = keys.tolist()
+            return idents
         return [self.ident(k) for k in keys.tolist()]
 
     def name_of_ident(self, ident: int) -> str:
@@ -50,3 +59,57 @@ class Naming(ABC):
         if name is None:
             raise KeyError(ident)
         return name
+
+
+U64_MAX = (1 << 64) - 1
+
+
+def parse_decimal(text: str) -> int | None:
+    """A canonical base-10 uint64 (ASCII digits, no sign, no leading zeros), or None."""
+    if not text.isdigit() or not text.isascii() or (len(text) > 1 and text[0] == "0") or len(text) > 20:
+        return None
+    value = int(text)
+    return value if value <= U64_MAX else None
+
+
+class DecimalNaming(Naming):
+    """Files named by a decimal chunk id and an optional `suffix` (`123`, `123.index`).
+
+    `also` lists other suffixes the directory computes (so `123.index` is
+    not passed through where a sibling context names it). With `ident_bits`,
+    idents are `(id << ident_bits) + ident_add`: two files per id can share a
+    directory (precomputed meshes: fragments and manifest).
+    """
+
+    def __init__(self, suffix: str = "", ident_bits: int = 0, ident_add: int = 0, also: tuple[str, ...] = ()) -> None:
+        self.suffix = suffix
+        self.ident_bits = ident_bits
+        self.ident_add = ident_add
+        self.claimed = tuple(dict.fromkeys((suffix, *also)))
+
+    def claims(self, name: str) -> bool:
+        return any(parse_decimal(name[:len(name) - len(s)] if s else name) is not None
+                   for s in self.claimed if name.endswith(s))
+
+    def parse(self, name: str) -> int | None:
+        if self.suffix and not name.endswith(self.suffix):
+            return None
+        return parse_decimal(name[:len(name) - len(self.suffix)] if self.suffix else name)
+
+    def names(self, keys: np.ndarray) -> list[str | None]:
+        suffix = self.suffix
+        return [f"{k}{suffix}" for k in keys.tolist()]
+
+    def ident(self, key: int) -> int | None:
+        ident = (key << self.ident_bits) + self.ident_add
+        return ident if ident < IDENT_LIMIT else None
+
+    def idents(self, keys: np.ndarray) -> list[int | None]:
+        if not self.ident_bits:
+            return super().idents(keys)
+        return [self.ident(k) for k in keys.tolist()]
+
+    def name_of_ident(self, ident: int) -> str:
+        if self.ident_bits:
+            return f"{ident >> self.ident_bits}{self.suffix}"
+        return super().name_of_ident(ident)

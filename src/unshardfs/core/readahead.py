@@ -25,28 +25,42 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
 import numpy as np
 
 from ..errors import DataError
-from .blob import Blob
-from .fetch import Extent
-from .table import ChunkTable
+from .blob import Blob, Ident
+from .fetch import Extent, Fetcher
+from .policy import POLICY
+from .table import ChunkTable, int_list
 
-if TYPE_CHECKING:
-    from .chunks import ChunkContext, ChunkFile
-
-MAX_STREAMS = 16
-FIRST_WINDOW = 8
-MAX_WINDOW = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
-SLACK = 8  # a read may skip this many predicted chunks and still continue a confirmed stream
-CONFIRM = 2  # matches before a guess starts prefetching
-# Listed entries remembered (listing order; key order over sparse keys; the chunks in a
-# prefetch's gaps): about 50 bytes each at most.
-LISTED_KEYS_MAX = 1 << 20
+MAX_STREAMS = POLICY.max_streams
+FIRST_WINDOW = POLICY.first_window
+MAX_WINDOW = POLICY.max_window
+SLACK = POLICY.slack
+CONFIRM = POLICY.confirm
+LISTED_KEYS_MAX = POLICY.listed_keys_max
+WHOLE_READ_MAX = POLICY.whole_read_max
 
 Picked = tuple[int, Extent, ChunkTable]  # a stream position, its chunk's extent, and the chunk's table
+
+
+class ScanTarget(Protocol):
+    """What read-ahead needs of a directory of chunk files (a `ChunkContext` is one)."""
+
+    @property
+    def fetcher(self) -> Fetcher: ...
+
+    @property
+    def dense(self) -> bool:
+        """Whether keys fill a range (the key after k is k+1)."""
+
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        """The table holding chunk `key` and its position (None: absent; DataError: damaged)."""
+
+    def has_payload(self, ext: Extent) -> bool:
+        """Whether the payload at `ext` is already kept for its reader."""
 
 
 @dataclass(eq=False)
@@ -81,14 +95,14 @@ class Listings:
     def __init__(self) -> None:
         self.batches: list[np.ndarray] = []
         self.count = 0
-        self._seen: set[tuple] = set()
+        self._seen: set[tuple[Ident, int, int]] = set()
         self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its keys (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
-        self._tables: dict[tuple, list] = {}  # blob ident -> its listed tables
-        self._spans: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # ... as sorted (starts, lengths)
+        self._tables: dict[Ident, list[ChunkTable]] = {}  # blob ident -> its listed tables
+        self._spans: dict[Ident, tuple[np.ndarray, np.ndarray]] = {}  # ... as sorted (starts, lengths)
 
-    def add(self, table) -> None:
+    def add(self, table: ChunkTable) -> None:
         mark = (table.blob.ident, int(table.keys[0]), len(table))
         if mark in self._seen or self.count >= LISTED_KEYS_MAX:
             return
@@ -121,11 +135,11 @@ class Listings:
             i = self._position(b, key)
             if i is not None:
                 self._last = b
-                out = self.batches[b][i + 1:i + 1 + n].tolist()
+                out = int_list(self.batches[b][i + 1:i + 1 + n])
                 for later in self.batches[b + 1:]:
                     if len(out) >= n:
                         break
-                    out += later[:n - len(out)].tolist()
+                    out += int_list(later[:n - len(out)])
                 return out
         return None
 
@@ -147,24 +161,24 @@ class Listings:
 
 @dataclass(eq=False)
 class ScanScope:
-    ctx: "ChunkContext"
+    ctx: ScanTarget
     streams: list[_Stream] = field(default_factory=list)
-    pending: deque = field(default_factory=lambda: deque(maxlen=4096))
+    pending: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     working: bool = False
     listings: Listings = field(default_factory=Listings)
 
     # -- fed by the chunk files and listings --------------------------------------------
 
-    def note(self, f: "ChunkFile") -> None:
-        """A chunk file is being read from its start (cheap: the work happens in the background)."""
+    def note(self, key: int) -> None:
+        """Chunk `key`'s file is being read from its start (cheap: the work happens in the background)."""
         fetcher = self.ctx.fetcher
         if not fetcher.can_prefetch:
             return
-        self.pending.append(f.key)
+        self.pending.append(key)
         if not self.working:
             self.working = fetcher.spawn(self._work)
 
-    def listed(self, table) -> None:
+    def listed(self, table: ChunkTable) -> None:
         """Keys of a listing batch, in listing order."""
         if len(table):
             self.listings.add(table)
@@ -206,7 +220,7 @@ class ScanScope:
             stream.cursor = 0
         start = max(stream.frontier, stream.cursor)
         picked, stop = await self._window(stream, start, stream.cursor + stream.window)
-        tables: dict[tuple, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
+        tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
 
@@ -248,7 +262,7 @@ class ScanScope:
     async def _extent(self, key: int) -> tuple[Extent, ChunkTable] | None:
         """The chunk's extent and the table it is in, if it is worth prefetching."""
         try:
-            found = await self.ctx.store.locate(key)
+            found = await self.ctx.locate(key)
         except DataError:
             return None
         if found is None:
@@ -259,9 +273,7 @@ class ScanScope:
 
     def _wanted(self, ext: Extent) -> bool:
         """Whether prefetching the chunk's payload could save its reader a request."""
-        from .chunks import WHOLE_READ_MAX
-
-        return ext.length <= WHOLE_READ_MAX and ext.key not in self.ctx.caches.encoded_chunk
+        return ext.length <= WHOLE_READ_MAX and not self.ctx.has_payload(ext)
 
     def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable]) -> list[Extent]:
         """The chunks a prefetch of [start, end) of `blob` reads anyway, known from the listing
@@ -278,21 +290,21 @@ class ScanScope:
     async def _successors(self, order: str, key: int, n: int) -> list[int]:
         """Up to `n` keys expected after `key` in a scan of the given order."""
         if order == "key":
-            if self.ctx.naming.dense:
+            if self.ctx.dense:
                 return list(range(key + 1, key + 1 + n))
             listed = self.listings.sorted_keys()
             if listed is None:
                 return []
             i = int(np.searchsorted(listed, np.uint64(key), side="right"))
-            return listed[i:i + n].tolist()
+            return int_list(listed[i:i + n])
         listed_after = self.listings.after(key, n)
         if listed_after is not None:
             return listed_after
         try:  # not listed: the entries after it in its index table
-            found = await self.ctx.store.locate(key)
+            found = await self.ctx.locate(key)
         except DataError:
             return []
         if found is None:
             return []
         table, i = found
-        return table.keys[i + 1:i + 1 + n].tolist()
+        return int_list(table.keys[i + 1:i + 1 + n])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable
 
 from ..caches import Caches
 from ..sources.base import ByteSource
@@ -17,13 +17,13 @@ class Runtime:
     caches: Caches = field(default_factory=Caches)
     limits: Limits = field(default_factory=Limits)
     policy: FetchPolicy | None = None
-    # Which shards listings show, by (directory label, shard handle): a part of a
+    # Which shards listings show, by (directory label, shard token): a part of a
     # check/export split over workers lists (and so reads) only its own shards.
-    shard_filter: Callable[[str, Hashable], bool] | None = None
+    shard_filter: Callable[[str, str], bool] | None = None
     fetcher: Fetcher = field(init=False)
 
     def __post_init__(self) -> None:
         self.fetcher = Fetcher(self.source, self.policy)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, object]:
         return {"fetch": self.fetcher.stats()}

@@ -1,23 +1,71 @@
-"""What a format supplies to the core for one sharded directory: a `ShardedStore`.
+"""What a format supplies to the core for one sharded directory, and what the core keeps: `ShardedStore`.
 
-The store knows the format's index structures and nothing else: which
-shards exist (in listing order), the chunk tables of one shard, and where
-one chunk lives. Everything above it (files, caching, decoding, listings,
-read-ahead) is the core's, shared by every format.
+The store's `locate` and `tables` are the core's and final: they turn a bad
+index entry into a DataError, drop entries that belong to another shard
+(a listing never shows a name a lookup cannot find), and read each shard's
+index once per version of its object, however many ask at once, within the
+index limit and the budget of the cache that keeps it.
+
+A format implements only what is its own: which shard a key lives in
+(`shard_of`), which shards exist (`shards`), how to open a shard
+(`open_shard`), how to read and decode its index (`read_index`, into
+`ChunkTable`s), and, for multi-level indexes, which table holds a key
+(`table_for`, `index_tables`). Index levels are declared (`index_levels`),
+and each level's cache is made from its declaration.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
-from typing import AsyncIterator, Hashable
+from typing import AsyncIterator, Awaitable, Callable, Generic, Hashable, TypeVar, cast, final
 
+import numpy as np
+
+from ..caches import SHARD_INDEX, CountedLRU, IndexLevel
+from ..errors import DataError
+from ..logonce import log_once
+from .blob import Blob
+from .fetch import Extent
 from .runtime import Runtime
 from .table import ChunkTable
 
-Shard = Hashable  # a store's own handle for one shard (a number, a grid index)
+ShardT = TypeVar("ShardT", bound=Hashable)  # a store's own handle for one shard (a number, a grid index)
+IndexT = TypeVar("IndexT")  # what one shard's first index level decodes to (usually a ChunkTable)
+T = TypeVar("T")
+
+Shard = Hashable  # a shard handle, for code that does not know the store's type
+
+log = logging.getLogger(__name__)
 
 
-class ShardedStore(ABC):
+def shard_token(shard: object) -> str:
+    """A shard handle as text that is the same in every process (a number, a name, a tuple of them)."""
+    if isinstance(shard, bool) or not isinstance(shard, (int, str, tuple)):
+        raise TypeError(f"no stable token for a shard handle of type {type(shard).__name__}; "
+                        "override ShardedStore.token")
+    if isinstance(shard, tuple):
+        return "(" + ",".join(shard_token(part) for part in shard) + ")"
+    return str(shard) if isinstance(shard, int) else repr(shard)
+
+
+class ShardedStore(ABC, Generic[ShardT, IndexT]):
+    """The index structures of one sharded directory.
+
+    Subclass with the shard handle type and the type the first index level
+    decodes to (`ShardedStore[int, ChunkTable]`). Read through
+    `self.fetcher` with `Extent`s (batches are coalesced and shared with
+    read-ahead), index bytes through `read_index_bytes` (limit-checked).
+
+    Errors: anything wrong with stored bytes is a `DataError(where, reason)`
+    (EIO for the files it touches, logged once); absence is None or [].
+    """
+
+    # The index levels this store reads, first level first; the first one's
+    # cache keeps what `read_index` returns. Empty: the object is the chunk
+    # (no index; nothing is cached).
+    index_levels: tuple[IndexLevel, ...] = (SHARD_INDEX,)
+
     def __init__(self, runtime: Runtime, label: str) -> None:
         self.runtime = runtime
         self.source = runtime.source
@@ -27,16 +75,17 @@ class ShardedStore(ABC):
         self.label = label or "."  # for messages: the directory key
         self.flights = runtime.fetcher.flights
 
-    @abstractmethod
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        """The table holding chunk `key` and its position there; None if the chunk is absent.
+    # -- the format's own ----------------------------------------------------------------
 
-        Raises DataError when the chunk's shard or index is damaged, or the
-        chunk's own index entry is (a `bad` entry of its table).
+    @abstractmethod
+    def shard_of(self, key: int) -> ShardT | None:
+        """The shard chunk `key` lives in; None if no chunk can have this key (outside the grid).
+
+        Pure computation (no I/O): a lookup by name must not list anything.
         """
 
     @abstractmethod
-    def shards(self, within: object = None) -> AsyncIterator[Shard]:
+    def shards(self, within: object = None) -> AsyncIterator[ShardT]:
         """Existing shards in listing order (on sources that cannot list: every candidate).
 
         `within` narrows them to a part of the directory in the format's own
@@ -44,13 +93,42 @@ class ShardedStore(ABC):
         """
 
     @abstractmethod
-    async def tables(self, shard: Shard) -> list[ChunkTable]:
-        """The listable entries of one shard, in listing order; [] if the shard is absent.
+    async def open_shard(self, shard: ShardT) -> Blob | None:
+        """The shard's stored object(s) as they are now; None if the shard does not exist.
 
-        Entries whose key could never be looked up in this shard (misplaced
-        ids, cells outside the grid) are left out. DataError if the shard
-        itself is damaged.
+        DataError when the shard exists but cannot be read as one (half of a
+        file pair missing).
         """
+
+    @abstractmethod
+    async def read_index(self, shard: ShardT, blob: Blob) -> IndexT:
+        """Read and decode the shard's first index level (called once per version of `blob`).
+
+        The result is cached by the core in the first level's cache, so it
+        must have a truthful `nbytes`. Validate every range (`ChunkTable.build`):
+        a bad entry goes into the table's `bad`, never silently absent; a
+        damaged index as a whole is a DataError.
+        """
+
+    async def table_for(self, shard: ShardT, blob: Blob, index: IndexT, key: int) -> ChunkTable | None:
+        """The table of the shard's index that would hold `key` (reading further levels as needed);
+        None when the index says the key's table is empty. Default: the index is the table."""
+        return cast(ChunkTable, index)
+
+    async def index_tables(self, shard: ShardT, blob: Blob, index: IndexT) -> list[ChunkTable]:
+        """Every table of the shard, in listing order. Damaged parts of a multi-level index are
+        logged and left out. Default: the index is the one table."""
+        return [cast(ChunkTable, index)]
+
+    def placed(self, shard: ShardT, table: ChunkTable) -> np.ndarray:
+        """Mask of the table's keys a lookup would find in this very table (the rest belong to
+        another shard, or another table of it). Default: `shard_of` of each key."""
+        return np.fromiter((self.shard_of(k) == shard for k in table.keys.tolist()), dtype=bool,
+                           count=len(table))
+
+    def token(self, shard: ShardT) -> str:
+        """Text naming the shard that is the same in every process (split check/export hash it)."""
+        return shard_token(shard)
 
     def is_shard_file(self, name: str) -> bool:
         """Whether `name` in the directory is one of the store's shard files (hidden from the view)."""
@@ -59,3 +137,86 @@ class ShardedStore(ABC):
     def describe(self, key: int) -> str:
         """How log lines name a chunk."""
         return f"chunk {key}"
+
+    # -- the core's: final (the type checker refuses an override) -------------------------
+
+    @final
+    async def index(self, shard: ShardT) -> tuple[Blob, IndexT] | None:
+        """The shard's object and its decoded first index level (cached per object version, one
+        read however many ask at once); None if the shard does not exist."""
+        blob = await self.open_shard(shard)
+        if blob is None:
+            return None
+        if not self.index_levels:
+            return blob, await self.read_index(shard, blob)
+        index = await self.cached(self.index_levels[0], blob.ident, lambda: self.read_index(shard, blob))
+        return blob, index
+
+    @final
+    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
+        """The table holding chunk `key` and its position there; None if the chunk is absent.
+
+        DataError when the chunk's shard or index is damaged, or the chunk's
+        own index entry is (a `bad` entry of its table).
+        """
+        shard = self.shard_of(key)
+        if shard is None:
+            return None
+        opened = await self.index(shard)
+        if opened is None:
+            return None
+        table = await self.table_for(shard, opened[0], opened[1], key)
+        if table is None:
+            return None
+        reason = table.bad.get(key)
+        if reason is not None:
+            raise DataError(f"{table.blob.label} {self.describe(key)}", reason)
+        i = table.find(key)
+        return None if i is None else (table, i)
+
+    @final
+    async def tables(self, shard: ShardT) -> list[ChunkTable]:
+        """The listable entries of one shard, in listing order; [] if the shard is absent.
+
+        Entries a lookup could not find there (keys of another shard or
+        table) are left out and logged. DataError if the shard is damaged.
+        """
+        opened = await self.index(shard)
+        if opened is None:
+            return []
+        out = []
+        for table in await self.index_tables(shard, *opened):
+            if not len(table):
+                continue
+            keep = self.placed(shard, table)
+            if not keep.all():
+                log_once(log, f"misplaced:{table.blob.label}:{table.part}", "%s: %d entries belong to another "
+                         "shard or index table; not listed", table.blob.label, int((~keep).sum()))
+                table = table.where(keep)
+                if not len(table):
+                    continue
+            out.append(table)
+        return out
+
+    # -- index reads: cached, de-duplicated, bounded --------------------------------------
+
+    def cache(self, level: IndexLevel) -> CountedLRU:
+        return self.caches.index(level)
+
+    @final
+    async def cached(self, level: IndexLevel, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
+        """`load()`'s value kept in `level`'s cache under `key` (this store's kind of index), computed
+        once however many ask at once."""
+        return await self.flights.cached(self.cache(level), (type(self).__qualname__, key), load)
+
+    def check_index(self, size: int, where: str, level: IndexLevel | None = None) -> None:
+        """DataError for an index of `size` bytes beyond the limit or, with `level`, beyond the budget
+        of the level's cache (one larger would be read again on every use)."""
+        self.limits.check_index(size, where, cache=None if level is None else int(self.cache(level).maxsize))
+
+    @final
+    async def read_index_bytes(self, blob: Blob, offset: int, size: int, where: str | None = None,
+                               level: IndexLevel | None = None) -> bytes:
+        """`size` bytes of index at `offset` of `blob`, checked by `check_index` before they are read."""
+        self.check_index(size, where or blob.label, level)
+        return await self.fetcher.read(Extent(blob, offset, size), index=True)

@@ -18,6 +18,12 @@ import numpy as np
 from .blob import Blob
 
 U64 = np.uint64
+
+
+def int_list(values: np.ndarray) -> list[int]:
+    """An integer array as Python ints (numpy's `tolist` is untyped)."""
+    out: list[int] = values.tolist()
+    return out
 MAX_BAD_REASONS = 1000  # per table; a garbage index must not grow a huge dict
 
 
@@ -31,6 +37,9 @@ class ChunkTable:
     # Per-entry extra column a format needs to find a chunk in its range
     # (DVID: the row inside an Arrow record batch); None when unused.
     extra: np.ndarray | None = None
+    # Which table of its shard this is, in the format's terms (a minishard number); 0 when a
+    # shard has one table. Lets `ShardedStore.placed` check a key belongs to this very table.
+    part: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -55,12 +64,12 @@ class ChunkTable:
     def where(self, mask: np.ndarray) -> "ChunkTable":
         """The entries selected by a boolean mask (same blob, no reasons)."""
         return ChunkTable(self.blob, self.keys[mask], self.starts[mask], self.lengths[mask], {},
-                          None if self.extra is None else self.extra[mask])
+                          None if self.extra is None else self.extra[mask], self.part)
 
     @classmethod
     def build(cls, blob: Blob, keys: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
               data_lo: int, data_hi: int, extra: np.ndarray | None = None,
-              reasons: dict[int, str] | None = None) -> "ChunkTable":
+              reasons: dict[int, str] | None = None, part: int = 0) -> "ChunkTable":
         """Validate ranges against the data area [data_lo, data_hi) of `blob`, sort, deduplicate.
 
         All arithmetic is modulo 2**64 (as the formats define it); a range
@@ -88,10 +97,10 @@ class ChunkTable:
                                              f"data area [{data_lo}, {data_hi}) of {blob.label}")
             keep = picked[ok[picked]]
         if keep is None:
-            return cls(blob, keys, starts, lengths, bad, extra)
-        return cls(blob, keys[keep], starts[keep], lengths[keep], bad, None if extra is None else extra[keep])
+            return cls(blob, keys, starts, lengths, bad, extra, part)
+        return cls(blob, keys[keep], starts[keep], lengths[keep], bad, None if extra is None else extra[keep], part)
 
     @classmethod
-    def empty(cls, blob: Blob) -> "ChunkTable":
+    def empty(cls, blob: Blob, part: int = 0) -> "ChunkTable":
         nothing = np.zeros(0, dtype=U64)
-        return cls(blob, nothing, nothing, nothing)
+        return cls(blob, nothing, nothing, nothing, part=part)

@@ -17,10 +17,17 @@ def _as_read(parsed: object, st: ObjectStat) -> tuple[object, ObjectStat]:
     return parsed, st
 
 
-async def read_json(source: ByteSource, key: str, limits: Limits = DEFAULT_LIMITS,
-                    build: Callable[[object, ObjectStat], T] = _as_read) -> T | None:  # type: ignore[assignment]
-    """`build(parsed, stat)` of the file (by default the parsed file and its stat); None if it does
-    not exist; ConfigError if unreadable or beyond `limits`.
+async def read_json(source: ByteSource, key: str,
+                    limits: Limits = DEFAULT_LIMITS) -> tuple[object, ObjectStat] | None:
+    """The parsed file and its stat; None if it does not exist; ConfigError if unreadable or beyond
+    `limits` (see `read_built`)."""
+    return await read_built(source, key, limits, _as_read)
+
+
+async def read_built(source: ByteSource, key: str, limits: Limits,
+                     build: Callable[[object, ObjectStat], T]) -> T | None:
+    """`build(parsed, stat)` of the file; None if it does not exist; ConfigError if unreadable or
+    beyond `limits`.
 
     A large file is read, parsed and built off the event loop, and one at a
     time (so `build`, which turns the parsed tree into what is kept, must not

@@ -67,5 +67,5 @@ def open_source(url: str, remote: RemoteOptions | None = None) -> ByteSource:
     if remote.cache_dir:
         from .diskcache import DiskCachedSource
 
-        source = DiskCachedSource(source, remote.cache_dir, remote.cache_dir_bytes)  # type: ignore[assignment]
+        source = DiskCachedSource(source, remote.cache_dir, remote.cache_dir_bytes)
     return source

@@ -44,8 +44,10 @@ class ByteSource(Protocol):
     description: str
     listable: bool
     remote: bool
-    # Where index reads may be kept across mounts (`--cache-dir`); None without one.
-    index_cache: IndexCache | None
+
+    @property
+    def index_cache(self) -> IndexCache | None:
+        """Where index reads may be kept across mounts (`--cache-dir`); None without one."""
 
     async def stat(self, key: str) -> ObjectStat | None:
         """None when the object does not exist."""

@@ -49,7 +49,7 @@ class CountingSource(SourceLayer):
         self.counters.stats += 1
         return await self.inner.stat_dir(key)
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         self.counters.lists += 1
         async for item in self.inner.list(key):
             yield item

@@ -419,7 +419,7 @@ class HttpSource:
     async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         return await self.read(key, offset, size, version)
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         return
         yield
 

@@ -6,12 +6,13 @@ import errno
 import logging
 import os
 import stat as statmod
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from cachetools import LRUCache
 
 from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
+from ..fdpath import Beneath, regular_file
 from .base import ObjectStat, join_key, name_problem
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ class _FdCache(LRUCache):
     open+pread+close, which matters when thousands of small chunks are read.
     """
 
-    def popitem(self):  # type: ignore[override]
+    def popitem(self) -> tuple[Any, tuple[int, Any]]:
         key, (fd, _ident) = super().popitem()
         os.close(fd)
         return key, (fd, _ident)
@@ -34,7 +35,25 @@ def _version(st: os.stat_result) -> tuple:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _to_stat(st: os.stat_result) -> ObjectStat | None:
+    """Regular files and directories only: a FIFO, device or socket is never shown."""
+    if not (statmod.S_ISDIR(st.st_mode) or statmod.S_ISREG(st.st_mode)):
+        return None
+    return ObjectStat(
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        is_dir=statmod.S_ISDIR(st.st_mode),
+        # ctime too: a shard rewritten in place with its size and mtime
+        # restored (cp -p, rsync -t) still changes its ctime.
+        version=_version(st),
+    )
+
+
 class LocalSource:
+    """Every path is resolved beneath the root's fd (`fdpath.Beneath`): symlinks are followed only
+    while they stay inside, however fast files are swapped, and only regular files and
+    directories are ever opened or shown (a FIFO, device or socket is absent, or EIO when read)."""
+
     listable = True
     remote = False
     index_cache = None
@@ -44,52 +63,39 @@ class LocalSource:
             raise ConfigError(f"source {root} does not exist")
         if not os.path.isdir(root):
             raise ConfigError(f"source {root} is not a directory")
-        self.root = os.path.realpath(root)
+        try:
+            self._beneath = Beneath(root, links=True)
+        except OSError as e:
+            raise ConfigError(f"source {root}: {e.strerror}") from None
+        self.root = self._beneath.path
         self.description = self.root
         self._fds = _FdCache(maxsize=max_open_files)
 
     def path(self, key: str) -> str:
+        """For messages only: nothing is ever opened by this string."""
         return os.path.join(self.root, key) if key else self.root
 
-    def _inside(self, path: str) -> bool:
-        real = os.path.realpath(path)
-        return real == self.root or real.startswith(self.root + os.sep)
-
-    def _to_stat(self, path: str, st: os.stat_result) -> ObjectStat | None:
-        if statmod.S_ISLNK(st.st_mode):
-            # Symlinks are followed only while they stay inside the source.
-            if not self._inside(path):
-                log.warning("ignoring symlink %s: it points outside the source", path)
-                return None
-            try:
-                st = os.stat(path)
-            except OSError:
-                return None
-        if not (statmod.S_ISDIR(st.st_mode) or statmod.S_ISREG(st.st_mode)):
-            return None
-        return ObjectStat(
-            size=st.st_size,
-            mtime_ns=st.st_mtime_ns,
-            is_dir=statmod.S_ISDIR(st.st_mode),
-            # ctime too: a shard rewritten in place with its size and mtime
-            # restored (cp -p, rsync -t) still changes its ctime.
-            version=_version(st),
-        )
-
-    async def stat(self, key: str) -> ObjectStat | None:
-        path = self.path(key)
+    def _object_stat(self, key: str) -> ObjectStat | None:
+        """`key` resolved beneath the root (links followed while inside), or None if absent, outside,
+        or neither a regular file nor a directory."""
         try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            self._drop_fd(key)
-            return None
-        except NotADirectoryError:
+            st = self._beneath.stat(key)
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
-            raise SourceError(f"stat {path}: {e.strerror}") from e
-        result = self._to_stat(path, st)
+            if e.errno in (errno.EXDEV, errno.ELOOP):
+                log.warning("ignoring %s: a symlink on its way leads outside the source (or loops)", self.path(key))
+                return None
+            raise SourceError(f"stat {self.path(key)}: {e.strerror}") from e
+        return _to_stat(st)
+
+    async def stat(self, key: str) -> ObjectStat | None:
+        result = self._object_stat(key)
+        if result is None:
+            self._drop_fd(key)
+            return None
         cached = self._fds.get(key)
-        if cached is not None and (result is None or cached[1] != result.version[:2]):
+        if cached is not None and cached[1] != result.version[:2]:
             # The file was replaced since we opened it: never read the old inode.
             self._drop_fd(key)
         return result
@@ -115,17 +121,19 @@ class LocalSource:
                 return fd
             self._drop_fd(key)
         path = self.path(key)
-        if not self._inside(path):
-            raise SourceError(f"{path} resolves outside the source")
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO swapped in opens at once (and is refused below) instead of
+            # blocking the daemon's only thread.
+            fd = self._beneath.open(key, os.O_RDONLY | os.O_NONBLOCK)
+            st = regular_file(fd, path)
         except FileNotFoundError as e:
             if version is not None:
                 raise StaleError(key, "file was removed after its index was read") from e
             raise SourceError(f"open {path}: {e.strerror}") from e
         except OSError as e:
+            if e.errno in (errno.EXDEV, errno.ELOOP):
+                raise SourceError(f"{path} resolves outside the source") from e
             raise SourceError(f"open {path}: {e.strerror}") from e
-        st = os.fstat(fd)
         if version is not None and _version(st) != version:
             os.close(fd)
             raise StaleError(key, "file changed after its index was read")
@@ -152,28 +160,40 @@ class LocalSource:
             return data
         except OSError as e:
             self._drop_fd(key)
-            raise SourceError(f"read {self.path(key)}: {e.strerror or errno.errorcode.get(e.errno)}") from e
+            raise SourceError(f"read {self.path(key)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         path = self.path(key)
         try:
-            it = os.scandir(path)
+            fd = self._beneath.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError as e:
+            if e.errno in (errno.EXDEV, errno.ELOOP):
+                return
             raise SourceError(f"list {path}: {e.strerror}") from e
-        with it:
-            for entry in it:
-                problem = name_problem(entry.name)
-                if problem is not None:
-                    log_once(log, f"name:{path}:{problem}", "%s: skipping %s", path, problem)
-                    continue
-                try:
-                    st = self._to_stat(entry.path, entry.stat(follow_symlinks=False))
-                except OSError:
-                    continue
-                if st is not None:
-                    yield entry.name, st
+        try:
+            # Names and lstats relative to the opened directory (DirEntry.stat uses fd itself,
+            # so it stays open until the listing ends).
+            with os.scandir(fd) as it:
+                for entry in it:
+                    problem = name_problem(entry.name)
+                    if problem is not None:
+                        log_once(log, f"name:{path}:{problem}", "%s: skipping %s", path, problem)
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if statmod.S_ISLNK(st.st_mode):
+                        # Resolved beneath the root like any key: followed only while it stays inside.
+                        found = self._object_stat(join_key(key, entry.name))
+                    else:
+                        found = _to_stat(st)
+                    if found is not None:
+                        yield entry.name, found
+        finally:
+            os.close(fd)
 
     async def stat_dir(self, key: str) -> ObjectStat | None:
         st = await self.stat(key)
@@ -192,6 +212,7 @@ class LocalSource:
         for fd, _ in list(self._fds.values()):
             os.close(fd)
         self._fds.clear()
+        self._beneath.close()
 
 
 __all__ = ["LocalSource", "join_key"]

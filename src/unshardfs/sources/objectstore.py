@@ -176,7 +176,7 @@ class _PrefixListing(HttpSource):
         log_once(log, f"{where}:{problem}", "%s: skipping %s", where, problem)
         return None
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         if key and key_problem(key):
             return
         full = self.full_key(key)

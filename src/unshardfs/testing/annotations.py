@@ -11,6 +11,7 @@ Neuroglancer's reader's own function).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import struct
@@ -77,11 +78,16 @@ def _pack(plain_dir: Path, sharded_dir: Path, spec: dict, key_of) -> None:
             store.with_transaction(txn)[key_of(f.name)] = f.read_bytes()
 
 
+def _cell_key(name: str, shape: list[int]) -> bytes:
+    """A spatial cell's shard key: Neuroglancer's compressed Morton code of `i_j_k`, big-endian."""
+    from neuroglancer.read_precomputed_annotations import _zorder_compressed
+
+    return struct.pack(">Q", int(_zorder_compressed(np.array([int(c) for c in name.split("_")]), np.array(shape))))
+
+
 def write_annotation_set(root: Path, kind: str, rank: int, spec: dict, n: int = 60, seed: int = 0) -> dict[str, Path]:
     """`root/plain` (Neuroglancer's unsharded writer, plus a multi-cell spatial level) and
     `root/sharded` (every index repacked into shards with `spec`)."""
-    from neuroglancer.read_precomputed_annotations import _zorder_compressed
-
     writer = _writer(kind, rank)
     _add(writer, kind, rank, np.random.default_rng(seed), n)
     plain, sharded = root / "plain", root / "sharded"
@@ -99,8 +105,7 @@ def write_annotation_set(root: Path, kind: str, rank: int, spec: dict, n: int = 
     indexes += [(rel, shown["relationships"][i], by_id) for i, rel in enumerate(info["relationships"])]
     for i, level in enumerate(info["spatial"]):
         shape = level["grid_shape"]
-        indexes.append((level, shown["spatial"][i], lambda name, shape=shape: struct.pack(
-            ">Q", int(_zorder_compressed(np.array([int(c) for c in name.split("_")]), np.array(shape))))))
+        indexes.append((level, shown["spatial"][i], functools.partial(_cell_key, shape=shape)))
     for index, shown_index, key_of in indexes:
         _pack(plain / index["key"], sharded / index["key"], spec, key_of)
         shown_index["sharding"] = spec

@@ -36,7 +36,9 @@ def encode_block(block: np.ndarray) -> bytes:
     if len(labels) <= 1:
         return head
     position = {int(v): i for i, v in enumerate(labels.tolist())}
-    counts, indices, values = [], [], []
+    counts: list[int] = []
+    indices: list[int] = []
+    values: list[bytes] = []
     for sz in range(gz):
         for sy in range(gy):
             for sx in range(gx):

@@ -86,7 +86,7 @@ class DatasetServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def __enter__(self) -> "DatasetServer":
         self.thread.start()
@@ -137,7 +137,7 @@ class DatasetServer:
                                    getattr(h, "arrived", answered), answered))
 
     def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
-        h.arrived = time.monotonic()  # type: ignore[attr-defined]
+        setattr(h, "arrived", time.monotonic())  # read back in `answer` (the request's arrival)
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)

@@ -168,7 +168,7 @@ def write_objects(root: Path, kind: str, spec: dict, seed: int = 0, n: int = 40)
     gz = spec.get("data_encoding") == "gzip"
     if kind == "skeletons":
         items = random_skeletons(n, seed)
-        info = dict(SKELETON_INFO)
+        info: dict[str, object] = dict(SKELETON_INFO)
         plain_files = {str(k): v for k, v in items.items()}
         sharded_payload = {k: (gzip.compress(v) if gz else v) for k, v in items.items()}
         offsets = None

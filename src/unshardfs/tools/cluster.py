@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from .split import Part, PartResult, run_part
+from .walk import Dest
 
 
 def connect(address: str) -> Any:
@@ -42,7 +43,7 @@ def default_parts(client: Any) -> int:
 
 def check_dest_visible(client: Any, dest: Path) -> None:
     """Refuse a DEST some worker cannot see (export writes there from every worker)."""
-    dest.mkdir(parents=True, exist_ok=True)
+    Dest.open(dest).close()  # made if missing; a DEST that is not a directory is a one-line error
     marker = dest / f".unshardfs-probe-{uuid.uuid4().hex}"
     marker.write_text("probe")
     try:

@@ -17,7 +17,7 @@ from ..options import format_options
 from ..session import Session
 from .inspect import format_report
 from .split import Part, PartResult, run_part
-from .walk import WalkSummary, check, export
+from .walk import Dest, WalkSummary, check, export
 
 
 def _bar(args: argparse.Namespace, unit: str) -> tqdm:
@@ -49,16 +49,19 @@ async def _inspect(args: argparse.Namespace) -> int:
 
 async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
     """The whole check/export in this process, with a progress bar per file."""
+    out = None if dest is None else Dest.open(dest)  # first: a bad DEST is a one-line error
     session = await Session.open(args.source, format_options(args))
     try:
         with collect_problems() as problems, _bar(args, "file") as bar:
             async with session.running():
-                if dest is None:
+                if out is None:  # no DEST: a check
                     summary = await check(session.tree, _progress(bar))
                 else:
-                    summary = await export(session.tree, dest, args.jobs, _progress(bar))
+                    summary = await export(session.tree, out, args.jobs, _progress(bar))
     finally:
         await session.aclose()
+        if out is not None:
+            out.close()
     return PartResult(list(problems), summary, session.source.counters.reads)
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable
+from typing import Callable
 
 import trio
 
 from ..logonce import collect_problems
 from ..session import Session
-from .walk import Select, WalkSummary, check, export
+from .walk import Dest, Select, WalkSummary, check, export
 
 # Files held in a shard carry their chunk id (passthrough files only their source key).
 CHUNK_XATTR = "user.unshardfs.chunk_id"
@@ -47,9 +47,10 @@ def _bucket(text: str, parts: int) -> int:
     return zlib.crc32(text.encode()) % parts
 
 
-def shard_filter(part: int, parts: int) -> Callable[[str, Hashable], bool]:
-    """Listings of this part show only the shards that hash to it (so only their indexes are read)."""
-    return lambda label, shard: _bucket(f"{label}\0{shard!r}", parts) == part
+def shard_filter(part: int, parts: int) -> Callable[[str, str], bool]:
+    """Listings of this part show only the shards that hash to it (so only their indexes are read);
+    shards are named by their store's token, the same in every process."""
+    return lambda label, token: _bucket(f"{label}\0{token}", parts) == part
 
 
 def selector(part: int, parts: int) -> Select | None:
@@ -61,19 +62,21 @@ def selector(part: int, parts: int) -> Select | None:
 
 
 async def _run(job: Part) -> PartResult:
+    out = None if job.dest is None else Dest.open(Path(job.dest))
     session = await Session.open(job.source, job.formats)
     if job.parts > 1:
         session.runtime.shard_filter = shard_filter(job.part, job.parts)
     try:
         with collect_problems() as problems:
             async with session.running():
-                if job.dest is None:
+                if out is None:
                     summary = await check(session.tree, None, selector(job.part, job.parts))
                 else:
-                    summary = await export(session.tree, Path(job.dest), job.write_jobs, None,
-                                           selector(job.part, job.parts))
+                    summary = await export(session.tree, out, job.write_jobs, None, selector(job.part, job.parts))
     finally:
         await session.aclose()
+        if out is not None:
+            out.close()
     return PartResult(list(problems), summary, session.source.counters.reads)
 
 

@@ -7,6 +7,7 @@ minishard by minishard, i.e. close to sequential in the backing files.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat as statmod
@@ -16,7 +17,8 @@ from typing import AsyncIterator, Callable
 
 import trio
 
-from ..errors import DataError, expected_failure
+from ..errors import ConfigError, DataError, expected_failure
+from ..fdpath import Beneath, regular_file
 from ..logonce import log_once
 from ..sources.base import name_problem
 from ..vtree import DirNode, FileNode
@@ -53,7 +55,7 @@ async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, File
                 log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
                 continue
             path = f"{prefix}{name}"
-            yield path, node  # type: ignore[misc]
+            yield path, node  # type: ignore[misc]  # entries are typed Node; every Node is a file or a dir
             if isinstance(node, DirNode):
                 async for item in walk(node, path + "/"):
                     yield item
@@ -69,71 +71,128 @@ async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
         yield data
 
 
-def is_complete(target: Path, node: FileNode) -> bool:
+@dataclass
+class Dest:
+    """DEST held open as a directory; everything export writes is opened beneath this fd with no
+    symlink followed (`fdpath.Beneath(links=False)`), never by a path rebuilt from strings."""
+
+    out: Beneath
+    created: bool  # made by this run: nothing in it is complete yet
+
+    @classmethod
+    def open(cls, dest: Path) -> "Dest":
+        """Open (creating it and its parents if missing) before anything runs: a DEST that cannot
+        be a directory is a one-line ConfigError."""
+        try:
+            os.makedirs(dest)
+            created = True
+        except FileExistsError:
+            created = False
+        except OSError as e:
+            raise ConfigError(f"DEST {dest}: cannot create it: {e.strerror}") from None
+        try:
+            return cls(Beneath(str(dest), links=False), created)  # O_PATH: a FIFO there does not block
+        except OSError as e:
+            problem = "exists and is not a directory" if e.errno == errno.ENOTDIR else e.strerror
+            raise ConfigError(f"DEST {dest} {problem}") from None
+
+    def close(self) -> None:
+        self.out.close()
+
+
+def is_complete(out: Beneath, rel: str, node: FileNode) -> bool:
     """A finished export of `node`: same size and the node's mtime.
 
     The mtime is stamped only after the last byte is written, so a file cut
     short by a killed export never passes this test.
     """
     try:
-        st = target.lstat()
+        st = out.lstat(rel)
     except OSError:
         return False
     return statmod.S_ISREG(st.st_mode) and st.st_size == node.size and st.st_mtime_ns == node.mtime_ns
 
 
-# Never through a symlink: DEST may hold links planted to make a write land
-# elsewhere (the names come from an untrusted source; the links need not).
-WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+def _open_target(out: Beneath, rel: str) -> int:
+    """The file `rel` beneath DEST, open for writing and emptied.
+
+    No link is followed on the way or at the end (a symlink planted in DEST is
+    ELOOP); O_NONBLOCK so a FIFO planted where the file goes fails at once
+    (ENXIO, or refused after fstat when a reader holds it) instead of
+    blocking; a file with other hard links is never written through (the
+    other name may lie outside DEST).
+    """
+    fd = out.open(rel, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    st = regular_file(fd, rel)
+    if st.st_nlink > 1:
+        os.close(fd)
+        raise OSError(errno.EMLINK, "has other hard links (never written through)", rel)
+    if st.st_size:
+        os.ftruncate(fd, 0)
+    return fd
 
 
-def _write_file(target: Path, pieces: list[bytes], mtime_ns: int) -> None:
-    fd = os.open(target, WRITE_FLAGS, 0o644)
-    with open(fd, "wb") as f:
-        for piece in pieces:
-            f.write(piece)
-        f.flush()
-        os.utime(fd, ns=(mtime_ns, mtime_ns))  # last: marks the file complete
+def _write_at(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view = view[done:]
+        offset += done
 
 
-def _make_dir(target: Path) -> bool:
-    """Create the directory `target` (False if it was there); refuse anything but a real directory."""
+def _finish(fd: int, size: int, mtime_ns: int) -> None:
+    """Size (holes left by skipped zero pieces included) then the mtime, which marks the file complete."""
     try:
-        st = target.lstat()
-    except FileNotFoundError:
-        try:
-            target.mkdir()
-            return True
-        except FileExistsError:  # another part of a split export made it meanwhile
-            st = target.lstat()
-    if not statmod.S_ISDIR(st.st_mode):
-        raise DataError(str(target), "exists and is not a directory (a symlink is never followed)")
+        os.ftruncate(fd, size)
+        os.utime(fd, ns=(mtime_ns, mtime_ns))
+    finally:
+        os.close(fd)
+
+
+def _write_file(out: Beneath, rel: str, data: bytes, mtime_ns: int) -> None:
+    fd = _open_target(out, rel)
+    try:
+        _write_at(fd, data, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    _finish(fd, len(data), mtime_ns)
+
+
+def _make_dir(out: Beneath, rel: str) -> bool:
+    """Create the directory `rel` beneath DEST (False if it was there); refuse anything but a real directory."""
+    if out.mkdir(rel):
+        return True
+    if not statmod.S_ISDIR(out.lstat(rel).st_mode):
+        raise DataError(rel, "exists and is not a directory (a symlink is never followed)")
     return False
 
 
-async def export(root: DirNode, dest: Path, jobs: int = 4,
+async def export(root: DirNode, dest: Dest, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None) -> WalkSummary:
     """Write the tree under `dest`; files already complete there are skipped.
 
     Reads happen on the event loop in listing order (sequential in the
-    shards); up to `jobs` file writes run in worker threads meanwhile.
+    shards); up to `jobs` file writes run in worker threads meanwhile. Files
+    of one piece are read whole and written by a worker; bigger ones are
+    streamed piece by piece, so memory stays within about `jobs + 1` pieces
+    whatever the file sizes.
     """
+    out = dest.out
     summary = WalkSummary()
     limiter = trio.CapacityLimiter(jobs)
     # Directories this run created hold nothing complete yet: no need to stat
     # their files (a stat per file is a large part of small-file exports).
-    fresh = {""} if not dest.exists() else set()
-    dest.mkdir(parents=True, exist_ok=True)
+    fresh = {""} if dest.created else set()
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
     async with trio.open_nursery() as nursery:
         async for rel, node in walk(root):
-            target = dest / rel
             if rel.rpartition("/")[0] in skip:
                 skip.add(rel)  # below a directory that could not be made (a planted link, say)
                 continue
             if isinstance(node, DirNode):
                 try:
-                    if _make_dir(target):
+                    if _make_dir(out, rel):
                         fresh.add(rel)
                 except (DataError, OSError) as e:
                     summary.failures.append(f"{rel}/: {e}")
@@ -144,17 +203,21 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
             if select is not None and not select(rel, node):
                 continue
             summary.files += 1
-            if rel.rpartition("/")[0] not in fresh and is_complete(target, node):
+            if rel.rpartition("/")[0] not in fresh and is_complete(out, rel, node):
                 summary.skipped += 1
+            elif node.size > PIECE:
+                if await _stream(out, rel, node, limiter, summary):
+                    summary.written += 1
+                    summary.bytes += node.size
             else:
                 try:
-                    pieces = [piece async for piece in file_bytes(node, rel)]
+                    data = b"".join([piece async for piece in file_bytes(node, rel)])
                 except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
                     summary.failures.append(failure(rel, e))
                     continue
                 token = object()  # the write task, not this one, releases the slot
                 await limiter.acquire_on_behalf_of(token)
-                nursery.start_soon(_write_in_thread, limiter, token, target, pieces, node.mtime_ns, summary)
+                nursery.start_soon(_write_in_thread, limiter, token, out, rel, data, node.mtime_ns, summary)
                 summary.written += 1
                 summary.bytes += node.size
             if progress is not None:
@@ -162,14 +225,44 @@ async def export(root: DirNode, dest: Path, jobs: int = 4,
     return summary
 
 
-async def _write_in_thread(limiter: trio.CapacityLimiter, token: object, target: Path,
-                           pieces: list[bytes], mtime_ns: int, summary: WalkSummary) -> None:
+def _cannot_write(rel: str, error: OSError) -> str:
+    return f"{rel}: cannot write: {error.strerror}"
+
+
+async def _write_in_thread(limiter: trio.CapacityLimiter, token: object, out: Beneath, rel: str,
+                           data: bytes, mtime_ns: int, summary: WalkSummary) -> None:
     try:
-        await trio.to_thread.run_sync(_write_file, target, pieces, mtime_ns, limiter=trio.CapacityLimiter(1))
+        await trio.to_thread.run_sync(_write_file, out, rel, data, mtime_ns, limiter=trio.CapacityLimiter(1))
     except OSError as e:  # e.g. ELOOP: a symlink where the file goes
-        summary.failures.append(f"{target}: cannot write: {e.strerror}")
+        summary.failures.append(_cannot_write(rel, e))
     finally:
         limiter.release_on_behalf_of(token)
+
+
+async def _stream(out: Beneath, rel: str, node: FileNode, limiter: trio.CapacityLimiter,
+                  summary: WalkSummary) -> bool:
+    """Copy a file of several pieces: each piece read on the loop, then written by a worker before
+    the next is read. All-zero pieces are skipped (left as holes), as `cp --sparse=auto` would."""
+    async with limiter:
+        fd = -1
+        try:
+            fd = await trio.to_thread.run_sync(_open_target, out, rel)
+            offset = 0
+            async for piece in file_bytes(node, rel):
+                if piece.count(0) != len(piece):
+                    await trio.to_thread.run_sync(_write_at, fd, piece, offset)
+                offset += len(piece)
+            fd, finishing = -1, fd  # _finish closes it
+            await trio.to_thread.run_sync(_finish, finishing, node.size, node.mtime_ns)
+            return True
+        except OSError as e:  # writing (reads fail with our own errors)
+            summary.failures.append(_cannot_write(rel, e))
+        except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
+            summary.failures.append(failure(rel, e))
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return False
 
 
 async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.formats.dvid.test_mount import SHARDING, VARIANTS
-from tests.support.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
 from unshardfs.testing.dvid import BLOCK, agglomerate, encode_volume, info_for, sample_volume, shard_groups, write_scale
 
 SIZE = (200, 130, 70)  # 4 x 3 x 2 blocks, edge blocks clipped

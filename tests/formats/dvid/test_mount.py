@@ -8,11 +8,12 @@ import errno
 import json
 import os
 import shutil
+import struct
 
 import numpy as np
 import pytest
 
-from tests.support.mounts import run_cli
+from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.dvid import (BLOCK, Variant, agglomerate, encode_block, encode_volume, info_for, sample_volume,
                          write_scale, zero_subblock_block)
 
@@ -176,8 +177,21 @@ def test_damaged_shard_files(export, tmp_path, mount):
     scale = m.path / "8.0x8.0x8.0"
     listed = os.listdir(scale)
     assert 0 < len(listed) < len(export[3][0]), "only the intact shard is listed"
-    # The solid block 7 at the origin lives in the truncated shard 0.
-    _assert_eio(scale / "0-64_0-64_0-64")
+    # The solid block 7 at the origin lives in the truncated shard 0, in its first record batch.
+    # Where the index gives each record's place without the file's end (a CSV sidecar's byte ranges,
+    # a JSON sidecar over a stream walked from its start), only the records past the cut fail, each
+    # with EIO; a footer or an Arrow file's own footer is cut off with it, and the whole shard fails.
+    origin = scale / "0-64_0-64_0-64"
+    if not any(shards[0].with_suffix(ext).exists() for ext in (".csv", ".json")) or \
+            shards[0].read_bytes()[:6] == b"ARROW1":
+        _assert_eio(origin)
+    else:
+        try:
+            got = origin.read_bytes()
+        except OSError as e:
+            assert e.errno == errno.EIO
+        else:
+            assert got == agglomerate(vols[0][:64, :64, :64]).transpose(2, 1, 0).tobytes()
     for name in listed:
         got = np.frombuffer((scale / name).read_bytes(), "<u8")
         (x0, x1), (y0, y1), (z0, z1) = (tuple(map(int, p.split("-"))) for p in name.split("_"))
@@ -217,3 +231,57 @@ def test_block_codec_roundtrip_and_damage():
         decode_block(many + b"\0")
     relabeled = decode_block(encode_block(np.array([[[1, 2] * 4] * 8] * 8, np.uint64)), relabel=lambda ids: ids * 10)
     assert set(np.unique(relabeled).tolist()) == {10, 20}
+
+
+def _set_footer_record(shard, cell_key: str, number: int) -> None:
+    """Point one key of a CHUNKIDX JSON footer at record `number`."""
+    data = shard.read_bytes()
+    (length,) = struct.unpack("<Q", data[-16:-8])
+    body, mapping = data[:-16 - length], json.loads(data[-16 - length:-16])
+    assert cell_key in mapping
+    mapping[cell_key] = number
+    text = json.dumps(mapping).encode()
+    shard.write_bytes(body + text + struct.pack("<Q", len(text)) + b"CHUNKIDX")
+
+
+def _set_csv_offset(csv_path, cell: tuple[int, int, int], offset: int) -> None:
+    lines = csv_path.read_text().splitlines()
+    prefix = ",".join(map(str, cell)) + ","
+    (i,) = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+    x, y, z, _, size, batch = lines[i].split(",")
+    lines[i] = ",".join([x, y, z, str(offset), size, batch])
+    csv_path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("damage", ["record-missing", "past-the-end"])
+def test_bad_index_entry_fails_its_chunk_alone(damage, volumes, tmp_path, mount):
+    """A chunk index entry naming a record the file does not have, or a byte range past the end of
+    the file, is EIO for that chunk (never absent), logged; every other chunk of the shard is exact."""
+    vols, blocks = volumes
+    root = tmp_path / "export"
+    variant = "footer-file-voxelkeys" if damage == "record-missing" else "csv-stream-zstd"
+    write_scale(root / "s0", blocks[0], (4, 3, 2), SHARDING, VARIANTS[variant])
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(info_for(SIZES[:1], SHARDING)))
+    shard = root / "s0" / "0_0_0.arrow"
+    cell = (0, 0, 0)  # the solid block at the origin, in shard 0_0_0
+    assert cell in blocks[0]
+    if damage == "record-missing":
+        _set_footer_record(shard, "0_0_0", 999)
+    else:
+        _set_csv_offset(shard.with_suffix(".csv"), cell, shard.stat().st_size + 100)
+    m = mount(root, "--info", str(spec))
+    scale = m.path / "8.0x8.0x8.0"
+    bad = scale / "0-64_0-64_0-64"
+    _assert_eio(bad)
+    listed = os.listdir(scale)
+    assert bad.name not in listed and len(listed) == len(blocks[0]) - 1
+    for name in listed:
+        got = np.frombuffer((scale / name).read_bytes(), "<u8")
+        (x0, x1), (y0, y1), (z0, z1) = (tuple(map(int, p.split("-"))) for p in name.split("_"))
+        np.testing.assert_array_equal(got, agglomerate(vols[0][x0:x1, y0:y1, z0:z1]).transpose(2, 1, 0).ravel(),
+                                      err_msg=name)
+    _assert_eio(bad)  # again, from the cached index
+    log = m.log_text()
+    assert "0_0_0.arrow" in log and ("names record 999" if damage == "record-missing" else "outside the Arrow") in log
+    assert os.path.ismount(m.path)

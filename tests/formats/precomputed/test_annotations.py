@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from tests.support.mounts import run_cli
-from tests.support.trees import assert_same_tree
+from unshardfs.testing.mounts import run_cli
+from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import sharding
 
 pytest.importorskip("neuroglancer")

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
 from tests.support.precomputed import chunk_locations
-from tests.support.trees import walk_files
+from unshardfs.testing.trees import walk_files
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 KEY = "1_1_1"

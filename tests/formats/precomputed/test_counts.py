@@ -3,7 +3,6 @@ the daemon's per-inode memory (which must not grow with listed chunks)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from tests.support.precomputed import chunk_locations
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.testing.mounts import stats
 
 KEY = "1_1_1"
 SIZE, CHUNK = (96, 64, 48), (8, 8, 8)  # 12*8*6 = 576 chunks of 1 KiB (uint16)
@@ -24,10 +24,6 @@ def volume(request, tmp_path_factory):
     spec = sharding(preshift=1, minishard=3, shard=2, index_enc="gzip", data_enc=request.param)
     paths = write_volume(root, [Scale(SIZE, CHUNK, spec)], "uint16")
     return paths, spec
-
-
-def stats(mnt: Path) -> dict:
-    return json.loads(os.getxattr(mnt, "user.unshardfs.stats"))
 
 
 def source_reads(mnt: Path) -> int:
@@ -42,9 +38,9 @@ def test_one_backing_read_per_further_chunk(volume, mount):
     first, *rest = group
     assert (m.path / KEY / first).read_bytes() == (paths["plain"] / KEY / first).read_bytes()
     for name in rest:
-        before = stats(m.path)
+        before = m.stats()
         assert (m.path / KEY / name).read_bytes() == (paths["plain"] / KEY / name).read_bytes()
-        after = stats(m.path)
+        after = m.stats()
         assert after["source"]["reads"] - before["source"]["reads"] == 1, name
         # ...and the minishard index came from the cache: one hit, no miss.
         hits = after["caches"]["minishard_index"]["hits"] - before["caches"]["minishard_index"]["hits"]
@@ -71,7 +67,7 @@ def test_copying_a_scale_reads_each_index_once(volume, mount, tmp_path):
     # Per chunk: its payload, nothing else: the raw encoding fixes every
     # chunk's size, so even gzip payloads need no size trailer read.
     assert reads == len(shards) + index_reads + chunks
-    s = stats(m.path)
+    s = m.stats()
     assert s["caches"]["shard_index"]["entries"] == len(shards)
     assert s["caches"]["minishard_index"]["entries"] == minishards
 
@@ -83,7 +79,7 @@ def test_listing_does_not_grow_the_inode_table(volume, mount):
     assert len(names) == len(os.listdir(paths["plain"] / KEY))
     for entry in os.scandir(m.path / KEY):
         entry.stat()
-    fuse = stats(m.path)["fuse"]
+    fuse = m.stats()["fuse"]
     # root, the scale directory, info: nothing per chunk.
     assert fuse["inodes_tabled"] <= 4, fuse
     assert fuse["nodes_recent"] <= 1 << 16

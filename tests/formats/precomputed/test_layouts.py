@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.support.trees import assert_same_tree
+from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 MINISHARD_BITS = 2

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.support.trees import assert_same_tree
+from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import sharding, write_objects
 
 SPECS = {

@@ -104,7 +104,7 @@ def test_reads_are_exact_absent_or_dataerror(spec, chunks, data):
                         blob[pos] ^= data.draw(st.integers(1, 255))
             victim.write_bytes(bytes(blob))
 
-        store = chunks_of(tmp, spec, Caches(CacheSizes(1 << 16, 1 << 16, 1 << 16)))
+        store = chunks_of(tmp, spec, Caches(CacheSizes({"shard_index": 1 << 16, "minishard_index": 1 << 16}, 1 << 16)))
 
         async def check() -> None:
             for chunk_id, original in chunks.items():

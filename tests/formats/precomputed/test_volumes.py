@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.support.trees import assert_same_tree
+from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import Scale, read_all, sharding, write_volume
 
 CASES = {

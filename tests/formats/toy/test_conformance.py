@@ -1,7 +1,7 @@
 """A test-only format (tests/support/toyformat) passes the shared format conformance suite.
 
 It is registered only as a third-party package would be: a `*.dist-info` directory on the
-daemon's PYTHONPATH whose entry point names its plug-in module. Nothing in `src/` knows it.
+daemon's PYTHONPATH whose entry point names its plug-in class. Nothing in `src/` knows it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from tests.support.format_conformance import Damaged, FormatCase, FormatConformance
-from tests.support.mounts import force_unmount, run_cli
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.mounts import force_unmount, run_cli
 from tests.support.toyformat.plugin import HEADER, MARKER
 from tests.support.toyformat.writer import write_toy
 
@@ -38,7 +38,7 @@ def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     info = root / "unshardfs_toy-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: unshardfs-toy\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[unshardfs.formats]\ntoy = tests.support.toyformat.plugin\n")
+    (info / "entry_points.txt").write_text("[unshardfs.formats]\ntoy = tests.support.toyformat.plugin:ToyFormat\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", site(root, True))
         yield root

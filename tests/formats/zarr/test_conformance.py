@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.format_conformance import Damaged, FormatCase, FormatConformance
-from tests.support.trees import walk_files
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.trees import walk_files
 from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case, write_group
 
 ZSTD = codec("zstd", level=3, checksum=False)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.mounts import run_cli
-from tests.support.trees import unstamped, walk_files
+from unshardfs.testing.mounts import run_cli
+from unshardfs.testing.trees import unstamped, walk_files
 from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case, write_group
 
 GZ = codec("gzip", level=1)

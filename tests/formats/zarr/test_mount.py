@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.support.trees import assert_same_tree, unstamped, walk_files
+from unshardfs.testing.trees import assert_same_tree, unstamped, walk_files
 from unshardfs.testing.zarr import (BYTES_BE, BYTES_LE, CRC, ZCase, codec, consolidate, read_with_zarr2, sharding,
                            write_case, write_group)
 
@@ -213,7 +213,7 @@ def test_nested_lookup_without_listing(store, mount):
 
 
 def test_export_writes_the_unsharded_store(store, tmp_path):
-    from tests.support.mounts import run_cli
+    from unshardfs.testing.mounts import run_cli
 
     root, _ = store
     result = run_cli("export", "-q", str(root / "sharded"), str(tmp_path / "out"), timeout=300)
@@ -245,7 +245,7 @@ def test_backing_reads_per_chunk(store, mount):
 def test_inspect_reports_every_sharded_array(store):
     """`inspect --json` on a Zarr store: one report per sharded array, chunk counts equal to the
     number of chunk files the unsharded writer produced."""
-    from tests.support.mounts import run_cli
+    from unshardfs.testing.mounts import run_cli
 
     root, _ = store
     result = run_cli("inspect", "--json", "-q", str(root / "sharded"), timeout=120)

@@ -1,5 +1,6 @@
-"""The toy format as a plug-in: a `ShardedStore`, a `Naming`, an exact `Geometry`, and the
-`FormatPlugin` registered at the foot of this module (see the package docstring for the layout)."""
+"""The toy format as a plug-in: its `ShardedStore` (shard placement, shard files, index decoding)
+and the `FormatPlugin` registered at the foot of this module (see the package docstring for the
+layout); names, geometry, codecs, caching and damage policy are the core's."""
 
 from __future__ import annotations
 
@@ -12,17 +13,16 @@ from unshardfs.core.blob import Blob
 from unshardfs.core.chunks import ChunkContext
 from unshardfs.core.codecs import codec
 from unshardfs.core.dirs import ShardedDir
-from unshardfs.core.fetch import Extent
 from unshardfs.core.fields import Fields
-from unshardfs.core.geometry import Geometry
+from unshardfs.core.geometry import FixedSize
 from unshardfs.core.inventory import ChunkInventory, InventoryPart
-from unshardfs.core.naming import Naming
+from unshardfs.core.naming import DecimalNaming, parse_decimal
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
 from unshardfs.core.table import ChunkTable
 from unshardfs.errors import ConfigError, DataError
 from unshardfs.formats.jsonfile import encode_json, read_json
-from unshardfs.formats.registry import Dataset, FormatPlugin, register_format
+from unshardfs.formats.registry import Dataset, FormatPlugin
 from unshardfs.sources.base import ByteSource
 from unshardfs.vtree import BytesFile
 
@@ -33,40 +33,15 @@ ENTRY = 24  # key, offset, length
 MAX_SHARDS = 1 << 16
 
 
-def parse_decimal(text: str) -> int | None:
-    """A canonical base-10 uint64 (no sign, no leading zeros), or None."""
-    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0") or len(text) > 20:
-        return None
-    value = int(text)
-    return value if value < 1 << 64 else None
+class ToyStore(ShardedStore[int, ChunkTable]):
+    """Chunk k lives in shard k % S; a shard's index is one table."""
 
-
-class DecimalNaming(Naming):
-    def claims(self, name: str) -> bool:
-        return name.isascii() and name.isdigit()
-
-    def parse(self, name: str) -> int | None:
-        return parse_decimal(name)
-
-    def names(self, keys: np.ndarray) -> list[str | None]:
-        return [str(k) for k in keys.tolist()]
-
-
-class ExactGeometry(Geometry):
-    """Every chunk decodes to exactly `size` bytes: sizes are known from the index alone."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size
-
-    def exact(self, keys: np.ndarray) -> np.ndarray:
-        return np.full(len(keys), self.size, dtype=np.int64)
-
-
-class ToyStore(ShardedStore):
     def __init__(self, runtime: Runtime, shard_count: int) -> None:
         super().__init__(runtime, "")
         self.shard_count = shard_count
+
+    def shard_of(self, key: int) -> int:
+        return key % self.shard_count
 
     def shard_number(self, name: str) -> int | None:
         number = parse_decimal(name[:-len(SUFFIX)]) if name.endswith(SUFFIX) else None
@@ -75,8 +50,8 @@ class ToyStore(ShardedStore):
     def is_shard_file(self, name: str) -> bool:
         return self.shard_number(name) is not None
 
-    async def shards(self, within: object = None) -> AsyncIterator[int]:  # type: ignore[override]
-        if not self.source.listable:  # every candidate; `tables` of an absent one is []
+    async def shards(self, within: object = None) -> AsyncIterator[int]:
+        if not self.source.listable:  # every candidate; an absent one lists nothing
             for number in range(self.shard_count):
                 yield number
             return
@@ -84,42 +59,20 @@ class ToyStore(ShardedStore):
         for number in sorted(n for n in found if n is not None):
             yield number
 
-    async def table(self, shard: int) -> ChunkTable | None:
-        """The shard's index (cached per object version), or None if the shard does not exist."""
-        key = f"{shard}{SUFFIX}"
-        st = await self.source.stat(key)
-        if st is None or st.is_dir:
-            return None
-        blob = Blob.of(key, st)
-        return await self.flights.cached(self.caches.shard_index, ("toy", blob.ident), lambda: self._index(blob))
+    async def open_shard(self, shard: int) -> Blob | None:
+        st = await self.source.stat(f"{shard}{SUFFIX}")
+        return None if st is None or st.is_dir else Blob.of(f"{shard}{SUFFIX}", st)
 
-    async def _index(self, blob: Blob) -> ChunkTable:
+    async def read_index(self, shard: int, blob: Blob) -> ChunkTable:
         if blob.size < HEADER:
             raise DataError(blob.label, f"{blob.size} bytes: shorter than the shard header")
-        (count,) = struct.unpack("<Q", await self.fetcher.read(Extent(blob, 0, HEADER), index=True))
+        (count,) = struct.unpack("<Q", await self.read_index_bytes(blob, 0, HEADER))
         size = ENTRY * count
-        self.limits.check_index(size, blob.label)
+        self.check_index(size, blob.label)
         if HEADER + size > blob.size:
             raise DataError(blob.label, f"an index of {count:,} entries runs past the end of the file")
-        raw = await self.fetcher.read(Extent(blob, HEADER, size), index=True)
-        entries = np.frombuffer(raw, dtype="<u8").reshape(-1, 3).T
+        entries = np.frombuffer(await self.read_index_bytes(blob, HEADER, size), dtype="<u8").reshape(-1, 3).T
         return ChunkTable.build(blob, entries[0], entries[1], entries[2], HEADER + size, blob.size)
-
-    async def tables(self, shard: int) -> list[ChunkTable]:  # type: ignore[override]
-        table = await self.table(shard)
-        if table is None:
-            return []
-        # Keys stored in the wrong shard could never be looked up: not listed either.
-        return [table.where(table.keys % np.uint64(self.shard_count) == np.uint64(shard))]
-
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        table = await self.table(key % self.shard_count)
-        if table is None:
-            return None
-        if key in table.bad:
-            raise DataError(f"{table.blob.label} chunk {key}", table.bad[key])
-        i = table.find(key)
-        return None if i is None else (table, i)
 
 
 class ToyFormat(FormatPlugin):
@@ -141,7 +94,7 @@ class ToyFormat(FormatPlugin):
         chunk_size = meta.int("chunk_size", lo=1, hi=runtime.limits.payload_bytes)
         shards = meta.int("shards", lo=1, hi=MAX_SHARDS)
         encoding = meta.str("encoding", ("raw", "gzip"), default="raw")
-        chunks = ChunkContext(ToyStore(runtime, shards), DecimalNaming(), codec(encoding), ExactGeometry(chunk_size))
+        chunks = ChunkContext(ToyStore(runtime, shards), DecimalNaming(), codec(encoding), FixedSize(chunk_size))
         shown = BytesFile(encode_json({"chunk_size": chunk_size}), loaded[1].mtime_ns)
         part = ChunkInventory("toy chunks", "", chunks, f"key % {shards}; {encoding}", shards)
 
@@ -151,4 +104,4 @@ class ToyFormat(FormatPlugin):
         return Dataset(ShardedDir(runtime.source, "", root, chunks, {MARKER: shown}), inventory)
 
 
-register_format(ToyFormat())
+

@@ -124,4 +124,5 @@ def decode_block(data: bytes, shape: tuple[int, int, int] | None = None,
     # Reorder the (4-byte) slots into voxel order, then gather the labels:
     # (gz, gy, gx, z, y, x) -> (gz, z, gy, y, gx, x).
     ordered = values.reshape(gz, gy, gx, SUB, SUB, SUB).transpose(0, 3, 1, 4, 2, 5).reshape(nz, ny, nx)
-    return lut[ordered]
+    out: np.ndarray = lut[ordered]
+    return out

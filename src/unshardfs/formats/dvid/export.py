@@ -94,7 +94,7 @@ class DvidExport:
             size = scale.ints("size", 3, lo=0, hi=VOXEL_LIMIT)
             cells = grid_shape(size, chunk, scale.where)
             offset = scale.ints("voxel_offset", 3, lo=-VOXEL_LIMIT, hi=VOXEL_LIMIT, default=[0, 0, 0])
-            grid = ChunkGrid(size, chunk, offset)  # type: ignore[arg-type]
+            grid = ChunkGrid(size, chunk, offset)
             store = DvidStore(self.runtime, f"s{i}", grid, spec)
             ctx = ChunkContext(store, GridNaming(grid), DvidBlockCodec(store, self.supervoxels),
                                dvid_geometry(grid, self.runtime.limits.payload_bytes))

@@ -33,7 +33,8 @@ class IpcError(ValueError):
 def _u32(buf: bytes, pos: int) -> int:
     if pos < 0 or pos + 4 > len(buf):
         raise IpcError("flatbuffer offset out of range")
-    return struct.unpack_from("<I", buf, pos)[0]
+    value: int = struct.unpack_from("<I", buf, pos)[0]
+    return value
 
 
 def _field(buf: bytes, table: int, index: int) -> int | None:

@@ -8,13 +8,15 @@ has an `info`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import os
 
 from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin, register_format
+from ..registry import Dataset, FormatPlugin
 
 
 class DvidFormat(FormatPlugin):
@@ -30,15 +32,15 @@ class DvidFormat(FormatPlugin):
         group.add_argument("--supervoxels", action="store_true",
                            help="show supervoxel ids instead of agglomerated labels")
 
-    def options(self, args: argparse.Namespace) -> dict:
-        out: dict = {}
+    def options(self, args: argparse.Namespace) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         if getattr(args, "info_path", None):
             out["info"] = os.path.abspath(args.info_path)
         if getattr(args, "supervoxels", False):
             out["supervoxels"] = True
         return out
 
-    async def detect(self, source: ByteSource, options: dict) -> bool:
+    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
         from .export import looks_like_export
 
         if options.get("info"):
@@ -51,11 +53,9 @@ class DvidFormat(FormatPlugin):
                               "give the volume spec it was exported against with --info SPEC.json")
         return True
 
-    async def open(self, runtime: Runtime, options: dict) -> Dataset:
+    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
         from .export import DvidExport
 
         export = DvidExport(runtime, options.get("info"), bool(options.get("supervoxels")))
         return Dataset(await export.build(), export.inventory)
 
-
-register_format(DvidFormat())

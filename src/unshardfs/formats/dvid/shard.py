@@ -23,16 +23,15 @@ import io
 import logging
 import struct
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
 
 from ...core.blob import Blob
 from ...core.fields import DEFAULT_LIMITS, MetadataError, load_json, off_loop
-from ...core.fetch import Extent, Fetcher
 from ...core.limits import Limits
-from ...core.table import ChunkTable
+from ...core.table import MAX_BAD_REASONS, ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import ByteSource
@@ -78,7 +77,7 @@ class ShardIndex:
 COORD_LIMIT = 1 << 40  # beyond any volume; keeps every later product inside int64
 
 
-def _cell(values, where: str) -> Cell:
+def _cell(values: Iterable[int | str], where: str) -> Cell:
     x, y, z = (int(v) for v in values)
     if not all(-COORD_LIMIT < v < COORD_LIMIT for v in (x, y, z)):
         raise DataError(where, f"chunk index key {(x, y, z)} is out of range")
@@ -129,20 +128,16 @@ def parse_json_index(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) ->
 class ArrowShardReader:
     """Reads the index and records of shard files of one scale."""
 
-    def __init__(self, source: ByteSource, fetcher: Fetcher, limits: Limits, chunk_size: Cell,
+    def __init__(self, source: ByteSource, read: Callable[[Blob, int, int], Awaitable[bytes]], chunk_size: Cell,
                  owned: Callable[[np.ndarray, int], np.ndarray], keys: Callable[[np.ndarray], np.ndarray]) -> None:
         self.source = source
-        self.fetcher = fetcher
-        self.limits = limits
+        # read(blob, offset, size): index bytes, checked against the index limit first.
+        self._read = read
         self.chunk_size = chunk_size
         # owned(cells, shard) -> bool mask: cell inside the grid and hashed to `shard`.
         self.owned = owned
         # keys(cells) -> uint64 chunk keys (Morton codes) of in-grid cells.
         self.keys = keys
-
-    async def _read(self, blob: Blob, offset: int, size: int) -> bytes:
-        self.limits.check_index(size, blob.label)
-        return await self.fetcher.read(Extent(blob, offset, size), index=True)
 
     async def load(self, blob: Blob, stem: str, shard: int) -> ShardIndex:
         where = blob.label
@@ -151,6 +146,7 @@ class ArrowShardReader:
         tail = await self._read(blob, blob.size - 16, 16)
         by_number: dict[Cell, int] | None = None
         by_range: dict[Cell, RecordRef] | None = None
+        missing: dict[int, str] = {}  # record numbers the index names that the file does not have
         arrow_end = blob.size
         if tail[8:] == FOOTER_MAGIC:
             (length,) = struct.unpack("<Q", tail[:8])
@@ -158,7 +154,7 @@ class ArrowShardReader:
                 raise DataError(where, f"JSON chunk index length {length} exceeds the file")
             arrow_end = blob.size - 16 - length
             raw = await self._read(blob, arrow_end, length)
-            by_number = await off_loop(len(raw), parse_json_index, raw, where, self.limits)
+            by_number = await off_loop(len(raw), parse_json_index, raw, where)
         else:
             by_range, by_number = await self._sidecar(stem, where)
         stream_start = 8 if (await self._read(blob, 0, 8))[:6] == FILE_MAGIC else 0
@@ -169,21 +165,31 @@ class ArrowShardReader:
             by_range = {}
             for cell, number in by_number.items():
                 if number >= len(batches):
-                    log_once(log, f"rec:{where}:{cell}", "%s: chunk index names record %d of %d", where, number,
-                             len(batches))
+                    missing[number] = f"the chunk index names record {number}; the file has {len(batches)}"
                     continue
                 by_range[cell] = RecordRef(batches[number][0], batches[number][1], 0)
         assert by_range is not None
+        # A bad entry fails its own chunk (EIO), never the shard, and never reads as absent.
+        problems: dict[Cell, str] = {cell: problem for cell, number in (by_number or {}).items()
+                                     if (problem := missing.get(number)) is not None}
         for cell, ref in by_range.items():
             if ref.offset < 0 or ref.length <= 0 or ref.offset + ref.length > arrow_end or ref.row < 0:
-                raise DataError(where, f"record of chunk {cell} at [{ref.offset}, +{ref.length}) lies outside "
-                                       "the Arrow data")
-        records, units = self._resolve_units(by_range, shard, where)
-        cells = np.array(list(records), dtype=np.int64).reshape(-1, 3)
-        refs = list(records.values())
+                problems[cell] = (f"record at [{ref.offset}, +{ref.length}) lies outside the Arrow data "
+                                  f"[0, {arrow_end})")
+        if problems:
+            log_once(log, f"bad:{where}", "%s: %d chunk index entries are bad; those chunks fail with EIO", where,
+                     len(problems))
+        everything = {**{cell: RecordRef(0, 0, 0) for cell in problems}, **by_range}
+        records, units = self._resolve_units(everything, shard, where)
+        good = {cell: ref for cell, (ref, origin) in records.items() if origin not in problems}
+        cells = np.array(list(good), dtype=np.int64).reshape(-1, 3)
+        refs = list(good.values())
+        bad_cells = [cell for cell, (_, origin) in records.items() if origin in problems][:MAX_BAD_REASONS]
+        reasons = dict(zip(self.keys(np.array(bad_cells, dtype=np.int64).reshape(-1, 3)).tolist(),
+                           (problems[records[cell][1]] for cell in bad_cells)))
         table = ChunkTable.build(blob, self.keys(cells), np.array([r.offset for r in refs], dtype=np.uint64),
                                  np.array([r.length for r in refs], dtype=np.uint64), 0, arrow_end,
-                                 extra=np.array([r.row for r in refs], dtype=np.int64))
+                                 extra=np.array([r.row for r in refs], dtype=np.int64), reasons=reasons)
         return ShardIndex(table, schema, units)
 
     async def _sidecar(self, stem: str, where: str) -> tuple[dict[Cell, RecordRef] | None, dict[Cell, int] | None]:
@@ -197,7 +203,7 @@ class ArrowShardReader:
                     return await off_loop(len(raw), parse_csv_index, raw.decode(), stem + ext), None
                 except UnicodeDecodeError as e:
                     raise DataError(stem + ext, "CSV chunk index is not text") from e
-            return None, await off_loop(len(raw), parse_json_index, raw, stem + ext, self.limits)
+            return None, await off_loop(len(raw), parse_json_index, raw, stem + ext)
         raise DataError(where, "no chunk index: neither a CHUNKIDX footer nor a .csv/.json sidecar")
 
     async def _schema(self, blob: Blob, start: int, end: int, where: str) -> pa.Schema:
@@ -240,7 +246,7 @@ class ArrowShardReader:
                 raise IpcError("stream is truncated")
             return window[at - window_at: at - window_at + n]
 
-        batches = []
+        batches: list[tuple[int, int]] = []
         others = 0  # the schema, dictionaries: a few, never more than the batches themselves
         while pos + 8 <= end and len(batches) < needed:
             head = message_prefix(await get(pos, 8))
@@ -258,7 +264,10 @@ class ArrowShardReader:
             pos += length
         return batches
 
-    def _resolve_units(self, by_key: dict[Cell, RecordRef], shard: int, where: str) -> tuple[dict[Cell, RecordRef], str]:
+    def _resolve_units(self, by_key: dict[Cell, RecordRef], shard: int, where: str
+                       ) -> tuple[dict[Cell, tuple[RecordRef, Cell]], str]:
+        """The entries as chunk cells of this shard ({cell: (record, the key as written)}), and
+        whether the file's keys are block or voxel coordinates."""
         if not by_key:
             return {}, "block"
         keys = np.array(list(by_key), dtype=np.int64)
@@ -276,8 +285,8 @@ class ArrowShardReader:
         if not mask.all():
             log_once(log, f"own:{where}", "%s: %d chunk index keys lie outside this shard or the volume; not shown",
                      where, int((~mask).sum()))
-        refs = list(by_key.values())
-        return {tuple(c): refs[i] for i, c in zip(np.nonzero(mask)[0].tolist(), cells[mask].tolist())}, units
+        written = list(by_key.items())
+        return {tuple(c): written[i][::-1] for i, c in zip(np.nonzero(mask)[0].tolist(), cells[mask].tolist())}, units
 
 def decode_record(raw: bytes, schema: pa.Schema, row: int, where: str) -> Record:
     """One row of a record batch message, fully validated first: pyarrow trusts list offsets
@@ -287,7 +296,8 @@ def decode_record(raw: bytes, schema: pa.Schema, row: int, where: str) -> Record
         batch.validate(full=True)
         if row >= batch.num_rows:
             raise DataError(where, f"record batch has {batch.num_rows} rows, index names row {row}")
-        coords = tuple(int(batch.column(name)[row].as_py()) for name in ("chunk_x", "chunk_y", "chunk_z"))
+        x, y, z = (int(batch.column(name)[row].as_py()) for name in ("chunk_x", "chunk_y", "chunk_z"))
+        coords = (x, y, z)
         labels = batch.column("labels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
         supervoxels = batch.column("supervoxels")[row].values.to_numpy(zero_copy_only=False).astype(np.uint64)
         block = batch.column("dvid_compressed_block")[row].as_py()
@@ -300,4 +310,4 @@ def decode_record(raw: bytes, schema: pa.Schema, row: int, where: str) -> Record
         raise DataError(where, f"cannot decode the Arrow record: {type(e).__name__}: {e}") from None
     if not isinstance(block, bytes) or len(labels) != len(supervoxels):
         raise DataError(where, f"record has {len(labels)} labels for {len(supervoxels)} supervoxels")
-    return Record(coords, labels, supervoxels, block, size, meta.get(b"codec") == b"zstd")  # type: ignore[arg-type]
+    return Record(coords, labels, supervoxels, block, size, meta.get(b"codec") == b"zstd")

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import numpy as np
+import pyarrow as pa
 
 from ...core.blob import Blob
 from ...core.bounded import unzstd
-from ...core.chunks import ChunkFile
-from ...core.codecs import Codec, check_decoded_size
+from ...core.codecs import Codec, PayloadRef, check_decoded_size
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
-from ...core.table import ChunkTable
+from ...core.table import ChunkTable, int_list
 from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import join_key
@@ -35,14 +35,15 @@ log = logging.getLogger(__name__)
 SHARD_FILE = re.compile(r"^(\d{1,15})_(\d{1,15})_(\d{1,15})\.arrow$")
 
 
-class DvidStore(ShardedStore):
+class DvidStore(ShardedStore[int, ShardIndex]):
+    """A shard number (from the sharding spec) is one Arrow file, whose chunk index is one table."""
+
     def __init__(self, runtime: Runtime, dir_key: str, grid: ChunkGrid, spec: ShardingSpec) -> None:
         super().__init__(runtime, dir_key)
         self.dir_key = dir_key
         self.grid = grid
         self.spec = spec
-        self.reader = ArrowShardReader(self.source, self.fetcher, self.limits, grid.chunk_size, self.owned,
-                                       self.keys)
+        self.reader = ArrowShardReader(self.source, self.read_index_bytes, grid.chunk_size, self.owned, self.keys)
         self._files: dict[int, str] | None = None
 
     def keys(self, cells: np.ndarray) -> np.ndarray:
@@ -50,11 +51,12 @@ class DvidStore(ShardedStore):
 
     def owned(self, cells: np.ndarray, shard: int) -> np.ndarray:
         """Which cells lie in the grid and hash to `shard` under the spec."""
-        inside = ((cells >= 0) & (cells < np.array(self.grid.shape, dtype=np.int64))).all(axis=1)
+        inside = np.asarray(((cells >= 0) & (cells < np.array(self.grid.shape, dtype=np.int64))).all(axis=1))
         codes = np.array([self.grid.coder.encode(tuple(c)) if ok else 0
                           for c, ok in zip(cells.tolist(), inside.tolist())], dtype=np.uint64)
         shards, _ = self.spec.locations_array(codes)
-        return inside & (shards == np.uint64(shard))
+        mask: np.ndarray = inside & (shards == np.uint64(shard))
+        return mask
 
     def describe(self, key: int) -> str:
         cells, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
@@ -76,7 +78,7 @@ class DvidStore(ShardedStore):
                 if any(g >= s for g, s in zip(cell, self.grid.shape)):
                     log_once(log, f"origin:{name}", "%s/%s: origin lies outside the volume; ignored", self.dir_key, name)
                     continue
-                shard = self.spec.location(self.grid.coder.encode(cell))[0]  # type: ignore[arg-type]
+                shard = self.spec.location(self.grid.coder.encode(cell))[0]
                 if shard in found:
                     log_once(log, f"dup:{name}", "%s: %s and %s are the same shard; using %s", self.dir_key,
                              found[shard], name, min(found[shard], name))
@@ -85,26 +87,29 @@ class DvidStore(ShardedStore):
             self._files = dict(sorted(found.items()))
         return self._files
 
-    async def index(self, shard: int) -> ShardIndex | None:
+    async def open_shard(self, shard: int) -> Blob | None:
         name = (await self.files()).get(shard)
         if name is None:
             return None
         key = join_key(self.dir_key, name)
         st = await self.source.stat(key)
-        if st is None or st.is_dir:
-            return None
-        blob = Blob.of(key, st)
-        return await self.flights.cached(self.caches.shard_index, blob.ident,
-                                         lambda: self.reader.load(blob, key.removesuffix(".arrow"), shard))
+        return None if st is None or st.is_dir else Blob.of(key, st)
 
-    async def schema_of(self, f: ChunkFile):
+    async def read_index(self, shard: int, blob: Blob) -> ShardIndex:
+        return await self.reader.load(blob, blob.label.removesuffix(".arrow"), shard)
+
+    async def schema_of(self, f: PayloadRef) -> pa.Schema:
         """The Arrow schema of the shard file holding `f` (its index is cached)."""
-        index = await self.index(self.spec.location(f.key)[0])
-        if index is None or index.table.blob.ident != f.blob.ident:
+        opened = await self.index(self.spec.location(f.key)[0])
+        if opened is None or opened[0].ident != f.blob.ident:
             raise DataError(f.blob.label, "shard file changed while mounted")
-        return index.schema
+        return opened[1].schema
 
     # -- the ShardedStore contract ----------------------------------------------------------
+
+    def shard_of(self, key: int) -> int | None:
+        _, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+        return self.spec.location(key)[0] if valid[0] else None
 
     def shards(self, within: object = None) -> AsyncIterator[int]:
         async def numbers() -> AsyncIterator[int]:
@@ -112,19 +117,15 @@ class DvidStore(ShardedStore):
                 yield shard
         return numbers()
 
-    async def tables(self, shard: int) -> list[ChunkTable]:  # type: ignore[override]
-        index = await self.index(shard)
-        return [] if index is None or not len(index.table) else [index.table]
+    async def table_for(self, shard: int, blob: Blob, index: ShardIndex, key: int) -> ChunkTable:
+        return index.table
 
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        cells, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
-        if not valid[0]:
-            return None
-        index = await self.index(self.spec.location(key)[0])
-        if index is None:
-            return None
-        i = index.table.find(key)
-        return None if i is None else (index.table, i)
+    async def index_tables(self, shard: int, blob: Blob, index: ShardIndex) -> list[ChunkTable]:
+        return [index.table]
+
+    def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
+        mask: np.ndarray = self.spec.locations_array(table.keys)[0] == np.uint64(shard)
+        return mask
 
 
 def dvid_geometry(grid: ChunkGrid, limit: int) -> VolumeGeometry:
@@ -152,18 +153,20 @@ class DvidBlockCodec(Codec):
         check_decoded_size(exact, cap, where)
         return exact
 
-    def sizes(self, lengths, exact, cap):
+    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
+              ) -> tuple[np.ndarray | None, np.ndarray]:
+        assert exact is not None  # the geometry is raw
         return exact, exact <= cap
 
-    async def prepare(self, f: ChunkFile) -> object:
+    async def prepare(self, f: PayloadRef) -> object:
         return await self.store.schema_of(f)
 
-    def decode(self, payload: bytes, f: ChunkFile, prepared: object = None) -> bytes:
+    def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         where = f.where
         grid = self.store.grid
         cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
-        cell: Cell = tuple(cells[0].tolist())  # type: ignore[assignment]
-        record = decode_record(payload, prepared, f.extra, where)  # type: ignore[arg-type]
+        cell: Cell = tuple(cells[0].tolist())
+        record = decode_record(payload, prepared, f.extra, where)
         voxels = tuple(g * c for g, c in zip(cell, self.chunk_size))
         if record.coords != cell and record.coords != voxels:
             raise DataError(where, f"record holds block {record.coords}, the index places it at {cell}")
@@ -172,7 +175,8 @@ class DvidBlockCodec(Codec):
             raw = unzstd(raw, self.block_cap, where)
         if record.uncompressed_size is not None and len(raw) != record.uncompressed_size:
             raise DataError(where, f"block is {len(raw)} bytes, the record says {record.uncompressed_size}")
-        want = tuple(reversed(self.chunk_size))
+        x, y, z = self.chunk_size
+        want = (z, y, x)
         try:
             block = decode_block(raw, want, None if self.supervoxels else agglomeration(record.supervoxels,
                                                                                           record.labels))
@@ -185,7 +189,7 @@ class DvidBlockCodec(Codec):
         return data
 
 
-def agglomeration(supervoxels: np.ndarray, labels: np.ndarray):
+def agglomeration(supervoxels: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """A function mapping block label lists from supervoxel ids to agglomerated labels."""
     order = np.argsort(supervoxels, kind="stable")
     keys, values = supervoxels[order], labels[order]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import AsyncIterator, Callable
+import functools
+from typing import Any, AsyncIterator, Callable
 
 from ...core.chunks import ChunkContext
 from ...core.codecs import codec
@@ -133,7 +134,7 @@ class PrecomputedDataset:
         size = scale.ints("size", 3, lo=0, hi=VOXEL_LIMIT)
         offset = scale.ints("voxel_offset", 3, lo=-VOXEL_LIMIT, hi=VOXEL_LIMIT, default=[0, 0, 0])
         cells = grid_shape(size, chunk, where)
-        grid = ChunkGrid(size, chunk, offset)  # type: ignore[arg-type]
+        grid = ChunkGrid(size, chunk, offset)
         if grid.coder.total_bits > MORTON_BITS:
             raise MetadataError(where, f"a grid of {cells} chunks needs more than 64 bits of chunk id")
         runtime = self.runtime
@@ -209,7 +210,7 @@ class PrecomputedDataset:
             naming: Naming = CellNaming(grid_of(index, rank)) if "spatial" in kind else SegmentNaming()
             ctx = ChunkContext(PrecomputedStore(self.runtime, dir_key, spec), naming, codec(spec.data_encoding))
             self._know(dir_key)
-            self.special[dir_key] = lambda st, dir_key=dir_key, ctx=ctx: ShardedDir(self.source, dir_key, st, ctx)
+            self.special[dir_key] = functools.partial(ShardedDir, self.source, dir_key, chunks=ctx)
             self.parts.append(ChunkInventory(kind, dir_key, ctx, layout(spec), 1 << spec.shard_bits))
             del shown.at(*path)["sharding"]
 

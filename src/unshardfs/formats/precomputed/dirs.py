@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import AsyncIterator
+from typing import AsyncIterator, Literal, cast
 
 import numpy as np
 
 from ...core.chunks import ChunkContext, ChunkFile
 from ...core.codecs import Stored
 from ...core.dirs import ShardedDir
-from ...core.naming import IDENT_LIMIT, Naming
+from ...core.naming import IDENT_LIMIT, DecimalNaming, Naming, parse_decimal
 from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import ByteSource, ObjectStat
@@ -27,49 +27,15 @@ from .shards import PrecomputedStore
 
 log = logging.getLogger(__name__)
 
-U64_MAX = (1 << 64) - 1
+parse_segment_id = parse_decimal  # segment ids name unsharded mesh/skeleton files
 
 
-def parse_segment_id(text: str) -> int | None:
-    """A canonical base-10 uint64, as unsharded mesh/skeleton writers name files."""
-    if not text.isdigit() or not text.isascii() or (len(text) > 1 and text[0] == "0") or len(text) > 20:
-        return None
-    value = int(text)
-    return value if value <= U64_MAX else None
-
-
-class SegmentNaming(Naming):
-    """Files named by segment id (skeletons; mesh manifests with `suffix` '.index')."""
+class SegmentNaming(DecimalNaming):
+    """Files named by segment id (skeletons; mesh manifests with `suffix` '.index'); a mesh
+    directory computes both spellings, whichever context asks."""
 
     def __init__(self, suffix: str = "", ident_bits: int = 0, ident_add: int = 0) -> None:
-        self.suffix = suffix
-        # Meshes show two files per segment: idents 2*id (fragments) and 2*id+1 (manifest).
-        self.ident_bits = ident_bits
-        self.ident_add = ident_add
-
-    def claims(self, name: str) -> bool:
-        return parse_segment_id(name.removesuffix(".index")) is not None
-
-    def parse(self, name: str) -> int | None:
-        if self.suffix and not name.endswith(self.suffix):
-            return None
-        return parse_segment_id(name[:len(name) - len(self.suffix)] if self.suffix else name)
-
-    def names(self, keys: np.ndarray) -> list[str | None]:
-        suffix = self.suffix
-        return [f"{k}{suffix}" for k in keys.tolist()]
-
-    def ident(self, key: int) -> int | None:
-        ident = (key << self.ident_bits) + self.ident_add
-        return ident if ident < IDENT_LIMIT else None
-
-    def idents(self, keys: np.ndarray) -> list[int | None]:
-        if not self.ident_bits:
-            return super().idents(keys)
-        return [self.ident(k) for k in keys.tolist()]
-
-    def name_of_ident(self, ident: int) -> str:
-        return f"{ident >> self.ident_bits}{self.suffix}"
+        super().__init__(suffix, ident_bits, ident_add, also=("", ".index"))
 
 
 def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
@@ -119,7 +85,7 @@ class MultiLodMeshDir(ShardedDir):
         return ChunkFile(self.fragments_ctx, manifest.blob, start, total, key, total,
                          self.fragments_ctx.naming.ident(key))
 
-    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+    async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         stem = name.removesuffix(".index")
         seg = parse_segment_id(stem)
         if seg is None:
@@ -134,14 +100,14 @@ class MultiLodMeshDir(ShardedDir):
             return manifest
         return fragments
 
-    async def virtual_entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
+    async def virtual_entries(self) -> AsyncIterator[Batch]:
         async for listed in self.chunks.listing():
             manifests = list(listed)
-            await self.chunks.warm([m for _, m in manifests])  # type: ignore[misc]
+            await self.chunks.warm([cast(ChunkFile, m) for _, m in manifests])  # a chunk listing's nodes
             batch: list[Entry] = []
             for name, manifest in manifests:
                 try:
-                    fragments = await self.fragments(manifest)  # type: ignore[arg-type]
+                    fragments = await self.fragments(cast(ChunkFile, manifest))
                 except DataError as e:
                     log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
                     continue

@@ -9,6 +9,7 @@ names and parses its chunk files here.
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 import numpy as np
 
@@ -22,14 +23,20 @@ _CHUNK_NAME = re.compile(r"^(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)$")
 Cell = tuple[int, int, int]
 
 
+def as_cell(values: Sequence[int]) -> Cell:
+    """Three values as a cell (metadata parsing has checked there are three)."""
+    x, y, z = values
+    return (x, y, z)
+
+
 class ChunkGrid:
     __slots__ = ("size", "chunk_size", "voxel_offset", "shape", "coder", "chunk_array", "size_array", "_offset")
 
-    def __init__(self, size: Cell, chunk_size: Cell, voxel_offset: Cell) -> None:
-        self.size = size
-        self.chunk_size = chunk_size
-        self.voxel_offset = voxel_offset
-        self.shape: Cell = tuple(-(-s // c) for s, c in zip(size, chunk_size))  # type: ignore[assignment]
+    def __init__(self, size: Sequence[int], chunk_size: Sequence[int], voxel_offset: Sequence[int]) -> None:
+        self.size = as_cell(size)
+        self.chunk_size = as_cell(chunk_size)
+        self.voxel_offset = as_cell(voxel_offset)
+        self.shape = as_cell([-(-s // c) for s, c in zip(size, chunk_size)])
         self.coder = MortonCoder(self.shape)
         self.chunk_array = np.array(chunk_size, dtype=np.int64)
         self.size_array = np.array(size, dtype=np.int64)
@@ -37,7 +44,7 @@ class ChunkGrid:
 
     def extent(self, cell: Cell) -> Cell:
         """The chunk's voxel counts per axis (smaller at the volume edge)."""
-        return tuple(min(c, s - g * c) for g, c, s in zip(cell, self.chunk_size, self.size))  # type: ignore[return-value]
+        return as_cell([min(c, s - g * c) for g, c, s in zip(cell, self.chunk_size, self.size)])
 
     def chunk_name(self, cell: Cell) -> str:
         parts = []
@@ -106,7 +113,8 @@ class GridNaming(Naming):
     def names(self, keys: np.ndarray) -> list[str | None]:
         cells, valid = self.grid.coder.decode_array(keys)
         if valid.all():
-            return self.grid.names(cells)  # type: ignore[return-value]
+            every: list[str | None] = list(self.grid.names(cells))
+            return every
         names = iter(self.grid.names(cells[valid]))
         return [next(names) if ok else None for ok in valid.tolist()]
 
@@ -136,4 +144,5 @@ class VolumeGeometry(Geometry):
 
     def cap(self, keys: np.ndarray) -> np.ndarray:
         raw = self._raw_sizes(keys)
-        return np.minimum(raw if self.raw else raw * self.SLACK + self.EXTRA, self._cap)
+        caps: np.ndarray = np.minimum(raw if self.raw else raw * self.SLACK + self.EXTRA, self._cap)
+        return caps

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 import mmh3
 import numpy as np
 
+from ...caches import IndexLevel, MiB
 from ...core.fields import Fields, MetadataError
 
 U64 = (1 << 64) - 1
 ENCODINGS = ("raw", "gzip")
 HASHES = ("identity", "murmurhash3_x86_128")
+# The second index level: the minishard indexes a shard index points to (decoded, cached).
+MINISHARD_INDEX = IndexLevel("minishard_index", "--minishard-index-cache", 64 * MiB, "decoded minishard index cache")
 
 
 def murmurhash3_x86_128_low64(value: int) -> int:

@@ -10,14 +10,16 @@ anything is read.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import AsyncIterator
 
 import numpy as np
 from cachetools import LRUCache
 
+from ...caches import SHARD_INDEX
 from ...concurrency import gather
-from ...core.blob import Blob
+from ...core.blob import Blob, Ident
 from ...core.bounded import gunzip, off_loop
 from ...core.fetch import Extent
 from ...core.runtime import Runtime
@@ -26,7 +28,7 @@ from ...core.table import ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
 from ...sources.base import join_key
-from .sharding import ShardingSpec
+from .sharding import MINISHARD_INDEX, ShardingSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,27 +43,31 @@ PROBE_MAX = 1 << 16
 INDEX_READ_AHEAD = 256 << 10
 
 
-def decode_minishard(raw: bytes, blob: Blob, base: int, where: str) -> ChunkTable:
+def decode_minishard(raw: bytes, blob: Blob, base: int, where: str, part: int = 0) -> ChunkTable:
     """The [3, n] delta-encoded uint64 array of a minishard index as a validated table."""
     if len(raw) % 24:
         raise DataError(where, f"minishard index length {len(raw)} is not a multiple of 24")
     n = len(raw) // 24
     if n == 0:
-        return ChunkTable.empty(blob)
+        return ChunkTable.empty(blob, part)
     arr = np.frombuffer(raw, dtype="<u8").reshape(3, n).astype(U64)
     # The format's arithmetic is modulo 2**64 (numpy's uint64 cumsum wraps
     # silently); `build` rejects whatever lands outside the shard data.
     ids = np.cumsum(arr[0], dtype=U64)
     sizes = arr[2].copy()  # a copy: a view would keep the whole array alive behind the cache's accounting
     ends = U64(base) + np.cumsum(arr[1] + sizes, dtype=U64)
-    table = ChunkTable.build(blob, ids, ends - sizes, sizes, base, blob.size)
+    table = ChunkTable.build(blob, ids, ends - sizes, sizes, base, blob.size, part=part)
     if len(table) + len(table.bad) < n:
         log_once(log, f"dup:{where}", "%s: minishard index lists %d duplicate chunk ids; using the first of each",
                  where, n - len(table) - len(table.bad))
     return table
 
 
-class PrecomputedStore(ShardedStore):
+class PrecomputedStore(ShardedStore[int, np.ndarray]):
+    """A shard number's shard index (an array of minishard index ranges), then its minishards."""
+
+    index_levels = (SHARD_INDEX, MINISHARD_INDEX)
+
     def __init__(self, runtime: Runtime, dir_key: str, spec: ShardingSpec) -> None:
         super().__init__(runtime, dir_key)
         self.dir_key = dir_key
@@ -69,11 +75,11 @@ class PrecomputedStore(ShardedStore):
         self.index_size = spec.shard_index_size
         # Minishard indexes that failed to decode, by (blob ident, number) -> (where, reason): a gzip
         # bomb is inflated to the cap once, not again by every lookup of a chunk it would hold.
-        self._undecodable: LRUCache = LRUCache(maxsize=1024)
+        self._undecodable: LRUCache[tuple[Ident, int], tuple[str, str]] = LRUCache(maxsize=1024)
 
     # -- shard files -------------------------------------------------------------------
 
-    async def shard(self, number: int) -> Blob | None:
+    async def open_shard(self, number: int) -> Blob | None:
         """The shard's current backing files, or None if the shard does not exist."""
         stem = join_key(self.dir_key, self.spec.shard_name(number))
         st = await self.source.stat(stem + ".shard")
@@ -102,7 +108,7 @@ class PrecomputedStore(ShardedStore):
     def is_shard_file(self, name: str) -> bool:
         return self.shard_file(name) is not None
 
-    async def shards(self, within: object = None) -> AsyncIterator[int]:  # type: ignore[override]
+    async def shards(self, within: object = None) -> AsyncIterator[int]:
         """Existing shards in ascending order, found by listing the directory
         (or, on a source that cannot list, by probing every shard number)."""
         if not self.source.listable:
@@ -113,39 +119,36 @@ class PrecomputedStore(ShardedStore):
                 return
             for at in range(0, total, PROBE_BATCH):
                 numbers = range(at, min(at + PROBE_BATCH, total))
-                found = await gather([lambda n=n: self._exists(n) for n in numbers], limit=PROBE_BATCH)
+                found = await gather([functools.partial(self._exists, n) for n in numbers], limit=PROBE_BATCH)
                 for n, ok in zip(numbers, found):
                     if ok:
                         yield n
             return
-        numbers = set()
+        listed: set[int] = set()
         async for name, st in self.source.list(self.dir_key):
             parsed = None if st.is_dir else self.shard_file(name)
             if parsed is not None and parsed[1] != "data":  # a .data alone is not a shard
-                numbers.add(parsed[0])
-        for number in sorted(numbers):
+                listed.add(parsed[0])
+        for number in sorted(listed):
             yield number
 
     async def _exists(self, number: int) -> bool:
         try:
-            return await self.shard(number) is not None
+            return await self.open_shard(number) is not None
         except DataError:
             return True  # damaged, but there: listing will report it
 
     # -- indexes ------------------------------------------------------------------------
 
-    async def shard_index(self, blob: Blob) -> np.ndarray:
+    async def read_index(self, shard: int, blob: Blob) -> np.ndarray:
         """The (2**minishard_bits, 2) array of minishard index ranges (relative to the data area)."""
-        async def load() -> np.ndarray:
-            size = self.index_size
-            self.limits.check_index(size, blob.label, cache=self.caches.shard_index.maxsize)
-            if blob.size < size:
-                raise DataError(blob.label, f"file has {blob.size:,} bytes, shorter than its {size:,}-byte "
-                                            "shard index")
-            raw = await self.fetcher.read(Extent(blob, 0, size), index=True)
-            return np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(U64)
-
-        return await self.flights.cached(self.caches.shard_index, blob.ident, load)
+        size = self.index_size
+        self.check_index(size, blob.label, SHARD_INDEX)
+        if blob.size < size:
+            raise DataError(blob.label, f"file has {blob.size:,} bytes, shorter than its {size:,}-byte "
+                                        "shard index")
+        raw = await self.fetcher.read(Extent(blob, 0, size), index=True)
+        return np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(U64)
 
     def _range(self, index: np.ndarray, blob: Blob, m: int) -> tuple[int, int]:
         """Absolute byte range of minishard `m`'s index, validated."""
@@ -155,21 +158,20 @@ class PrecomputedStore(ShardedStore):
                             f"the file ({blob.size:,} bytes)")
         return self.index_size + start, end - start
 
-    async def minishard(self, blob: Blob, m: int) -> ChunkTable:
-        cached = self.caches.minishard_index.get((blob.ident, m))
+    async def minishard(self, blob: Blob, index: np.ndarray, m: int) -> ChunkTable:
+        cached: ChunkTable | None = self.cache(MINISHARD_INDEX).get((blob.ident, m))
         if cached is not None:
             return cached
         failed = self._undecodable.get((blob.ident, m))
         if failed is not None:
             raise DataError(*failed)
-        index = await self.shard_index(blob)
         wanted = [m]
         if self.source.remote:
             # Index read-ahead: neighbours whose indexes lie close by come
             # along in the same request (later lookups in this shard are free).
             start, length = self._range(index, blob, m)
             for other in np.nonzero(index[:, 0] != index[:, 1])[0].tolist():
-                if other == m or (blob.ident, other) in self.caches.minishard_index:
+                if other == m or (blob.ident, other) in self.cache(MINISHARD_INDEX):
                     continue
                 try:
                     o_start, o_len = self._range(index, blob, other)
@@ -196,9 +198,9 @@ class PrecomputedStore(ShardedStore):
                     pass
             numbers_ok = numbers[:1] + [m for m, _ in extras]
             ranges += [r for _, r in extras]
-            budget = self.caches.minishard_index.maxsize
+            budget = int(self.cache(MINISHARD_INDEX).maxsize)
             for m, (start, length) in zip(numbers_ok, ranges):
-                self.limits.check_index(length, f"{blob.label} minishard {m}", cache=budget)
+                self.check_index(length, f"{blob.label} minishard {m}", MINISHARD_INDEX)
             raws = await self.fetcher.read_many([Extent(blob, s, n) for s, n in ranges], index=True, max_gap=gap)
             tables = []
             gzipped = self.spec.minishard_index_encoding == "gzip"
@@ -207,72 +209,65 @@ class PrecomputedStore(ShardedStore):
                 # A gzip index may inflate up to the budget whatever its length: off the event loop.
                 cost = max(len(raw), budget) if gzipped else len(raw)
                 try:
-                    table = await off_loop(lambda raw=raw, where=where: self._decode(raw, blob, where), cost)
+                    table = await off_loop(functools.partial(self._decode, raw, blob, where, m), cost)
                 except DataError as e:
                     self._undecodable[(blob.ident, m)] = (e.where, e.reason)
                     if m == numbers[0]:
                         raise
                     continue  # reported when looked up itself
-                self.caches.minishard_index.put((blob.ident, m), table)
+                self.cache(MINISHARD_INDEX).put((blob.ident, m), table)
                 tables.append(table)
             return tables
 
         return await self.flights.run(("minishards", blob.ident, numbers[0]), load_all)
 
-    def _decode(self, raw: bytes, blob: Blob, where: str) -> ChunkTable:
+    def _decode(self, raw: bytes, blob: Blob, where: str, m: int) -> ChunkTable:
         if self.spec.minishard_index_encoding == "gzip":
             # A decoded index is kept in the minishard cache; one that cannot
             # fit there is not worth decoding (nor, raw, reading: see `_load`).
-            raw = gunzip(raw, min(self.limits.index_bytes, self.caches.minishard_index.maxsize), where)
-        table = decode_minishard(raw, blob, self.index_size, where)
+            raw = gunzip(raw, min(self.limits.index_bytes, int(self.cache(MINISHARD_INDEX).maxsize)), where)
+        table = decode_minishard(raw, blob, self.index_size, where, m)
         for cid, reason in list(table.bad.items())[:20]:
             log_once(log, f"bad:{blob.label}:{cid}", "%s chunk %d: %s", blob.label, cid, reason)
         return table
 
     # -- the ShardedStore contract -----------------------------------------------------------
 
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        shard_no, m = self.spec.location(key)
-        blob = await self.shard(shard_no)
-        if blob is None:
-            return None
-        index = await self.shard_index(blob)
+    def shard_of(self, key: int) -> int:
+        return self.spec.location(key)[0]
+
+    async def table_for(self, shard: int, blob: Blob, index: np.ndarray, key: int) -> ChunkTable | None:
+        m = self.spec.location(key)[1]
         if index[m, 0] == index[m, 1]:
             return None
-        table = await self.minishard(blob, m)
-        reason = table.bad.get(key)
-        if reason is not None:
-            raise DataError(f"{blob.label} chunk {key}", reason)
-        i = table.find(key)
-        return None if i is None else (table, i)
+        return await self.minishard(blob, index, m)
 
-    async def tables(self, shard: int) -> list[ChunkTable]:  # type: ignore[override]
+    async def index_tables(self, shard: int, blob: Blob, index: np.ndarray) -> list[ChunkTable]:
         """Every non-empty minishard of the shard, its indexes read in one batch (they are
         normally contiguous); damaged minishards are logged and skipped."""
-        blob = await self.shard(shard)
-        if blob is None:
-            return []
-        index = await self.shard_index(blob)
         numbers = np.nonzero(index[:, 0] != index[:, 1])[0].tolist()
-        missing = [m for m in numbers if (blob.ident, m) not in self.caches.minishard_index
-                   and (blob.ident, m) not in self._undecodable]
+        cache = self.cache(MINISHARD_INDEX)
+        missing = [m for m in numbers if (blob.ident, m) not in cache and (blob.ident, m) not in self._undecodable]
         if missing:
             await self._load_listed(blob, index, missing)
         out = []
         for m in numbers:
             try:
-                table = await self.minishard(blob, m)
+                out.append(await self.minishard(blob, index, m))
             except DataError as e:
                 log_once(log, f"list:{e}", "listing %s: skipping minishard: %s", self.label, e)
-                continue
-            if len(table):
-                out.append(self._owned(table, shard, m))
         return out
+
+    def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
+        """Ids that hash to another shard or minishard can never be looked up."""
+        shards, minis = self.spec.locations_array(table.keys)
+        mask: np.ndarray = (shards == U64(shard)) & (minis == U64(table.part))
+        return mask
 
     async def _load_listed(self, blob: Blob, index: np.ndarray, numbers: list[int]) -> None:
         """Load minishards for a listing: one batch per cache-sized group; failures are left for
         the per-minishard pass to report."""
-        budget = max(1, self.caches.minishard_index.maxsize // 4)
+        budget = max(1, self.cache(MINISHARD_INDEX).maxsize // 4)
         group: list[int] = []
         size = 0
         for m in numbers + [-1]:
@@ -291,13 +286,3 @@ class PrecomputedStore(ShardedStore):
             if m >= 0:
                 group.append(m)
                 size += length
-
-    def _owned(self, table: ChunkTable, shard: int, m: int) -> ChunkTable:
-        """Ids that hash to another shard or minishard can never be looked up: not listed."""
-        shards, minis = self.spec.locations_array(table.keys)
-        belongs = (shards == U64(shard)) & (minis == U64(m))
-        if belongs.all():
-            return table
-        log_once(log, f"misplaced:{table.blob.label}:{m}", "%s: %d chunk ids listed in the wrong minishard; not "
-                 "listed", table.blob.label, int((~belongs).sum()))
-        return table.where(belongs)

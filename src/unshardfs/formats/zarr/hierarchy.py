@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 import math
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 from ...core.chunks import ChunkContext
 from ...core.codecs import Crc32cSuffix, Stored
@@ -26,7 +26,7 @@ from ...logonce import log_once
 from ...passthrough import PassthroughDir
 from ...sources.base import ObjectStat, join_key, name_problem
 from ...vtree import BytesFile, DirNode, Node, Verdict
-from ..jsonfile import encode_json, read_json
+from ..jsonfile import encode_json, read_built
 from .keys import KeyLayout
 from .metadata import ArrayMeta, node_type
 from .sharding import Unsharded, Unsupported, unshard
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 VIEWS = ("zarr3", "zarr2")
 
 
-def _children(entries: dict | None) -> tuple[str, ...]:
+def _children(entries: dict[str, Any] | None) -> tuple[str, ...]:
     """Direct children named by consolidated metadata (paths are relative to the group);
     names that cannot be a path segment (`..`, NUL, ...) are logged and left out."""
     names = set()
@@ -98,14 +98,14 @@ class ZarrHierarchy:
         meta_key = join_key(key, "zarr.json")
 
         def build(raw: object, meta_st: ObjectStat) -> Node | Verdict:
-            # Off the event loop for a large zarr.json (see read_json): touches no trio state.
+            # Off the event loop for a large zarr.json (see read_built): touches no trio state.
             dir_st = st or ObjectStat(0, meta_st.mtime_ns, True)
             if node_type(raw, meta_key) == "group":
                 return self._group(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
             return self._array(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
 
         try:
-            node = await read_json(self.source, meta_key, self.runtime.limits, build)
+            node = await read_built(self.source, meta_key, self.runtime.limits, build)
             if node is None:
                 if strict:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
@@ -120,7 +120,7 @@ class ZarrHierarchy:
 
     # -- arrays ---------------------------------------------------------------
 
-    def _array(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node | Verdict:
+    def _array(self, key: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node | Verdict:
         where = join_key(key, "zarr.json")
         meta = ArrayMeta.from_json(raw, where)
         try:
@@ -140,7 +140,8 @@ class ZarrHierarchy:
             chunks = ChunkContext(store, FlatNaming(store, layout), Stored(), geometry)
             self._inventory(key, store, chunks)
             view = ChunkView(chunks, layout, f"zarr3:{key}", st.mtime_ns)
-            fixed = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs), meta_st.mtime_ns)}
+            fixed: dict[str, Node] = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs),
+                                                              meta_st.mtime_ns)}
             return ArrayDir(self.source, key, st, fixed, view)
         separator = "/" if parent_key(key) in self.ome_groups else meta.key_encoding.separator
         zarray, zattrs, checksum = array_v2(meta, flat, separator, where)
@@ -180,9 +181,11 @@ class ZarrHierarchy:
 
     # -- groups ---------------------------------------------------------------
 
-    def _group(self, key: str, st: ObjectStat, raw: dict, meta_st: ObjectStat) -> Node:
+    def _group(self, key: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node:
         consolidated = raw.get("consolidated_metadata")
-        entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+        if not isinstance(consolidated, dict):
+            consolidated = {}
+        entries = consolidated.get("metadata")
         if not isinstance(entries, dict):
             entries = None
         fixed: dict[str, Node] = {}
@@ -214,7 +217,7 @@ class ZarrHierarchy:
             return node  # logged when the array itself is looked up
         return meta.rewritten(flat.chunk_shape, flat.codecs) if flat.levels else node
 
-    def _zmetadata(self, key: str, raw: dict, entries: dict) -> dict:
+    def _zmetadata(self, key: str, raw: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, object] = {".zgroup": {"zarr_format": 2}}
         attrs = attrs_v2(raw)
         if attrs:

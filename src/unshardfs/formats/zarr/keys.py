@@ -49,8 +49,8 @@ class KeyLayout:
             fields = fields[1:]
         if len(fields) != self.ndim:
             return None
-        index = tuple(parse_index(f) for f in fields)
-        return None if None in index else index  # type: ignore[return-value]
+        index = [parse_index(f) for f in fields]
+        return tuple(i for i in index if i is not None) if None not in index else None
 
     def claims(self, name: str) -> bool:
         """Whether a top-level name of the array directory belongs to the chunk keys."""

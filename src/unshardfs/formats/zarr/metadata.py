@@ -19,8 +19,8 @@ MAX_DIMS = 32  # zarr-python, TensorStore and numpy all stop at 32 dimensions or
 def codec_name(codec: object) -> str:
     if isinstance(codec, str):
         return codec
-    if isinstance(codec, dict) and isinstance(codec.get("name"), str):
-        return codec["name"]
+    if isinstance(codec, dict) and isinstance(name := codec.get("name"), str):
+        return name
     raise ConfigError(f"malformed codec {codec!r}")
 
 
@@ -56,12 +56,12 @@ class KeyEncoding:
 
 @dataclass(frozen=True)
 class ArrayMeta:
-    raw: dict
+    raw: dict[str, Any]
     shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     data_type: object
     key_encoding: KeyEncoding
-    codecs: list
+    codecs: list[Any]
 
     @property
     def ndim(self) -> int:
@@ -72,7 +72,7 @@ class ArrayMeta:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape))
 
     @classmethod
-    def from_json(cls, raw: dict, where: str) -> "ArrayMeta":
+    def from_json(cls, raw: dict[str, Any], where: str) -> "ArrayMeta":
         shape = as_ints(raw.get("shape"), f"{where}: shape", lo=0, max_length=MAX_DIMS)
         grid = raw.get("chunk_grid")
         if not isinstance(grid, dict) or codec_name(grid) != "regular":
@@ -90,7 +90,7 @@ class ArrayMeta:
         return cls(raw, shape, chunk_shape, raw.get("data_type"),
                    KeyEncoding.from_json(raw.get("chunk_key_encoding"), where), codecs)
 
-    def rewritten(self, chunk_shape: tuple[int, ...], codecs: list) -> dict:
+    def rewritten(self, chunk_shape: tuple[int, ...], codecs: list[Any]) -> dict[str, Any]:
         out = dict(self.raw)  # only top-level members are replaced: the rest is shared, not copied
         out["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}}
         out["codecs"] = codecs
@@ -106,4 +106,4 @@ def node_type(raw: object, where: str) -> str:
     kind = raw.get("node_type")
     if kind not in ("array", "group"):
         raise ConfigError(f"{where}: node_type must be 'array' or 'group', got {kind!r}")
-    return kind
+    return str(kind)

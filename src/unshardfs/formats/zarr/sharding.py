@@ -13,6 +13,8 @@ also permutes the coordinates the inner chunk shape is given in).
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 from dataclasses import dataclass
 
@@ -83,11 +85,11 @@ class ShardLevel:
 @dataclass(frozen=True)
 class Unsharded:
     chunk_shape: tuple[int, ...]  # inner chunk shape in array order
-    codecs: list  # the codec chain of the unsharded array
+    codecs: list[Any]  # the codec chain of the unsharded array
     levels: tuple[ShardLevel, ...]  # empty: the array is not sharded
 
 
-def _index_codecs(config: dict, where: str) -> tuple[str, bool]:
+def _index_codecs(config: dict[str, Any], where: str) -> tuple[str, bool]:
     chain = config.get("index_codecs")
     if not isinstance(chain, list):
         raise Unsupported(f"{where}: sharding_indexed needs an index_codecs list")
@@ -105,7 +107,7 @@ def unshard(meta: ArrayMeta, where: str) -> Unsharded:
     ndim = meta.ndim
     shape = meta.chunk_shape
     perm = tuple(range(ndim))
-    carried: list = []
+    carried: list[Any] = []
     levels: list[ShardLevel] = []
     codecs = meta.codecs
     while True:
@@ -138,9 +140,10 @@ def unshard(meta: ArrayMeta, where: str) -> Unsharded:
         levels.append(ShardLevel(inner, perm, tuple(s // c for s, c in zip(shape, inner)), endian, checksum,
                                  location == "start"))
         shape = inner
-        codecs = config.get("codecs")
-        if not isinstance(codecs, list) or not codecs:
+        inner_codecs = config.get("codecs")
+        if not isinstance(inner_codecs, list) or not inner_codecs:
             raise Unsupported(f"{where}: sharding_indexed needs a non-empty codecs list")
+        codecs = inner_codecs
     if not levels:
         return Unsharded(meta.chunk_shape, meta.codecs, ())
     array_shape = [0] * ndim

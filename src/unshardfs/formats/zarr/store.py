@@ -17,10 +17,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterable, cast
 
 import numpy as np
 
+from ...caches import SHARD_INDEX
 from ...core.blob import Blob
 from ...core.fetch import Extent
 from ...core.runtime import Runtime
@@ -41,12 +42,16 @@ U64 = np.uint64
 PROBE_MAX = 1 << 16
 
 
-class ZarrStore(ShardedStore):
+class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
+    """A shard is an outer grid index; its (nested) shard indexes are flattened into one table."""
+
     def __init__(self, runtime: Runtime, key: str, meta: ArrayMeta, flat: Unsharded) -> None:
         super().__init__(runtime, key)
         self.key = key
         self.meta = meta
         self.levels = flat.levels
+        if not self.levels:
+            self.index_levels = ()  # unsharded: the object is the chunk, nothing to cache
         self.chunk_shape = flat.chunk_shape
         self.grid = tuple(-(-s // c) for s, c in zip(meta.shape, flat.chunk_shape))
         self.shard_grid = meta.grid
@@ -78,7 +83,12 @@ class ZarrStore(ShardedStore):
 
     # -- shards ---------------------------------------------------------------------------
 
-    async def shard(self, outer: tuple[int, ...]) -> Blob | None:
+    def shard_of(self, key: int) -> tuple[int, ...] | None:
+        if not 0 <= key < math.prod(self.grid):
+            return None  # outside the grid: no such chunk (read-ahead may guess past the end)
+        return tuple(i // p for i, p in zip(self.index_of(key), self.per_shard))
+
+    async def open_shard(self, outer: tuple[int, ...]) -> Blob | None:
         key = join_key(self.key, self.source_keys.key(outer))
         st = await self.source.stat(key)
         if st is None or st.is_dir:
@@ -88,14 +98,15 @@ class ZarrStore(ShardedStore):
     def is_shard_file(self, name: str) -> bool:
         return self.source_keys.claims(name)
 
-    async def shards(self, within: object = None) -> AsyncIterator[tuple[int, ...]]:  # type: ignore[override]
+    async def shards(self, within: object = None) -> AsyncIterator[tuple[int, ...]]:
         """Outer indexes of the shard objects that exist (those starting with `within` only), in order."""
         layout, ndim = self.source_keys, len(self.shard_grid)
-        within = tuple(within or ())  # type: ignore[arg-type]
+        # `within`: the leading outer indexes of a slab (nested chunk directories), or None.
+        lead: tuple[int, ...] = tuple(cast(Iterable[int], within or ()))
         if not self.source.listable:
             # Nothing to list: every shard position of the slab is a candidate
             # (a missing one reads as absent when its shard is looked up).
-            ranges = [range(f, f + 1) for f in within] + [range(g) for g in self.shard_grid[len(within):]]
+            ranges = [range(f, f + 1) for f in lead] + [range(g) for g in self.shard_grid[len(lead):]]
             if math.prod(len(r) for r in ranges) > PROBE_MAX:
                 log_once(log, f"probe:{self.key}", "listing %s: too many possible shards on a source that cannot "
                          "list; not listed (lookups by name work)", self.label)
@@ -104,11 +115,11 @@ class ZarrStore(ShardedStore):
                 yield outer
             return
         if not layout.nested:
-            found = []
+            found: list[tuple[int, ...]] = []
             async for name, st in self.source.list(self.key):
-                outer = None if st.is_dir else layout.parse_flat(name)
-                if outer is not None and outer[:len(within)] == within and self._outer_ok(outer):
-                    found.append(outer)
+                parsed = None if st.is_dir else layout.parse_flat(name)
+                if parsed is not None and parsed[:len(lead)] == lead and self._outer_ok(parsed):
+                    found.append(parsed)
             for outer in sorted(found):
                 yield outer
             return
@@ -116,8 +127,9 @@ class ZarrStore(ShardedStore):
         async def walk(prefix: tuple[int, ...], dir_key: str) -> AsyncIterator[tuple[int, ...]]:
             depth = len(prefix)
             last = depth == ndim - 1
-            if depth < len(within):
-                names = [(str(within[depth]), within[depth])]
+            names: list[tuple[str, int]]
+            if depth < len(lead):
+                names = [(str(lead[depth]), lead[depth])]
             else:
                 names = []
                 async for name, st in self.source.list(dir_key):
@@ -148,7 +160,7 @@ class ZarrStore(ShardedStore):
         where = blob.label if depth == 0 else f"{blob.label} nested shard at {base}"
         # The flattened table is kept in the shard index cache: an index beyond it is refused
         # (a 256 MiB index of empty cells costs several times that to flatten).
-        self.limits.check_index(level.index_size, where, cache=self.caches.shard_index.maxsize)
+        self.check_index(level.index_size, where, SHARD_INDEX)
         if length < level.index_size:
             raise DataError(where, f"{length:,} bytes cannot hold the {level.index_size:,}-byte shard index")
         at = base if level.at_start else base + length - level.index_size
@@ -215,33 +227,16 @@ class ZarrStore(ShardedStore):
         # Ranges are validated per level above; `build` sorts by key.
         return ChunkTable.build(blob, keys, starts[inside], lengths[inside], 0, blob.size, reasons=reasons)
 
-    async def table(self, outer: tuple[int, ...]) -> ChunkTable | None:
-        blob = await self.shard(outer)
-        if blob is None:
-            return None
+    async def read_index(self, outer: tuple[int, ...], blob: Blob) -> ChunkTable:
         if not self.levels:  # unsharded: the object is the chunk
             key = self.key_of(outer)
             return ChunkTable(blob, np.array([key], dtype=U64), np.zeros(1, dtype=U64), np.array([blob.size], U64))
-        return await self.flights.cached(self.caches.shard_index, blob.ident, lambda: self._flatten(outer, blob))
+        return await self._flatten(outer, blob)
 
-    # -- the ShardedStore contract ------------------------------------------------------------
-
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        if not 0 <= key < math.prod(self.grid):
-            return None  # outside the grid: no such chunk (read-ahead may guess past the end)
-        index = self.index_of(key)
-        table = await self.table(tuple(i // p for i, p in zip(index, self.per_shard)))
-        if table is None:
-            return None
-        reason = table.bad.get(key)
-        if reason is not None:
-            raise DataError(f"{table.blob.label} {self.describe(key)}", reason)
-        i = table.find(key)
-        return None if i is None else (table, i)
-
-    async def tables(self, shard: tuple[int, ...]) -> list[ChunkTable]:  # type: ignore[override]
-        table = await self.table(shard)
-        return [] if table is None or not len(table) else [table]
+    def placed(self, shard: tuple[int, ...], table: ChunkTable) -> np.ndarray:
+        outer = self.indices(table.keys) // np.array(self.per_shard, dtype=np.int64)
+        mask: np.ndarray = (outer == np.array(shard, dtype=np.int64)).all(axis=1)
+        return mask
 
 
 OK, ABSENT, BAD = 0, 1, 2

@@ -10,13 +10,14 @@ lookup needs only the index of the one shard it touches.
 from __future__ import annotations
 
 import math
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable, Literal
 
 import numpy as np
 
 from ...core.chunks import ChunkContext
 from ...core.geometry import Geometry
 from ...core.naming import Naming
+from ...core.table import int_list
 from ...overlay import OverlayDir
 from ...sources.base import ByteSource, ObjectStat, join_key
 from ...vtree import Batch, DirNode, Node, Verdict
@@ -67,13 +68,14 @@ class LeafNaming(Naming):
         return [str(i) for i in self.last(keys)]
 
     def last(self, keys: np.ndarray) -> list[int]:
-        return (keys.astype(np.int64) % self.store.grid[-1]).tolist()
+        return int_list(keys.astype(np.int64) % self.store.grid[-1])
 
     def ident(self, key: int) -> int | None:
         return key % self.store.grid[-1]
 
     def idents(self, keys: np.ndarray) -> list[int | None]:
-        return self.last(keys)  # type: ignore[return-value]
+        idents: list[int | None] = list(self.last(keys))
+        return idents
 
     def name_of_ident(self, ident: int) -> str:
         return str(ident)
@@ -92,7 +94,8 @@ class ChunkView:
 
     def __init__(self, ctx: ChunkContext, layout: KeyLayout, stable_key: str, mtime_ns: int) -> None:
         self.ctx = ctx
-        self.store: ZarrStore = ctx.store  # type: ignore[assignment]
+        assert isinstance(ctx.store, ZarrStore)
+        self.store = ctx.store
         self.layout = layout
         self.stable_key = stable_key
         self.mtime_ns = mtime_ns
@@ -100,13 +103,14 @@ class ChunkView:
     def leaf(self, prefix: tuple[int, ...]) -> ChunkContext:
         return self.ctx.with_naming(LeafNaming(self.store, prefix))
 
-    def _slab(self, prefix: tuple[int, ...]):
+    def _slab(self, prefix: tuple[int, ...]) -> tuple[Callable[[np.ndarray], np.ndarray], tuple[int, ...]]:
         """(mask of keys starting with `prefix`, the shards that can hold them)."""
         store = self.store
         want = np.array(prefix, dtype=np.int64)
 
         def select(keys: np.ndarray) -> np.ndarray:
-            return (store.indices(keys)[:, :len(prefix)] == want).all(axis=1)
+            mask: np.ndarray = (store.indices(keys)[:, :len(prefix)] == want).all(axis=1)
+            return mask
 
         return select, tuple(i // p for i, p in zip(prefix, store.per_shard))
 
@@ -180,7 +184,7 @@ class ArrayDir(OverlayDir):
         # The source's own chunk (shard) keys are replaced by the view's.
         return name in self.hidden or self.view.store.is_shard_file(name)
 
-    async def virtual_lookup(self, name: str) -> Node | None | Verdict:
+    async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         view, layout = self.view, self.view.layout
         if not layout.claims(name):
             return Verdict.PASS
@@ -191,11 +195,11 @@ class ArrayDir(OverlayDir):
             return ChunkDir(view, ()) if name == layout.lead else None
         return await view.lookup_at((), name)
 
-    async def virtual_entries(self) -> AsyncIterator[Batch]:  # type: ignore[override]
+    async def virtual_entries(self) -> AsyncIterator[Batch]:
         view, layout = self.view, self.view.layout
         if not layout.nested:
-            async for batch in view.ctx.listing():
-                yield batch
+            async for listed in view.ctx.listing():
+                yield listed
         elif layout.lead:
             # Listed when the source has shards at all (an array never
             # written has no "c" directory, sharded or not).
@@ -216,7 +220,8 @@ class GroupDir(OverlayDir):
 
     __slots__ = ("resolve", "hidden")
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node], resolve,
+    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node],
+                 resolve: Callable[[str, ObjectStat | None], Awaitable[Node | Verdict]],
                  hidden: frozenset[str] = frozenset(), children: tuple[str, ...] = ()) -> None:
         # `children`: names known from consolidated metadata, listed when the source cannot list.
         super().__init__(source, key, st, fixed, f"zarr-group:{key}", lambda _key: children)

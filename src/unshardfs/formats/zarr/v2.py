@@ -8,6 +8,8 @@ encoding. Anything else raises `Unsupported` with the reason.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 import string
 import struct
@@ -63,7 +65,7 @@ def fill_value(data_type: str, value: object, where: str) -> object:
     return [_float_fill(v, size // 2, where) for v in value]
 
 
-def _compressor(codec: object, where: str) -> dict:
+def _compressor(codec: object, where: str) -> dict[str, Any]:
     name, config = codec_name(codec), codec_config(codec)
     if name == "gzip":
         return {"id": "gzip", "level": config.get("level", 5)}
@@ -80,7 +82,7 @@ def _compressor(codec: object, where: str) -> dict:
     raise Unsupported(f"{where}: codec {name!r} has no v2 equivalent")
 
 
-def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tuple[dict, dict, bool]:
+def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tuple[dict[str, Any], dict[str, Any], bool]:
     """(.zarray, .zattrs, whether chunks end in a crc32c to verify and cut off)."""
     data_type = meta.data_type
     if not isinstance(data_type, str) or data_type not in DTYPES:
@@ -129,13 +131,13 @@ def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tu
 OME_VERSIONED = ("plate", "well", "image-label")
 
 
-def ome_attributes(attrs: dict) -> dict | None:
+def ome_attributes(attrs: dict[str, Any]) -> dict[str, Any] | None:
     """The `ome` object of OME-Zarr 0.5 attributes, or None when there is none."""
     ome = attrs.get("ome")
     return ome if isinstance(ome, dict) else None
 
 
-def ome_v04(attrs: dict) -> dict:
+def ome_v04(attrs: dict[str, Any]) -> dict[str, Any]:
     """OME-Zarr 0.5 group attributes as OME-Zarr 0.4 `.zattrs`.
 
     0.5 differs from 0.4 only in where the metadata lives (under `ome`) and
@@ -159,7 +161,7 @@ def ome_v04(attrs: dict) -> dict:
     return out
 
 
-def attrs_v2(raw: dict) -> dict:
+def attrs_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v3 attributes (OME-Zarr 0.5 metadata as 0.4), plus xarray's `_ARRAY_DIMENSIONS` from
     `dimension_names`."""
     given = raw.get("attributes")

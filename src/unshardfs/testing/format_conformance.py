@@ -1,8 +1,8 @@
 """What every format must do on a real FUSE mount, as one suite each format inherits.
 
-A format's test module subclasses `FormatConformance` and provides a
-module-scoped `case` fixture (datasets are written once) from its own
-dataset writer: the sharded source, its unsharded twin, a way to damage
+A format's test module (ours or a third party's: this ships in the package)
+subclasses `FormatConformance` and provides a module-scoped `case` fixture
+(datasets are written once) from its own dataset writer: the sharded source, its unsharded twin, a way to damage
 one shard, and the chunk files of one index table. The suite then checks
 that
 
@@ -16,14 +16,16 @@ that
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from tests.support.trees import assert_same_file, assert_same_tree, walk_files
+import pytest
+
+from .mounts import MountFn, mounting
+from .trees import assert_same_file, assert_same_tree, walk_files
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,14 @@ class FormatCase:
     absent: list[str] = field(default_factory=list)  # names of the computed form with no chunk
 
 
-def stats(mountpoint: Path) -> dict:
-    return json.loads(os.getxattr(mountpoint, "user.unshardfs.stats"))
-
-
 class FormatConformance:
+    """Inherit, and provide a `case` fixture returning a `FormatCase`; the tests mount through FUSE
+    (the `unshardfs` of this interpreter, with its entry points)."""
+
+    @pytest.fixture
+    def mount(self, tmp_path: Path) -> Iterator[MountFn]:
+        yield from mounting(tmp_path)
+
     def test_mount_equals_unsharded_twin(self, case: FormatCase, mount) -> None:
         m = mount(case.sharded, *case.args)
         assert assert_same_tree(m.path, case.twin, case.json_files) >= len(case.same_table)
@@ -100,6 +105,6 @@ class FormatConformance:
         assert len(rest) >= 2, "a table of at least three chunks"
         assert_same_file(m.path / first, case.twin / first, first)
         for rel in rest:
-            before = stats(m.path)["source"]["reads"]
+            before = m.stats()["source"]["reads"]
             assert_same_file(m.path / rel, case.twin / rel, rel)
-            assert stats(m.path)["source"]["reads"] - before == 1, rel
+            assert m.stats()["source"]["reads"] - before == 1, rel

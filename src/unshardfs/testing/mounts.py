@@ -1,8 +1,9 @@
-"""Real FUSE mounts from the tests: start the CLI, find its daemon, always clean up."""
+"""Real FUSE mounts for tests: start the CLI, read a mount's stats, find its daemon, always clean up."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 UNSHARDFS = [sys.executable, "-m", "unshardfs"]
 
@@ -21,6 +23,42 @@ class Mount:
 
     def log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
+
+    def stats(self) -> dict:
+        """The daemon's live counters (what `unshardfs stats` prints)."""
+        return stats(self.path)
+
+
+def stats(mountpoint: Path) -> dict:
+    """The live counters of the daemon serving `mountpoint` (its stats xattr)."""
+    return json.loads(os.getxattr(mountpoint, "user.unshardfs.stats"))
+
+
+MountFn = Callable[..., Mount]
+
+
+def mounting(tmp_path: Path) -> Iterator[MountFn]:
+    """The body of a `mount` fixture: `mount(source, *options)` mounts in the background (under
+    `tmp_path`) and returns a `Mount`; every mount is unmounted when the generator ends."""
+    mounted: list[Path] = []
+    counter = iter(range(1000))
+
+    def mount(source: Path | str, *options: str) -> Mount:
+        n = next(counter)
+        mnt = tmp_path / f"mnt{n}"
+        mnt.mkdir()
+        log = tmp_path / f"unshardfs{n}.log"
+        mounted.append(mnt)
+        result = run_cli("mount", str(source), str(mnt), "--log-file", str(log), *options)
+        assert result.returncode == 0, f"mount failed: {result.stderr}\n{log.read_text() if log.exists() else ''}"
+        assert os.path.ismount(mnt)
+        return Mount(mnt, log)
+
+    try:
+        yield mount
+    finally:
+        for mnt in mounted:
+            force_unmount(mnt)
 
 
 def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,5 @@
-"""The ByteSource contract as one suite every source runs.
+"""The ByteSource contract as one suite every source runs (ours, or a third party's: this ships in
+the package).
 
 A subclass says what its source claims (`listable`, `remote`, `versioned`)
 and provides a `make` fixture: a function building the source over the

@@ -1,0 +1,56 @@
+"""Everything a format (or byte source, or codec) author builds on, in one place.
+
+Import from here rather than from the modules behind it: this is the
+public extension API, and each name's docstring states its contract and
+error behaviour. The pieces, bottom up:
+
+- `ByteSource` (`ObjectStat`): bytes by key; `unshardfs.testing.memory.MemorySource`
+  is one in memory, `unshardfs.testing.source_conformance.SourceConformance`
+  the suite a new source passes.
+- `Blob`, `Extent`, `Fetcher`: one stored object as of one `stat`, a byte
+  range of it, and the mount's one read path.
+- `ChunkTable`: a shard's index entries, key -> validated byte range
+  (`ChunkTable.build`), bad entries kept in `bad` (EIO, never absent).
+- `ShardedStore[ShardT, IndexT]`: a format's shards and index decoding; the
+  core's `locate`/`tables` enforce the damage and placement rules.
+  `IndexLevel`/`SHARD_INDEX` declare its cached index levels.
+- `Naming` (`DecimalNaming`), `Codec` (`register_codec`, `codec`),
+  `Geometry` (`FixedSize`): file names, payload decoding, exact sizes.
+- `ChunkContext` + `ShardedDir`: a directory of chunk files from the above.
+- `FormatPlugin` + `Dataset` (`InventoryPart`, `ChunkInventory`): the
+  plug-in, named by an `unshardfs.formats` entry point
+  (`yourpkg.plugin:YourFormat`); `unshardfs.testing.format_conformance.FormatConformance`
+  is the suite it passes through a real mount.
+- `Fields`, `Limits`: metadata parsing with typed errors, bounds on
+  untrusted sizes. Errors: `DataError` (damage: EIO), `ConfigError`
+  (bad input before serving), `MetadataError` (a ConfigError naming the member).
+"""
+
+from __future__ import annotations
+
+from .caches import SHARD_INDEX, IndexLevel
+from .core.blob import Blob
+from .core.chunks import ChunkContext, ChunkFile
+from .core.codecs import Codec, codec, register_codec
+from .core.dirs import ShardedDir
+from .core.fetch import Extent, Fetcher
+from .core.fields import Fields, MetadataError
+from .core.geometry import FixedSize, Geometry
+from .core.inventory import ChunkInventory, InventoryPart
+from .core.limits import Limits
+from .core.naming import DecimalNaming, Naming, parse_decimal
+from .core.runtime import Runtime
+from .core.store import ShardedStore
+from .core.table import ChunkTable
+from .errors import ConfigError, DataError
+from .formats.registry import Dataset, FormatPlugin, register_format
+from .sources.base import ByteSource, ObjectStat, join_key
+from .vtree import BytesFile, DirNode, FileNode
+
+__all__ = [
+    "SHARD_INDEX", "Blob", "ByteSource", "BytesFile", "ChunkContext", "ChunkFile", "ChunkInventory", "ChunkTable",
+    "Codec", "ConfigError", "DataError", "Dataset", "DecimalNaming", "DirNode", "Extent", "Fetcher", "Fields",
+    "FileNode", "FixedSize", "FormatPlugin", "Geometry", "IndexLevel", "InventoryPart", "Limits", "MetadataError",
+    "Naming", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_key", "parse_decimal",
+    "register_codec", "register_format",
+]

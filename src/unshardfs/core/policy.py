@@ -1,0 +1,27 @@
+"""The core's fixed tuning in one place: how chunk files are read and listed, and how read-ahead
+recognises a scan. (What a user tunes is in `FetchPolicy`, `Limits` and the cache sizes.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CorePolicy:
+    # Over the network a payload up to this size is fetched whole, once, instead
+    # of in the kernel's 128 KiB pieces (each a round trip); read-ahead prefetches
+    # only payloads a reader would fetch whole.
+    whole_read_max: int = 1 << 20
+    list_batch: int = 4096  # entries per listing batch (per-batch costs spread over enough entries)
+    # Read-ahead (see readahead.py):
+    max_streams: int = 16  # scans tracked per directory at once
+    first_window: int = 8  # chunks prefetched ahead of a newly confirmed stream
+    max_window: int = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
+    slack: int = 8  # a read may skip this many predicted chunks and still continue a confirmed stream
+    confirm: int = 2  # matches before a guess starts prefetching
+    # Listed entries remembered (listing order; key order over sparse keys; the chunks in a
+    # prefetch's gaps): about 50 bytes each at most.
+    listed_keys_max: int = 1 << 20
+
+
+POLICY = CorePolicy()

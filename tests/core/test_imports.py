@@ -1,0 +1,43 @@
+"""The core's modules import one another without cycles (at module level, and no module of the
+core defers an import of another to call time to hide one)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import unshardfs
+
+SRC = Path(unshardfs.__file__).parent
+
+
+def imports(path: Path, module: str) -> tuple[set[str], set[str]]:
+    """(modules of unshardfs imported at module level, ... inside functions)."""
+    package = module.rsplit(".", 1)[0]
+    top: set[str] = set()
+    lazy: set[str] = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        base = package.split(".")[:len(package.split(".")) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+        (top if node in tree.body else lazy).add(target)
+    return top, lazy
+
+
+def test_no_import_cycles_in_the_core():
+    modules = {f"unshardfs.core.{p.stem}": p for p in (SRC / "core").glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for name, path in modules.items():
+        top, lazy = imports(path, name)
+        assert not {m for m in lazy if m in modules}, f"{name} imports core modules at call time: {lazy}"
+        graph[name] = {m for m in top if m in modules and m != name}
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        assert name not in trail, "import cycle: " + " -> ".join(trail[trail.index(name):] + (name,))
+        for dep in graph[name]:
+            visit(dep, trail + (name,))
+
+    for name in graph:
+        visit(name, ())

@@ -1,0 +1,160 @@
+"""The core's final `locate` and `tables`, in-process over the shipped in-memory source: bad
+entries are DataErrors with their reason, keys of other shards are dropped from listings, index
+reads are cached per object version, shared by concurrent askers and bounded."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import trio
+
+from unshardfs.abc import SHARD_INDEX, Blob, ChunkTable, DataError, Limits, Runtime, ShardedStore
+from unshardfs.caches import Caches, CacheSizes
+from unshardfs.core.store import shard_token
+from unshardfs.testing.memory import MemorySource
+
+
+def shard_bytes(entries: list[tuple[int, int, int]], data_size: int) -> bytes:
+    """Payload bytes, then (key, offset, length) triples, then the count."""
+    return bytes(data_size) + np.array(entries, "<u8").tobytes() + struct.pack("<Q", len(entries))
+
+
+class Store(ShardedStore[int, ChunkTable]):
+    """Chunk k in shard k % 2, file `<n>`: an index at the end of the file."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__(runtime, "d")
+        self.index_reads = 0
+
+    def shard_of(self, key: int) -> int:
+        return key % 2
+
+    async def shards(self, within: object = None):
+        for n in (0, 1):
+            yield n
+
+    async def open_shard(self, shard: int) -> Blob | None:
+        st = await self.source.stat(str(shard))
+        return None if st is None else Blob.of(str(shard), st)
+
+    async def read_index(self, shard: int, blob: Blob) -> ChunkTable:
+        self.index_reads += 1
+        (n,) = struct.unpack("<Q", await self.read_index_bytes(blob, blob.size - 8, 8))
+        raw = await self.read_index_bytes(blob, blob.size - 8 - 24 * n, 24 * n, level=SHARD_INDEX)
+        e = np.frombuffer(raw, "<u8").reshape(-1, 3).T
+        return ChunkTable.build(blob, e[0], e[1], e[2], 0, blob.size - 8 - 24 * n)
+
+
+def store_over(files: dict[str, bytes], **kw) -> tuple[Store, MemorySource]:
+    source = MemorySource(files)
+    return Store(Runtime(source, **kw)), source  # type: ignore[arg-type]
+
+
+FILES = {
+    "0": shard_bytes([(0, 0, 10), (2, 10, 10), (4, 95, 10), (7, 20, 5)], 100),  # 4: past the data; 7: misplaced
+    "1": shard_bytes([(1, 0, 50), (3, 50, 50)], 100),
+}
+
+
+def test_locate_finds_entries_and_fails_bad_ones_with_their_reason():
+    store, _ = store_over(FILES)
+
+    async def main() -> None:
+        table, i = await store.locate(2)
+        assert table.row(i) == (2, 10, 10)
+        assert await store.locate(6) is None  # absent from its shard's index
+        with pytest.raises(DataError) as e:
+            await store.locate(4)
+        assert str(e.value) == "0 chunk 4: byte range [95, +10) lies outside the data area [0, 100) of 0"
+
+    trio.run(main)
+    assert store.index_reads == 1  # both shard-0 lookups used one index read
+
+
+def test_tables_drop_keys_of_other_shards():
+    store, _ = store_over(FILES)
+
+    async def main() -> None:
+        assert [t.keys.tolist() for t in await store.tables(0)] == [[0, 2]]  # 7 belongs to shard 1
+        assert await store.locate(7) is None  # ...where a lookup looks
+        assert [t.keys.tolist() for t in await store.tables(1)] == [[1, 3]]
+
+    trio.run(main)
+
+
+def test_an_absent_shard_is_no_table_and_no_chunk():
+    store, _ = store_over({"0": FILES["0"]})
+
+    async def main() -> None:
+        assert await store.tables(1) == [] and await store.locate(3) is None
+
+    trio.run(main)
+
+
+def test_concurrent_lookups_read_one_index_and_a_new_version_is_read_again():
+    store, source = store_over(FILES)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for key in (0, 2, 0, 2, 4, 6):
+                nursery.start_soon(lambda k=key: _quiet(store.locate(k)))
+        assert store.index_reads == 1
+        source.put("0", shard_bytes([(8, 0, 1)], 10))
+        table, i = await store.locate(8)
+        assert table.row(i) == (8, 0, 1) and store.index_reads == 2
+
+    async def _quiet(aw) -> None:
+        try:
+            await aw
+        except DataError:
+            pass
+
+    trio.run(main)
+
+
+def test_index_reads_are_bounded_by_the_limit_and_the_level_budget():
+    store, _ = store_over(FILES, limits=Limits(index_bytes=16))
+
+    async def main() -> None:
+        with pytest.raises(DataError) as e:
+            await store.locate(0)
+        assert e.value.reason == "index of 96 bytes exceeds the 1.52588e-05 MiB limit (--max-index-size)"
+
+    trio.run(main)
+    store, _ = store_over(FILES, caches=Caches(CacheSizes({"shard_index": 64})))
+
+    async def small_cache() -> None:
+        with pytest.raises(DataError) as e:
+            await store.locate(0)
+        assert e.value.reason.endswith("limit (the size of the cache that holds it)")
+
+    trio.run(small_cache)
+
+
+def test_shard_tokens_are_stable_text():
+    assert shard_token(12) == "12" and shard_token((1, 2, 3)) == "(1,2,3)" and shard_token("a") == "'a'"
+    with pytest.raises(TypeError):
+        shard_token(object())
+
+
+def test_the_type_checker_refuses_an_override_of_the_final_methods(tmp_path):
+    """`locate`, `tables` and the index reads are the core's: a format that overrides one is an error."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import unshardfs
+
+    (tmp_path / "fmt.py").write_text(
+        "from unshardfs.abc import ChunkTable, ShardedStore\n\n\n"
+        "class Mine(ShardedStore[int, ChunkTable]):\n"
+        "    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:\n"
+        "        return None\n")
+    env = {**os.environ, "MYPYPATH": str(Path(unshardfs.__file__).parents[1])}
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--ignore-missing-imports",
+                             "--config-file", os.devnull, str(tmp_path / "fmt.py")],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert 'Cannot override final attribute "locate"' in result.stdout, result.stdout + result.stderr
