@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mounts import UNSHARDFS, force_unmount, run_cli
+from unshardfs.testing.mounts import UNSHARDFS, force_unmount, run_cli
 from unshardfs.core.fields import MetadataError, ShallowEdit, load_json
 from unshardfs.core.limits import Limits
 from unshardfs.errors import ConfigError, DataError, quote

@@ -7,18 +7,16 @@ the event loop), one nested 600 deep, and twenty with a 900 KB chunk key encodin
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.mounts import daemon_pids
-from tests.support.served import served
+from unshardfs.testing.mounts import daemon_pids
+from tests.support.served import get_body, served
 
 BIG = 24 << 20
 ECHOES = 20
@@ -56,14 +54,7 @@ def store(tmp_path_factory) -> Path:
 
 
 def get(url: str, path: str) -> tuple[int, bytes]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
+    return get_body(url, path, timeout=120)
 
 
 def vm_hwm_mib(pid: int) -> float:
