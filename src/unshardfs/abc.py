@@ -14,7 +14,7 @@ error behaviour. The pieces, bottom up:
 - `ShardedStore[ShardT, IndexT]`: a format's shards and index decoding; the
   core's `locate`/`tables` enforce the damage and placement rules.
   `IndexLevel`/`SHARD_INDEX` declare its cached index levels.
-- `Naming` (`DecimalNaming`), `Codec` (`register_codec`, `codec`),
+- `Naming` (`DecimalNaming`), `Codec` (`register_codec`, `codec`, `GeometrySized`),
   `Geometry` (`FixedSize`): file names, payload decoding, exact sizes.
 - `ChunkContext` + `ShardedDir`: a directory of chunk files from the above.
 - `FormatPlugin` + `Dataset` (`InventoryPart`, `ChunkInventory`): the
@@ -31,7 +31,7 @@ from __future__ import annotations
 from .caches import SHARD_INDEX, IndexLevel
 from .core.blob import Blob
 from .core.chunks import ChunkContext, ChunkFile
-from .core.codecs import Codec, codec, register_codec
+from .core.codecs import Codec, GeometrySized, codec, register_codec
 from .core.dirs import ShardedDir
 from .core.fetch import Extent, Fetcher
 from .core.fields import Fields, MetadataError
@@ -50,7 +50,7 @@ from .vtree import BytesFile, DirNode, FileNode
 __all__ = [
     "SHARD_INDEX", "Blob", "ByteSource", "BytesFile", "ChunkContext", "ChunkFile", "ChunkInventory", "ChunkTable",
     "Codec", "ConfigError", "DataError", "Dataset", "DecimalNaming", "DirNode", "Extent", "Fetcher", "Fields",
-    "FileNode", "FixedSize", "FormatPlugin", "Geometry", "IndexLevel", "InventoryPart", "Limits", "MetadataError",
+    "FileNode", "FixedSize", "FormatPlugin", "Geometry", "GeometrySized", "IndexLevel", "InventoryPart", "Limits", "MetadataError",
     "Naming", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_key", "parse_decimal",
     "register_codec", "register_format",
 ]

@@ -39,17 +39,18 @@ class _CorsHandler(SimpleHTTPRequestHandler):
         pass
 
 
-def screenshot(source: str, profile) -> np.ndarray:
-    """What the real client renders of `source` (a 400x400 cross-section), as RGBA pixels."""
+def screenshot(source: str, profile, position=(64, 64, 32), layer=None) -> np.ndarray:
+    """What the real client renders of `source` (a 400x400 cross-section at `position`), as RGBA
+    pixels; `layer(source)` makes the layer (an image layer by default)."""
     from PIL import Image
 
     neuroglancer.set_server_bind_address("127.0.0.1")
     viewer = neuroglancer.Viewer()
     with viewer.txn() as s:
         s.dimensions = neuroglancer.CoordinateSpace(names=["x", "y", "z"], units="nm", scales=[1, 1, 1])
-        s.layers["img"] = neuroglancer.ImageLayer(source=source)
+        s.layers["img"] = neuroglancer.ImageLayer(source=source) if layer is None else layer(source)
         s.layout = "xy"
-        s.position = [64, 64, 32]
+        s.position = list(position)
         s.cross_section_scale = 0.3
     browser = subprocess.Popen(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -132,6 +132,22 @@ class Stored(Codec):
         return payload
 
 
+class GeometrySized(Codec):
+    """Base of codecs whose file size the format's geometry fixes (decoded raw volume chunks:
+    DVID label blocks, WKW blocks): `stat` and listings need no payload, and a payload that
+    decodes to any other size is damage found on read."""
+
+    def size(self, length: int, exact: int | None, cap: int, where: str) -> int:
+        assert exact is not None, "a GeometrySized codec needs a geometry with exact sizes"
+        check_decoded_size(exact, cap, where)
+        return exact
+
+    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        assert exact is not None, "a GeometrySized codec needs a geometry with exact sizes"
+        return exact, exact <= cap
+
+
 GZIP_MIN = 18  # 10-byte header + empty deflate stream (2) + CRC32 + ISIZE
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ...core.blob import Blob
 from ...core.bounded import unzstd
-from ...core.codecs import Codec, PayloadRef, check_decoded_size
+from ...core.codecs import GeometrySized, PayloadRef
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable, int_list
@@ -133,7 +133,7 @@ def dvid_geometry(grid: ChunkGrid, limit: int) -> VolumeGeometry:
     return VolumeGeometry(grid, 8, True, limit)
 
 
-class DvidBlockCodec(Codec):
+class DvidBlockCodec(GeometrySized):
     """An Arrow record holding a DVID compressed label block -> the chunk's uint64 labels."""
 
     name = "dvid-block"
@@ -147,16 +147,6 @@ class DvidBlockCodec(Codec):
     @property
     def label(self) -> str:
         return "dvid-supervoxels" if self.supervoxels else "dvid-agglomerated"
-
-    def size(self, length: int, exact: int | None, cap: int, where: str) -> int | None:
-        assert exact is not None  # the geometry is raw
-        check_decoded_size(exact, cap, where)
-        return exact
-
-    def sizes(self, lengths: np.ndarray, exact: np.ndarray | None, cap: np.ndarray
-              ) -> tuple[np.ndarray | None, np.ndarray]:
-        assert exact is not None  # the geometry is raw
-        return exact, exact <= cap
 
     async def prepare(self, f: PayloadRef) -> object:
         return await self.store.schema_of(f)

@@ -1,0 +1,1 @@
+"""webKnossos wrap (WKW) datasets shown as unsharded Neuroglancer precomputed volumes."""

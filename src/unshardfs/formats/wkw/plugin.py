@@ -1,0 +1,45 @@
+"""webKnossos wrap (WKW) as a format plug-in.
+
+Detected by a `datasource-properties.json` listing WKW layers, or by mag
+directories (`1`, `2-2-1`, ...) holding a `header.wkw` (a bare layer).
+"""
+
+from __future__ import annotations
+
+from ...core.fields import DEFAULT_LIMITS, load_json, off_loop
+from ...core.runtime import Runtime
+from ...errors import ConfigError, SourceError
+from ...sources.base import ByteSource
+from ..registry import Dataset, FormatPlugin
+
+
+class WkwFormat(FormatPlugin):
+    name = "wkw"
+    description = "webKnossos WKW"
+    marker = "a datasource-properties.json with WKW layers or mag directories with header.wkw"
+    # Ahead of Zarr and precomputed: properties listing WKW layers decide, whatever
+    # else the directory holds (a webKnossos dataset may keep Zarr layers beside WKW ones).
+    priority = 10
+    json_names = ("datasource-properties.json",)
+
+    async def detect(self, source: ByteSource, options: dict[str, object]) -> bool:
+        from .dataset import mag_dirs
+        from .properties import PROPERTIES, has_wkw_layers
+
+        st = await source.stat(PROPERTIES)
+        if st is not None and not st.is_dir and st.size <= DEFAULT_LIMITS.metadata_bytes:
+            try:
+                raw = await source.read(PROPERTIES, 0, st.size)
+                return has_wkw_layers(await off_loop(len(raw), load_json, raw, PROPERTIES))
+            except SourceError:
+                return False
+            except ConfigError:
+                return True  # a broken properties file: `open` says what is wrong with it
+        return bool(await mag_dirs(source))
+
+    async def open(self, runtime: Runtime, options: dict[str, object]) -> Dataset:
+        from .dataset import WkwDataset
+
+        dataset = WkwDataset(runtime)
+        return Dataset(await dataset.build(), dataset.inventory)
+
