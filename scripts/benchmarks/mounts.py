@@ -36,12 +36,15 @@ def unmount(path: Path) -> None:
 
 
 @contextmanager
-def mounted(kind: str, source: Path | str, workdir: Path, *options: str) -> Iterator[Path]:
+def mounted(kind: str, source: Path | str, workdir: Path, *options: str,
+            env: dict[str, str] | None = None) -> Iterator[Path]:
+    """`source` mounted by `kind`; `env` runs unshardfs with another environment (another checkout's
+    code on PYTHONPATH, see `compare`)."""
     mnt = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir))
     proc = None
     try:
         if kind == "unshardfs":
-            subprocess.run([*UNSHARDFS, "mount", str(source), str(mnt), *options], check=True)
+            subprocess.run([*UNSHARDFS, "mount", str(source), str(mnt), *options], check=True, env=env)
         elif kind == "nullfs":
             proc = subprocess.Popen([PY, str(SCRIPTS / "nullfs.py"), *options, str(source), str(mnt)],
                                     stdout=subprocess.DEVNULL)

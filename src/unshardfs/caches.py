@@ -39,7 +39,15 @@ class CountedLRU(LRUCache):
 
     # cachetools has no type information: values come back as Any, callers say what they hold.
     def get(self, key: Hashable, default: Any = None) -> Any:
-        return self._counted(super().get(key, _MISSING), default)
+        # Every lookup asks several caches: one dict probe on a hit (not
+        # cachetools' `in` followed by `[]`).
+        try:
+            value = self[key]
+        except KeyError:
+            self.misses += 1
+            return default
+        self.hits += 1
+        return value
 
     def pop(self, key: Hashable, default: Any = None) -> Any:
         return self._counted(super().pop(key, _MISSING), default)

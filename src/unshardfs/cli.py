@@ -147,6 +147,8 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                             "N local worker processes; export's DEST must be on a file system every worker shares")
     group.add_argument("--parts", type=int, default=0, metavar="N",
                        help="tasks to split the shards into (default: 4 per worker thread)")
+    group.add_argument("--debug", action="store_true",
+                       help="show Dask's own log lines (INFO and up; otherwise warnings, and with -q only errors)")
 
 
 def default_log_file(mountpoint: str) -> str:

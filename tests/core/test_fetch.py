@@ -300,6 +300,33 @@ def test_a_prefetch_keeps_the_extents_it_reads_in_its_gaps():
     assert f.counters.prefetch_wasted_bytes == 400 and accounted(f)  # [500, 900) was no one's
 
 
+def test_a_wide_prefetch_spans_gaps_its_fill_names_and_only_those():
+    f, source = fetcher(prefetch_gap=100)
+    later = [ext(1000 + 100 * i, 100) for i in range(1, 40)]  # chunks a key-order scan reads later
+
+    def fill(blob, start, end):
+        return [e for e in later if start <= e.start and e.end <= end]
+
+    async def work():
+        # 5000 bytes apart, but every byte between is a chunk wanted later: one read.
+        f.prefetch([ext(1000, 100), ext(5000, 100)], fill, wide=True)
+        await trio.sleep(0.01)
+        return await f.read_many(later)
+
+    assert trio.run(_with_background, f, work) == [expect(e) for e in later]
+    assert source.reads == [(1000, 4100)] and f.counters.prefetch_wasted_bytes == 0 and accounted(f)
+
+    # Without what lies between (read already, say), the narrow plan: one read per extent.
+    f, source = fetcher(prefetch_gap=100)
+
+    async def narrow():
+        f.prefetch([ext(1000, 100), ext(5000, 100)], lambda blob, start, end: later[:3], wide=True)
+        await trio.sleep(0.01)
+
+    trio.run(_with_background, f, narrow)
+    assert sorted(source.reads) == [(1000, 100), (5000, 100)]
+
+
 def test_cancelling_the_background_cancels_prefetches():
     f, source = fetcher()
 

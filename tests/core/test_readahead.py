@@ -37,7 +37,7 @@ class Fetcher:
     def __init__(self) -> None:
         self.prefetched: list[Extent] = []
 
-    def prefetch(self, extents, fill) -> int:
+    def prefetch(self, extents, fill, wide=False) -> int:
         self.prefetched += extents
         return len(extents)
 

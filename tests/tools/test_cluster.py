@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -97,6 +98,30 @@ def test_unreachable_scheduler_is_one_line_before_any_work(volume, tmp_path):
     assert not (tmp_path / "out" / SCALE_KEY).exists()
 
 
-def test_local_cluster_shorthand(volume):
+def test_local_cluster_shorthand_is_quiet_with_q(volume, tmp_path):
+    # Another cluster's dashboard on distributed's default HTTP port makes it warn (through the
+    # warnings module, not its log): hold that port, unless someone already does.
+    holder = socket.socket()
+    try:
+        holder.bind(("", 8787))
+        holder.listen()
+    except OSError:
+        pass
+    try:
+        _check_quiet(volume, tmp_path)
+    finally:
+        holder.close()
+
+
+def _check_quiet(volume, tmp_path) -> None:
     result = run_cli("check", "-q", "--scheduler", "local:2", str(volume["sharded"]), timeout=180)
     assert result.returncode == 0 and "intact:" in result.stdout, result.stdout + result.stderr
+    # -q: none of distributed's INFO lines (scheduler, nannies, workers starting and closing), from this
+    # process or the worker processes.
+    assert result.stderr == "", result.stderr
+    exported = run_cli("export", "-q", "--scheduler", "local:2", str(volume["sharded"]), str(tmp_path / "out"),
+                       timeout=180)
+    assert exported.returncode == 0 and exported.stderr == "", exported.stderr
+    # --debug shows them (the test above can fail).
+    debug = run_cli("check", "-q", "--debug", "--scheduler", "local:1", str(volume["sharded"]), timeout=180)
+    assert debug.returncode == 0 and "INFO" in debug.stderr and "distributed.scheduler" in debug.stderr

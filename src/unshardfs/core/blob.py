@@ -8,7 +8,7 @@ with new bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import DataError, SourceError
 from ..sources.base import ByteSource, ObjectStat
@@ -24,34 +24,48 @@ class Blob:
     parts: tuple[tuple[str, int, Version], ...]  # (source key, size, version)
     size: int
     mtime_ns: int
+    # Derived once: every lookup and read of a chunk asks for them (cache keys, messages).
+    label: str = field(init=False, compare=False, repr=False)
+    version: tuple[Version, ...] = field(init=False, compare=False, repr=False)
+    ident: Ident = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.parts) == 1:  # the usual case, built once per lookup
+            label, _, one = self.parts[0]
+            version: tuple[Version, ...] = (one,)
+        else:
+            label = "+".join(key for key, _, _ in self.parts)
+            version = tuple(version for _, _, version in self.parts)
+        object.__setattr__(self, "label", label)
+        object.__setattr__(self, "version", version)
+        # What identifies these bytes: cache keys are built on it.
+        object.__setattr__(self, "ident", (label, version))
 
     @classmethod
     def of(cls, key: str, st: ObjectStat) -> "Blob":
         return cls(((key, st.size, st.version),), st.size, st.mtime_ns)
 
     @property
-    def version(self) -> tuple[Version, ...]:
-        return tuple(version for _, _, version in self.parts)
-
-    @property
     def versioned(self) -> bool:
         """Whether every part has a version (without one, a copy kept across mounts could be stale)."""
         return all(version for _, _, version in self.parts)
-
-    @property
-    def label(self) -> str:
-        return "+".join(key for key, _, _ in self.parts)
-
-    @property
-    def ident(self) -> Ident:
-        """What identifies these bytes: cache keys are built on it."""
-        return (self.label, self.version)
 
     async def read(self, source: ByteSource, offset: int, size: int, index: bool = False) -> bytes:
         """Bytes [offset, offset+size) exactly, or DataError.
 
         `index` marks index structures, which a disk cache may keep across mounts.
         """
+        reader = source.read_index if index else source.read
+        if len(self.parts) == 1 and 0 <= offset and offset + size <= self.size:
+            # One object (the usual case): one call, no pieces to join.
+            key, _, version = self.parts[0]
+            try:
+                data = await reader(key, offset, size, version)
+            except SourceError as e:
+                raise DataError(self.label, str(e)) from e
+            if len(data) != size:
+                raise DataError(self.label, f"short read at offset {offset}: file shrank while mounted?")
+            return data
         out = []
         base = 0
         want_end = offset + size
@@ -59,7 +73,6 @@ class Blob:
             lo, hi = max(offset, base), min(want_end, base + part_size)
             if lo < hi:
                 try:
-                    reader = source.read_index if index else source.read
                     data = await reader(key, lo - base, hi - lo, version)
                 except SourceError as e:
                     raise DataError(self.label, str(e)) from e

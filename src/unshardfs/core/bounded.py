@@ -29,7 +29,17 @@ STEP = 1 << 20  # most output taken from a decompressor per call
 # Decodes of payloads at least this large run in a worker thread.
 THREAD_THRESHOLD = 1 << 18
 
+# Deflate cannot expand its input more than this (a 258-byte match coded in
+# 2 bits); gzip members only add headers. So `n` gzip bytes decode to at most
+# n * DEFLATE_MAX_RATIO bytes, whatever they claim.
+DEFLATE_MAX_RATIO = 1032
+
 T = TypeVar("T")
+
+
+def gunzip_cost(size: int, cap: int) -> int:
+    """The most decoding `size` gzip bytes with output cap `cap` can produce (what `off_loop` weighs)."""
+    return min(cap, size * DEFLATE_MAX_RATIO)
 _limiter: trio.CapacityLimiter | None = None
 
 

@@ -71,6 +71,9 @@ class ChunkFile(FileNode):
         if not size:
             return b""
         ctx = self.ctx
+        if ctx.direct:
+            # Local shards, stored bytes: one pread (no extent, batch or read-ahead).
+            return await ctx.fetcher.read_direct(self.blob, self.start + offset, size)
         if offset == 0 and ctx.scope is not None:
             ctx.scope.note(self.key)
         if ctx.codec.transparent:
@@ -111,6 +114,8 @@ class ChunkContext:
         self.scope: ScanScope | None = None
         if read_ahead and self.fetcher.policy.read_ahead:
             self.scope = ScanScope(self)
+        # Reads of a chunk's stored bytes go straight to the source (see Fetcher.direct).
+        self.direct = self.fetcher.direct and codec.transparent and self.scope is None
 
     # -- what read-ahead sees (readahead.ScanTarget) --------------------------------------
 
@@ -158,8 +163,8 @@ class ChunkContext:
         table, i = found
         where = f"{table.blob.label} {self.store.describe(key)}"
         length = int(table.lengths[i])
-        cap = self.geometry.cap_one(key)
-        size = self.codec.size(length, self.geometry.exact_one(key), cap, where)
+        exact, cap = self.geometry.sizes_one(key)
+        size = self.codec.size(length, exact, cap, where)
         if size is None:
             ext = Extent(table.blob, int(table.starts[i]), length)
             if prefetch and self.whole_reads and length <= WHOLE_READ_MAX:

@@ -153,6 +153,12 @@ class Fetcher:
             # Local reads are syscalls, not round trips: nothing to hide by
             # reading ahead, and prefetched copies would only cost memory.
             self.policy.read_ahead = False
+        # A source that is not remote answers each read with a syscall and
+        # never waits on anything: no read of it is ever in flight for another
+        # to join, nothing is prefetched, and there is nothing to bound. Its
+        # reads skip the batch machinery (no tracking, limiter or nursery: a
+        # cold chunk's read is one call, as cheap as the source allows).
+        self.direct = not source.remote and source.index_cache is None
         self.counters = FetchCounters()
         self.prefetched = PrefetchCache(self.policy.prefetch_bytes, self.counters)
         self.flights = Flights()
@@ -190,11 +196,23 @@ class Fetcher:
 
     async def read(self, ext: Extent, index: bool = False) -> bytes:
         """The bytes of one extent: from a prefetch, a read in flight, or a new read."""
+        if self.direct:
+            return await self.read_direct(ext.blob, ext.start, ext.length, index)
         return (await self.read_many([ext], index=index))[0]
+
+    async def read_direct(self, blob: Blob, start: int, length: int, index: bool = False) -> bytes:
+        """One read of a `direct` source (the caller checked `direct`): counted like a batch of one."""
+        counters = self.counters
+        counters.batches += 1
+        counters.extents += 1
+        counters.reads += 1
+        return await blob.read(self.source, start, length, index=index)
 
     async def read_many(self, extents: Sequence[Extent], index: bool = False,
                         max_gap: int | None = None) -> list[bytes]:
         """The bytes of each extent, in order; DataError if any one fails."""
+        if self.direct:
+            return await self._read_many_direct(extents, index, max_gap)
         self.counters.batches += 1
         self.counters.extents += len(extents)
         results: list[bytes | None] = [None] * len(extents)
@@ -256,6 +274,18 @@ class Fetcher:
                     kept.put(ext.key, out[i])
         return out
 
+    async def _read_many_direct(self, extents: Sequence[Extent], index: bool, max_gap: int | None) -> list[bytes]:
+        """`read_many` on a direct source: the same coalesced runs, read one after the other."""
+        self.counters.batches += 1
+        self.counters.extents += len(extents)
+        runs = plan(extents, self.policy.max_gap if max_gap is None else max_gap, self.policy.max_span)
+        for run in runs:
+            self.counters.reads += 1
+            run.data = await run.blob.read(self.source, run.start, run.end - run.start, index=index)
+        if len(runs) == 1:
+            return [_slice(runs[0], ext) for ext in extents]
+        return [_slice(self._run_of(runs, ext), ext) for ext in extents]
+
     def _prefetched(self, ext: Extent) -> bytes | None:
         """The extent's bytes if a prefetch brought them (taken out of the prefetch cache)."""
         hit: bytes | None = self.prefetched.pop(ext.key, None)
@@ -312,7 +342,7 @@ class Fetcher:
     # -- prefetch --------------------------------------------------------------------
 
     def prefetch(self, extents: Sequence[Extent],
-                 fill: Callable[[Blob, int, int], Iterable[Extent]] | None = None) -> int:
+                 fill: Callable[[Blob, int, int], Iterable[Extent]] | None = None, wide: bool = False) -> int:
         """Fetch `extents` in the background into the prefetch cache.
 
         Returns how many of `extents`, from the first, are taken care of
@@ -322,7 +352,11 @@ class Fetcher:
         in flight is adopted by that read rather than read again. `fill(blob,
         start, end)` names the other extents a read will cover between the
         ones wanted (the gaps it reads to save a round trip): they are kept
-        too, instead of being read again when their turn comes.
+        too, instead of being read again when their turn comes. With `wide`,
+        extents further apart are joined where `fill` names what lies between
+        them (bytes that are wanted later, not waste): a run is kept wide only
+        if what it reads that nobody wants stays within `prefetch_gap` per
+        join, and all runs within the budget.
         """
         if not self.can_prefetch:
             return 0
@@ -341,18 +375,41 @@ class Fetcher:
                     budget -= ext.length
                     chosen.append(ext)
             taken += 1
-        for run in plan(chosen, self.policy.prefetch_gap, self.policy.max_span):
-            if fill is not None and len(run.extents) > 1:
-                known = {ext.key for ext in run.extents}
-                run.extents += [ext for ext in fill(run.blob, run.start, run.end)
-                                if run.start <= ext.start and ext.end <= run.end and ext.key not in known
-                                and ext.key not in self.prefetched and self._covering(ext) is None]
+        runs = self._wide_runs(chosen, fill, budget + sum(e.length for e in chosen)) if wide and fill else None
+        if runs is None:
+            runs = plan(chosen, self.policy.prefetch_gap, self.policy.max_span)
+            for run in runs:
+                if fill is not None and len(run.extents) > 1:
+                    self._fill_run(run, fill)
+        for run in runs:
             run.prefetch = True
             self._prefetch_in_flight += run.end - run.start
             self.counters.prefetch_bytes += run.end - run.start
             self._track(run)  # visible to readers before it starts
             self.spawn(self._prefetch_run, run)
         return taken
+
+    def _fill_run(self, run: _Run, fill: Callable[[Blob, int, int], Iterable[Extent]]) -> None:
+        """Add the extents `fill` names inside the run (not cached, not in flight elsewhere)."""
+        known = {ext.key for ext in run.extents}
+        run.extents += [ext for ext in fill(run.blob, run.start, run.end)
+                        if run.start <= ext.start and ext.end <= run.end and ext.key not in known
+                        and ext.key not in self.prefetched and self._covering(ext) is None]
+
+    def _wide_runs(self, chosen: list[Extent], fill: Callable[[Blob, int, int], Iterable[Extent]],
+                   budget: int) -> list[_Run] | None:
+        """Runs joined across gaps that `fill` fills, or None where that would waste more than
+        the narrow plan may (`prefetch_gap` per join) or exceed `budget` bytes."""
+        runs = plan(chosen, self.policy.max_span, self.policy.max_span)
+        total = 0
+        for run in runs:
+            joins = len(run.extents) - 1
+            if joins:
+                self._fill_run(run, fill)
+                if (run.end - run.start) - _covered(run.extents) > joins * self.policy.prefetch_gap:
+                    return None
+            total += run.end - run.start
+        return runs if total <= budget else None
 
     async def _prefetch_run(self, run: _Run) -> None:
         size = run.end - run.start

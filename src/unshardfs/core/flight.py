@@ -65,10 +65,14 @@ class Flights:
         value = cache.get(key)
         if value is not None:
             return cast(T, value)  # what `work` returned for this key
+        return await self.fill(cache, key, work)
 
-        async def fill() -> T:
+    async def fill(self, cache: CountedLRU, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
+        """`cached` after its caller found nothing in `cache`: computed once and kept."""
+
+        async def compute() -> T:
             result = await work()
             cache.put(key, result)
             return result
 
-        return await self.run((id(cache), key), fill)
+        return await self.run((id(cache), key), compute)

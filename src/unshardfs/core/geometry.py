@@ -27,12 +27,22 @@ class Geometry:
         """Largest decoded size each key's file may have."""
         return np.full(len(keys), self._cap, dtype=np.int64)
 
+    # One key at a time (every lookup asks): the array versions by default;
+    # a geometry with a cheaper scalar form overrides these too.
     def exact_one(self, key: int) -> int | None:
+        if type(self).exact is Geometry.exact:
+            return None
         sizes = self.exact(np.array([key], dtype=np.uint64))
         return None if sizes is None else int(sizes[0])
 
     def cap_one(self, key: int) -> int:
+        if type(self).cap is Geometry.cap:
+            return self._cap
         return int(self.cap(np.array([key], dtype=np.uint64))[0])
+
+    def sizes_one(self, key: int) -> tuple[int | None, int]:
+        """(`exact_one`, `cap_one`) of a key: what a lookup asks."""
+        return self.exact_one(key), self.cap_one(key)
 
 
 class FixedSize(Geometry):

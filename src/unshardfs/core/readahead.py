@@ -100,7 +100,8 @@ class Listings:
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
         self._tables: dict[Ident, list[ChunkTable]] = {}  # blob ident -> its listed tables
-        self._spans: dict[Ident, tuple[np.ndarray, np.ndarray]] = {}  # ... as sorted (starts, lengths)
+        # ... as (starts, lengths, keys) sorted by start
+        self._spans: dict[Ident, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def add(self, table: ChunkTable) -> None:
         mark = (table.blob.ident, int(table.keys[0]), len(table))
@@ -113,8 +114,8 @@ class Listings:
         self._tables.setdefault(table.blob.ident, []).append(table)
         self._spans.pop(table.blob.ident, None)
 
-    def within(self, blob: Blob, start: int, end: int) -> list[Extent]:
-        """Listed chunk extents of `blob` lying inside [start, end)."""
+    def within(self, blob: Blob, start: int, end: int, after: int | None = None) -> list[Extent]:
+        """Listed chunk extents of `blob` lying inside [start, end) (of keys above `after`, if given)."""
         spans = self._spans.get(blob.ident)
         if spans is None:
             tables = self._tables.get(blob.ident)
@@ -122,11 +123,16 @@ class Listings:
                 return []
             starts = np.concatenate([t.starts for t in tables])
             order = np.argsort(starts, kind="stable")
-            spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order])
-        starts, lengths = spans
+            spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order],
+                                               np.concatenate([t.keys for t in tables])[order])
+        starts, lengths, keys = spans
         lo, hi = np.searchsorted(starts, [np.uint64(start), np.uint64(end)])
-        return [Extent(blob, s, n) for s, n in zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist())
-                if s + n <= end]
+        if after is not None:
+            ahead = keys[lo:hi] > np.uint64(after)
+            pairs = zip(starts[lo:hi][ahead].tolist(), lengths[lo:hi][ahead].tolist())
+        else:
+            pairs = zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist())
+        return [Extent(blob, s, n) for s, n in pairs if s + n <= end]
 
     def after(self, key: int, n: int) -> list[int] | None:
         """Up to `n` keys listed after `key`; None if `key` was not listed."""
@@ -224,10 +230,15 @@ class ScanScope:
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
 
-        def fill(blob: Blob, start: int, end: int) -> list[Extent]:
-            return self._fill(blob, start, end, tables.get(blob.ident, {}).values())
+        # A scan in key order over hashed shards wants chunks scattered over each shard: the
+        # chunks between them come later in the same scan (those above the key just read), so a
+        # request may span them (fewer, larger requests) and keep them rather than read them again.
+        after = stream.upcoming[stream.cursor - 1] if stream.order == "key" and stream.cursor else None
 
-        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill)
+        def fill(blob: Blob, start: int, end: int) -> list[Extent]:
+            return self._fill(blob, start, end, tables.get(blob.ident, {}).values(), after)
+
+        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill, wide=after is not None)
         # The frontier passes only what the fetcher took (its budget may stop it
         # early): the rest is asked for again at the next extension.
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
@@ -275,14 +286,18 @@ class ScanScope:
         """Whether prefetching the chunk's payload could save its reader a request."""
         return ext.length <= WHOLE_READ_MAX and not self.ctx.has_payload(ext)
 
-    def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable]) -> list[Extent]:
+    def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable],
+              after: int | None = None) -> list[Extent]:
         """The chunks a prefetch of [start, end) of `blob` reads anyway, known from the listing
         and from `tables` (a scan in key order wants them later: keep them rather than read them
-        again)."""
-        found = {ext.key: ext for ext in self.listings.within(blob, start, end)}
+        again); with `after`, only those of keys above it (the scan has read the others)."""
+        found = {ext.key: ext for ext in self.listings.within(blob, start, end, after)}
         for table in tables:
             ends = table.starts + table.lengths
-            for i in np.nonzero((table.starts >= np.uint64(start)) & (ends <= np.uint64(end)))[0].tolist():
+            inside = (table.starts >= np.uint64(start)) & (ends <= np.uint64(end))
+            if after is not None:
+                inside &= table.keys > np.uint64(after)
+            for i in np.nonzero(inside)[0].tolist():
                 ext = Extent(blob, int(table.starts[i]), int(table.lengths[i]))
                 found.setdefault(ext.key, ext)
         return [ext for ext in found.values() if self._wanted(ext)]

@@ -207,7 +207,11 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
     async def cached(self, level: IndexLevel, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
         """`load()`'s value kept in `level`'s cache under `key` (this store's kind of index), computed
         once however many ask at once."""
-        return await self.flights.cached(self.cache(level), (type(self).__qualname__, key), load)
+        cache, full = self.cache(level), (type(self).__qualname__, key)
+        value = cache.get(full)  # the hot path: a hit takes no flight
+        if value is not None:
+            return value  # type: ignore[no-any-return]
+        return await self.flights.fill(cache, full, load)
 
     def check_index(self, size: int, where: str, level: IndexLevel | None = None) -> None:
         """DataError for an index of `size` bytes beyond the limit or, with `level`, beyond the budget

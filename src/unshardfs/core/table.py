@@ -54,8 +54,8 @@ class ChunkTable:
         keys = self.keys
         if not len(keys) or key < 0 or key >= 1 << 64:
             return None
-        i = int(np.searchsorted(keys, U64(key)))
-        return i if i < len(keys) and int(keys[i]) == key else None
+        i = int(keys.searchsorted(U64(key)))
+        return i if i < len(keys) and keys[i] == key else None
 
     def row(self, i: int) -> tuple[int, int, int]:
         """(key, start, length) of entry `i`."""

@@ -9,6 +9,7 @@ an export part run twice skips the files already complete.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -18,8 +19,37 @@ from .split import Part, PartResult, run_part
 from .walk import Dest
 
 
-def connect(address: str) -> Any:
+def dask_log_level(debug: bool, quiet: bool) -> str:
+    """How much of Dask's own logging reaches the terminal: its INFO lines (workers starting,
+    nannies, ports) only with --debug; -q leaves errors alone."""
+    return "info" if debug else "error" if quiet else "warning"
+
+
+def quiet_dask(level: str) -> None:
+    """Set Dask distributed's log level here and in every worker process a LocalCluster starts.
+
+    distributed installs its own stderr handler at import (level from its
+    config, INFO by default), in this process and again in each worker
+    process: the environment reaches both, set before the import.
+    """
+    import logging
+    import warnings
+
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = level
+    if level != "info":
+        # e.g. "Port 8787 is already in use ... Hosting the HTTP server on port N instead":
+        # a warning through the warnings module, not the log.
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"distributed(\..*)?$")
+    if "dask" in sys.modules:  # already imported (a test, or a library): refresh its config
+        import dask
+
+        dask.config.refresh()
+    logging.getLogger("distributed").setLevel(level.upper())
+
+
+def connect(address: str, log_level: str = "warning") -> Any:
     """A Dask client: `local:N` starts a LocalCluster of N worker processes; else a scheduler address."""
+    quiet_dask(log_level)
     try:
         from distributed import Client, LocalCluster
     except ImportError:

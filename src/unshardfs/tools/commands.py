@@ -72,9 +72,9 @@ def _jobs(args: argparse.Namespace, parts: int, dest: Path | None) -> list[Part]
 
 def _on_cluster(args: argparse.Namespace, dest: Path | None) -> list[PartResult]:
     """The parts on a Dask cluster; progress by completed part."""
-    from .cluster import check_dest_visible, connect, default_parts, run_parts
+    from .cluster import check_dest_visible, connect, dask_log_level, default_parts, run_parts
 
-    client = connect(args.scheduler)
+    client = connect(args.scheduler, dask_log_level(args.debug, args.quiet))
     try:
         if dest is not None:
             check_dest_visible(client, dest)

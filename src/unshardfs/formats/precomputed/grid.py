@@ -88,11 +88,10 @@ class ChunkGrid:
 
     def name_of_code(self, code: int) -> str:
         """The name of the chunk whose compressed Morton code is `code` (KeyError if none)."""
-        cells, valid = self.coder.decode_array(np.array([code], dtype=np.uint64))
-        if not valid[0]:
+        cell = self.coder.decode(code)
+        if cell is None:
             raise KeyError(code)
-        x, y, z = cells[0].tolist()
-        return self.chunk_name((x, y, z))
+        return self.chunk_name(cell)  # type: ignore[arg-type]
 
 
 class GridNaming(Naming):
@@ -109,6 +108,10 @@ class GridNaming(Naming):
     def parse(self, name: str) -> int | None:
         cell = self.grid.parse_chunk_name(name)
         return None if cell is None else self.grid.coder.encode(cell)
+
+    def name(self, key: int) -> str | None:
+        cell = self.grid.coder.decode(key)
+        return None if cell is None else self.grid.chunk_name(cell)  # type: ignore[arg-type]
 
     def names(self, keys: np.ndarray) -> list[str | None]:
         cells, valid = self.grid.coder.decode_array(keys)
@@ -139,6 +142,16 @@ class VolumeGeometry(Geometry):
         sizes = np.prod(np.maximum(extents, 0), axis=1) * self.voxel_bytes
         return np.where(valid, sizes, 0)
 
+    def _raw_size(self, key: int) -> int:
+        """`_raw_sizes` of one key, without arrays (every lookup asks)."""
+        cell = self.grid.coder.decode(key)
+        if cell is None:
+            return 0
+        size = self.voxel_bytes
+        for g, c, s in zip(cell, self.grid.chunk_size, self.grid.size):
+            size *= max(min(c, s - g * c), 0)
+        return size
+
     def exact(self, keys: np.ndarray) -> np.ndarray | None:
         return self._raw_sizes(keys) if self.raw else None
 
@@ -146,3 +159,15 @@ class VolumeGeometry(Geometry):
         raw = self._raw_sizes(keys)
         caps: np.ndarray = np.minimum(raw if self.raw else raw * self.SLACK + self.EXTRA, self._cap)
         return caps
+
+    def exact_one(self, key: int) -> int | None:
+        return self._raw_size(key) if self.raw else None
+
+    def cap_one(self, key: int) -> int:
+        return self.sizes_one(key)[1]
+
+    def sizes_one(self, key: int) -> tuple[int | None, int]:
+        raw = self._raw_size(key)
+        if self.raw:
+            return raw, min(raw, self._cap)
+        return None, min(raw * self.SLACK + self.EXTRA, self._cap)

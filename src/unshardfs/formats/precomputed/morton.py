@@ -3,7 +3,8 @@
 Volume chunks use 3-D grids; annotation spatial indexes use one dimension
 per axis of their coordinate space. Bits that are zero for every cell of the
 grid are skipped, so the code depends on the grid shape. Encoding is scalar (one lookup at a time); decoding is
-vectorised because listings turn whole minishard indexes into names.
+vectorised because listings turn whole minishard indexes into names, and
+scalar for a lookup's one key.
 """
 
 from __future__ import annotations
@@ -40,12 +41,29 @@ class MortonCoder:
                 dim, i = self.plan[j]
                 table[:, dim] |= ((values >> (j - 8 * k)) & 1) << i
             self.byte_tables.append(table)
+        # The same tables as tuples, for one code at a time (a lookup's size check).
+        self.byte_rows = [[tuple(row) for row in table.tolist()] for table in self.byte_tables]
 
     def encode(self, cell: tuple[int, ...]) -> int:
         code = 0
         for j, (dim, i) in enumerate(self.plan):
             code |= ((cell[dim] >> i) & 1) << j
         return code
+
+    def decode(self, code: int) -> tuple[int, ...] | None:
+        """The grid cell of one code, or None where `decode_array` calls it invalid."""
+        if code < 0 or code >> self.total_bits:
+            return None
+        cell = [0] * self.ndim
+        for rows in self.byte_rows:
+            row = rows[code & 0xFF]
+            for d in range(self.ndim):
+                cell[d] |= row[d]
+            code >>= 8
+        for c, s in zip(cell, self.grid_shape):
+            if c >= s:
+                return None
+        return tuple(cell)
 
     def decode_array(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Grid cells of `codes` as an (n, ndim) int64 array, plus a validity mask.

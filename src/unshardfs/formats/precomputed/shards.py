@@ -20,7 +20,7 @@ from cachetools import LRUCache
 from ...caches import SHARD_INDEX
 from ...concurrency import gather
 from ...core.blob import Blob, Ident
-from ...core.bounded import gunzip, off_loop
+from ...core.bounded import gunzip, gunzip_cost, off_loop
 from ...core.fetch import Extent
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
@@ -206,8 +206,9 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
             gzipped = self.spec.minishard_index_encoding == "gzip"
             for m, raw in zip(numbers_ok, raws):
                 where = f"{blob.label} minishard {m}"
-                # A gzip index may inflate up to the budget whatever its length: off the event loop.
-                cost = max(len(raw), budget) if gzipped else len(raw)
+                # A gzip index may inflate up to the budget, but no more than deflate's
+                # ratio allows: a small one is decoded inline, a large one in a thread.
+                cost = max(len(raw), gunzip_cost(len(raw), budget)) if gzipped else len(raw)
                 try:
                     table = await off_loop(functools.partial(self._decode, raw, blob, where, m), cost)
                 except DataError as e:

@@ -1,0 +1,171 @@
+"""The cost of a cold chunk on local shards, pinned in counts (timings live in scripts/bench).
+
+A first read of a chunk is lookup + open + read + release. On local shards
+each backing read is a syscall that never waits, so none of it may go
+through the machinery that hides latency: no task started, no yield to the
+scheduler, no worker thread, no batch planning, no flight, no extent or run
+built per read. (When the core was first written every read went through
+all of it, and first reads lost 30%.) Driven through the FUSE operations
+in-process, so the counts are the daemon's and nothing else's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyfuse3
+import pytest
+import trio
+
+from unshardfs.core import fetch, flight
+from unshardfs.formats.precomputed.grid import ChunkGrid, VolumeGeometry
+from unshardfs.formats.precomputed.morton import MortonCoder
+from unshardfs.fuse_adapter import TreeOperations
+from unshardfs.session import Session
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
+
+KEY = "1_1_1"
+# What a cold chunk must not touch (code objects, counted through sys.setprofile).
+MACHINERY = {
+    "Fetcher.read_many": fetch.Fetcher.read_many,
+    "plan": fetch.plan,
+    "Extent.__init__": fetch.Extent.__init__,
+    "_Run.__init__": fetch._Run.__init__,
+    "Flights.run": flight.Flights.run,
+    "Flights.cached": flight.Flights.cached,
+    "to_thread.run_sync": trio.to_thread.run_sync,
+    "open_nursery": trio.open_nursery,
+}
+
+
+class Scheduling(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.spawned = 0
+        self.steps = 0
+
+    def task_spawned(self, task) -> None:
+        self.spawned += 1
+
+    def before_task_step(self, task) -> None:
+        self.steps += 1
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory) -> dict[str, Path]:
+    # gzip minishard indexes (as the benchmark's), raw chunks: 512 chunks, 32 minishards.
+    root = tmp_path_factory.mktemp("hot")
+    return write_volume(root, [Scale((256, 256, 128), (32, 32, 16), sharding(minishard=3, shard=2,
+                                                                              index_enc="gzip"))], "uint8")
+
+
+def first_reads(volume: dict[str, Path], names: list[str], indexes_cached: bool = False
+                ) -> tuple[Counter, Scheduling, int]:
+    """Read `names` as a fresh mount's first reads: (calls of the machinery, scheduling, bytes read).
+
+    With `indexes_cached`, every name is looked up once before counting (which reads and caches
+    every shard and minishard index, and no chunk)."""
+    wanted = {fn.__code__: name for name, fn in MACHINERY.items() if hasattr(fn, "__code__")}
+    calls: Counter = Counter()
+    instrument = Scheduling()
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            name = wanted.get(frame.f_code)
+            if name is not None:
+                calls[name] += 1
+
+    async def main() -> int:
+        session = await Session.open(str(volume["sharded"]))
+        total = 0
+        try:
+            async with session.running():
+                ops = TreeOperations(session.tree)
+                directory = (await ops.lookup(pyfuse3.ROOT_INODE, KEY.encode())).st_ino
+                if indexes_cached:
+                    for name in names:
+                        await ops.lookup(directory, name.encode())
+                trio.lowlevel.add_instrument(instrument)
+                sys.setprofile(profile)
+                try:
+                    for name in names:
+                        attr = await ops.lookup(directory, name.encode())
+                        fh = (await ops.open(attr.st_ino, os.O_RDONLY)).fh
+                        data = await ops.read(fh, 0, 1 << 17)
+                        await ops.release(fh)
+                        assert data == (volume["plain"] / KEY / name).read_bytes()
+                        total += len(data)
+                finally:
+                    sys.setprofile(None)
+                    trio.lowlevel.remove_instrument(instrument)
+        finally:
+            await session.aclose()
+        return total
+
+    total = trio.run(main)
+    return calls, instrument, total
+
+
+def test_a_chunk_whose_indexes_are_cached_takes_no_latency_machinery(volume):
+    names = sorted(os.listdir(volume["plain"] / KEY))
+    assert len(names) == 512
+    calls, scheduling, total = first_reads(volume, names, indexes_cached=True)
+    assert total == sum((volume["plain"] / KEY / n).stat().st_size for n in names)
+    # Not one yield, task or thread, and not one extent, run, plan or flight, in 512 first reads.
+    assert scheduling.spawned == 0
+    assert scheduling.steps == 0
+    assert dict(calls) == {}
+
+
+def test_cold_indexes_cost_one_flight_each_and_never_yield(volume):
+    names = sorted(os.listdir(volume["plain"] / KEY))
+    calls, scheduling, _ = first_reads(volume, names)
+    shards, minishards = 4, 32  # every one holds chunks
+    # Each index is read once, through one flight (shared by concurrent lookups); small gzip
+    # minishard indexes are decoded inline (no worker thread), local reads never wait.
+    assert calls["Flights.run"] == shards + minishards
+    assert calls["Fetcher.read_many"] == minishards
+    assert calls["Extent.__init__"] == shards + minishards
+    assert "to_thread.run_sync" not in calls and "open_nursery" not in calls
+    assert scheduling.spawned == 0 and scheduling.steps == 0
+
+
+def test_the_machinery_is_seen_when_it_runs(volume, monkeypatch):
+    """The counter above can fail: with the direct path off, reads go through batches and runs again."""
+    original = fetch.Fetcher.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.direct = False
+
+    monkeypatch.setattr(fetch.Fetcher, "__init__", init)
+    names = sorted(os.listdir(volume["plain"] / KEY))[:16]
+    calls, scheduling, _ = first_reads(volume, names)
+    assert calls["Fetcher.read_many"] >= 16 and calls["plan"] >= 16 and calls["_Run.__init__"] >= 16
+    assert scheduling.steps >= 16  # the limiter yields once per read
+
+
+def test_scalar_morton_decode_agrees_with_the_vectorised_one():
+    rng = np.random.default_rng(0)
+    for shape in [(1, 1, 1), (5, 3, 2), (16, 16, 16), (100, 7, 300), (2**20, 3, 2**21), (7,), (3, 9, 4, 2)]:
+        coder = MortonCoder(shape)
+        codes = rng.integers(0, 2 ** min(coder.total_bits + 2, 63), 2000, dtype=np.uint64)
+        cells, valid = coder.decode_array(codes)
+        for code, cell, ok in zip(codes.tolist(), cells.tolist(), valid.tolist()):
+            assert coder.decode(code) == (tuple(cell) if ok else None)
+    assert MortonCoder((4, 4, 4)).decode(-1) is None
+
+
+def test_scalar_chunk_sizes_agree_with_the_arrays():
+    grid = ChunkGrid((100, 70, 33), (32, 32, 16), (5, -3, 0))
+    keys = np.arange(1 << (grid.coder.total_bits + 1), dtype=np.uint64)  # valid codes and invalid ones
+    for raw in (True, False):
+        geometry = VolumeGeometry(grid, 2, raw, limit=20_000)
+        exact, cap = geometry.exact(keys), geometry.cap(keys)
+        for i, key in enumerate(keys.tolist()):
+            assert geometry.sizes_one(key) == (None if exact is None else int(exact[i]), int(cap[i]))
+            assert geometry.exact_one(key) == (None if exact is None else int(exact[i]))
+            assert geometry.cap_one(key) == int(cap[i])
