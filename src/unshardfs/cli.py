@@ -15,7 +15,8 @@ from typing import Any, Callable
 from . import __version__
 from .daemon import MountRequest, detach, serve, unmount
 from .errors import ConfigError, DataError, SourceError
-from .fuse_adapter import STATS_XATTR, MountOptions
+from .fuse.engines import ENGINES
+from .fuse.ops import STATS_XATTR, MountOptions
 from .httpserver import Limits
 from .options import add_cache_options, add_source_options, format_options, make_caches
 
@@ -62,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", help="log file when detached (default: ~/.cache/unshardfs/<mountpoint>.log)")
     m.add_argument("--cache-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="how long the kernel may cache names and attributes (default 3600)")
+    m.add_argument("--fuse-engine", choices=ENGINES, default="kernel",
+                   help="kernel: our own FUSE protocol session (no-open, parallel lookups; default); "
+                        "pyfuse3: libfuse through pyfuse3")
     add_cache_options(m)
     add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -185,6 +189,7 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o and o != "rw"],
         debug=args.debug,
         options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
+        engine=args.fuse_engine,
     )
     return serve(request, lambda: Session.open(args.source, format_options(args), caches), ready)
 

@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
-import pyfuse3
 import trio
 
 from .errors import ConfigError, DataError, SourceError
-from .fuse_adapter import MountOptions, TreeOperations
+from .fuse.engines import Engine, open_engine
+from .fuse.ops import MountOptions, TreeOps
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class MountRequest:
     fuse_options: list[str] = field(default_factory=list)
     debug: bool = False
     options: MountOptions = field(default_factory=MountOptions)
+    engine: str = "kernel"
 
 
 def check_mountpoint(path: str) -> None:
@@ -49,7 +50,7 @@ def check_mountpoint(path: str) -> None:
     except NotADirectoryError:
         raise ConfigError(f"mountpoint {path} is not a directory") from None
     except OSError as e:
-        if e.errno == errno.ENOTCONN:
+        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # the daemon behind it is gone
             raise ConfigError(f"mountpoint {path} has a dead mount (crashed daemon?); "
                               f"run: unshardfs unmount {path}") from None
         raise ConfigError(f"mountpoint {path}: {e.strerror}") from None
@@ -59,28 +60,27 @@ def check_mountpoint(path: str) -> None:
         raise ConfigError(f"mountpoint {path} is not empty")
 
 
-def fuse_option_set(request: MountRequest) -> set[str]:
-    opts = set(pyfuse3.default_options)
-    opts |= {"ro", f"fsname={request.fsname}", "subtype=unshardfs"}
-    if request.debug:
-        opts.add("debug")
-    for opt in request.fuse_options:
-        opts.add(opt)
-    return opts
-
-
 def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[str | None], None]) -> int:
     """Open the source, mount, report readiness, serve until unmounted or signalled."""
 
     async def main() -> None:
+        # Signals are received from before the mount: one arriving as soon as the mount is
+        # visible must unmount, not kill the daemon.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            await mounted(signals)
+
+    async def mounted(signals: AsyncIterator[int]) -> None:
         session: Session | None = None
-        mounting = False  # only pyfuse3.init's failures are the mountpoint's (not a RuntimeError of the source's)
+        engine: Engine | None = None
+        mounting = False  # only the engine's failures to mount are the mountpoint's (not a RuntimeError of the source's)
         try:
             check_mountpoint(request.mountpoint)
             session = await open_session()
-            ops = TreeOperations(session.tree, request.options, session.stats)
+            ops = TreeOps(session.tree, request.options, session.stats, engine=request.engine)
             mounting = True
-            pyfuse3.init(ops, request.mountpoint, fuse_option_set(request))
+            engine = open_engine(request.engine, ops, request.mountpoint, request.fsname,
+                                 [*request.fuse_options, *(["debug"] if request.debug else [])])
+            engine.mount()
         except BaseException as e:
             if session is not None:
                 await _release(session)
@@ -90,19 +90,19 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
             if isinstance(e, (SourceError, DataError)):  # e.g. a remote store unreachable at mount time
                 ready(f"cannot read {request.fsname.removeprefix('unshardfs:')}: {e}")
                 raise ConfigError(str(e)) from e
-            if mounting and isinstance(e, RuntimeError):  # pyfuse3.init failing to mount
+            if mounting and isinstance(e, (RuntimeError, OSError)):  # the engine failing to mount
                 ready(f"cannot mount on {request.mountpoint}: {e}")
                 raise ConfigError(str(e)) from e
             raise
         ready(None)
-        log.info("mounted %s on %s", request.fsname, request.mountpoint)
+        log.info("mounted %s on %s (%s engine)", request.fsname, request.mountpoint, request.engine)
         try:
             async with session.running(), trio.open_nursery() as nursery:
-                nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
-                await pyfuse3.main()
+                nursery.start_soon(_stop_on_signal, signals, engine)
+                await engine.run()
                 nursery.cancel_scope.cancel()
         finally:
-            pyfuse3.close(unmount=True)
+            engine.close()
             log.info("unmounted %s", request.mountpoint)
             await _release(session)
 
@@ -119,12 +119,11 @@ async def _release(session: Session) -> None:
         await session.aclose()
 
 
-async def _stop_on_signal(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async for signum in signals:
-            log.info("received %s: unmounting", signal.Signals(signum).name)
-            pyfuse3.terminate()
-            return
+async def _stop_on_signal(signals: AsyncIterator[int], engine: Engine) -> None:
+    async for signum in signals:
+        log.info("received %s: unmounting", signal.Signals(signum).name)
+        engine.stop()
+        return
 
 
 def detach(argv: list[str], log_file: str) -> int:

@@ -25,9 +25,9 @@ from urllib.parse import parse_qs, quote, unquote_to_bytes
 
 from cachetools import TTLCache
 
-from .errors import DataError, StaleError, expected_failure
+from . import edge
+from .errors import DataError
 from .formats.registry import json_names
-from .logonce import log_once
 from .sources.base import name_problem
 from .vtree import DirNode, FileNode, Node
 
@@ -181,14 +181,10 @@ class TreeApp:
                               method == "HEAD")
         except Exception as e:  # noqa: BLE001 - every failure is an answer, never a dead server
             self.counters["errors"] += 1
-            known = expected_failure(e)
-            if known is not None:
-                log_once(log, f"http:{known}", "502 for %s: %s", scope.get("path"), known)
-                code, text = 502, f"the backing data could not be read: {known}"
-            else:
-                log_once(log, f"httpbug:{type(e).__name__}:{e}", "500 for %s", scope.get("path"))
-                log.debug("traceback", exc_info=True)
-                code, text = 500, "internal error"
+            failure = edge.classify(e)
+            edge.report(log, failure, scope.get("path", "")[:300], e, answered=str(failure.status))
+            code = failure.status
+            text = "internal error" if failure.bug else f"the backing data could not be read: {failure.message}"
             await self._reply(send, code, (text + "\n").encode(), {"Content-Type": "text/plain"}, method == "HEAD")
         finally:
             if self.options.access_log:
@@ -288,13 +284,11 @@ class TreeApp:
         """Exactly `size` bytes (or DataError); a file whose shard was replaced is re-resolved once."""
         if size <= 0:
             return node, b""
-        try:
-            data = await node.read(offset, size)
-        except StaleError as e:
-            fresh = await self._resolve(names) if names else None
-            if not isinstance(fresh, FileNode) or fresh.size != node.size:
-                raise DataError(e.where, f"{e.reason}; its content changed") from e
-            node, data = fresh, await fresh.read(offset, size)
+
+        async def resolve() -> Node | None:
+            return await self._resolve(names) if names else None
+
+        node, data = await edge.read_current(node, offset, size, resolve)
         if len(data) != size:
             raise DataError("/".join(names), f"short read at {offset}: {len(data)} of {size} bytes")
         return node, data

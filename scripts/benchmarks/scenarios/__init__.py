@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..context import Context
-from . import decode, http, listing, local, remote, scaleout, sequential, serve
+from . import decode, engines, http, listing, local, remote, scaleout, sequential, serve
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "local": local.run,  # small-file reads: warm, first, parallel, backing reads
@@ -15,5 +15,6 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "http": http.run,  # first read through a local HTTP server
     "serve": serve.run,  # unshardfs serve against http.server over the mount and on the unsharded copy
     "scale-out": scaleout.run,  # check/export: one process, --jobs, Dask LocalCluster of 1 and 2 workers
-    "remote": remote.run,  # object-store latency (20 / 100 ms): cp -r, readers, ls -lR, viewer, meshes
+    "remote": remote.run,
+    "engines": engines.run,  # every figure above that FUSE caps, on the kernel engine and on pyfuse3  # object-store latency (20 / 100 ms): cp -r, readers, ls -lR, viewer, meshes
 }

@@ -93,3 +93,13 @@ def force_unmount(mountpoint: Path) -> None:
     for pid in daemon_pids(mountpoint):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(predicate: Callable[[], bool], seconds: float = 20) -> bool:
+    """Poll `predicate` until it holds (True) or `seconds` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -17,7 +17,8 @@ from typing import AsyncIterator, Callable
 
 import trio
 
-from ..errors import ConfigError, DataError, expected_failure
+from ..edge import classify
+from ..errors import ConfigError, DataError
 from ..fdpath import Beneath, regular_file
 from ..logonce import log_once
 from ..sources.base import name_problem
@@ -42,8 +43,7 @@ class WalkSummary:
 
 def failure(rel: str, error: Exception) -> str:
     """How a file that could not be read is reported (a bug says so, with its type)."""
-    known = expected_failure(error)
-    return f"{rel}: {known}" if known is not None else f"{rel}: unexpected {type(error).__name__}: {error}"
+    return f"{rel}: {classify(error).message}"
 
 
 async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, FileNode | DirNode]]:

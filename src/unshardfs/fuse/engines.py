@@ -1,0 +1,145 @@
+"""The two FUSE engines behind one interface: mount, serve until unmounted, stop, close.
+
+- `kernel` (default): our own protocol session (`unshardfs.fuse.server`) on a
+  /dev/fuse connection we mount ourselves. It asks the kernel for no-open,
+  parallel directory operations, 64 background requests, 1 MiB requests,
+  READDIRPLUS_AUTO and AUTO_INVAL_DATA, each as far as the kernel's protocol
+  version offers them.
+- `pyfuse3`: pyfuse3 over libfuse, the binding named in the design brief.
+
+Both serve the same operations layer (`unshardfs.fuse.ops.TreeOps`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from ..errors import ConfigError
+from .ops import TreeOps
+
+if TYPE_CHECKING:
+    from .mount import Mounted
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("kernel", "pyfuse3")
+READAHEAD_KIB = 1024
+
+
+class Engine(Protocol):
+    def mount(self) -> None:
+        """Mount (ConfigError with a one-line reason when impossible)."""
+
+    async def run(self) -> None:
+        """Serve until the file system is unmounted or `stop` is called."""
+
+    def stop(self) -> None:
+        """Unmount and make `run` return (from a signal handler task)."""
+
+    def close(self) -> None:
+        """Release what `mount` took (after `run`)."""
+
+
+class KernelEngine:
+    def __init__(self, ops: TreeOps, mountpoint: str, fsname: str, options: list[str]) -> None:
+        from .kernel import KernelOps
+        from .mount import MountSpec
+
+        self.ops = ops
+        self.spec = MountSpec(mountpoint, fsname, options=[o for o in options if o != "debug"])
+        self.binding = KernelOps(ops)
+        self.mounted: Mounted | None = None
+        self.readahead = False
+        self.target = mountpoint
+        self.cancel = trio.CancelScope()
+
+    def mount(self) -> None:
+        from .mount import mount
+
+        self.target = os.path.realpath(self.spec.mountpoint)  # before mounting: after, a stat would hang
+        self.mounted = mount(self.spec)
+
+    async def run(self) -> None:
+        from .server import Session
+
+        assert self.mounted is not None
+        session = Session(self.mounted.fd, self.binding, on_init=self._initialised)
+        self.binding.attach(session)
+        with self.cancel:
+            await session.serve()
+
+    def _initialised(self, negotiated) -> None:
+        from .mount import set_readahead
+
+        self.binding.negotiated(negotiated)
+        if os.geteuid() == 0:
+            # 1 MiB requests are negotiated, but the kernel's read-ahead decides how big buffered
+            # reads get; INIT has just capped it at the value it offered (128 KiB), so raise it now.
+            self.readahead = set_readahead(self.target, READAHEAD_KIB)
+            self.ops.features["read_ahead_kib"] = READAHEAD_KIB if self.readahead else None
+
+    def stop(self) -> None:
+        from .mount import unmount
+
+        try:
+            unmount(self.spec.mountpoint, lazy=True)
+        except OSError as e:
+            log.warning("unmount %s: %s", self.spec.mountpoint, e.strerror)
+        self.cancel.cancel()
+
+    def close(self) -> None:
+        """Close the connection; a mount still there (the session failed) is detached first,
+        so no dead mount is left behind."""
+        from .mount import unmount
+
+        if self.mounted is None:
+            return
+        mounted, self.mounted = self.mounted, None
+        try:
+            unmount(self.spec.mountpoint, lazy=True)
+        except OSError:
+            pass
+        mounted.close()
+
+
+class Pyfuse3Engine:
+    def __init__(self, ops: TreeOps, mountpoint: str, fsname: str, options: list[str]) -> None:
+        import pyfuse3
+
+        from ..fuse_adapter import TreeOperations
+
+        self.pyfuse3 = pyfuse3
+        self.adapter = TreeOperations(ops)
+        self.mountpoint = mountpoint
+        self.options = set(pyfuse3.default_options) | {"ro", f"fsname={fsname}", "subtype=unshardfs", *options}
+        self.mounted = False
+
+    def mount(self) -> None:
+        try:
+            self.pyfuse3.init(self.adapter, self.mountpoint, self.options)
+        except RuntimeError as e:
+            raise ConfigError(f"cannot mount on {self.mountpoint}: {e}") from e
+        self.mounted = True
+
+    async def run(self) -> None:
+        await self.pyfuse3.main()
+
+    def stop(self) -> None:
+        self.pyfuse3.terminate()
+
+    def close(self) -> None:
+        if self.mounted:
+            self.mounted = False
+            self.pyfuse3.close(unmount=True)
+
+
+def open_engine(name: str, ops: TreeOps, mountpoint: str, fsname: str, options: list[str]) -> Engine:
+    if name == "kernel":
+        return KernelEngine(ops, mountpoint, fsname, options)
+    if name == "pyfuse3":
+        return Pyfuse3Engine(ops, mountpoint, fsname, options)
+    raise ConfigError(f"unknown FUSE engine {name!r} (choose from {', '.join(ENGINES)})")

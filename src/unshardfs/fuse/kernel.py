@@ -1,0 +1,306 @@
+"""The kernel engine: our own FUSE protocol session serving the operations layer.
+
+Requests answered inline (no task): FORGET, BATCH_FORGET, GETATTR of a
+directory, OPEN (ENOSYS once: the kernel stops sending OPEN/RELEASE and keeps
+pages across opens), RELEASE, OPENDIR of a known directory, READDIR while the
+batch at hand lasts, RELEASEDIR of a listing that needs no closing, xattrs
+and STATFS of known inodes. LOOKUP, file GETATTR (revalidated against the
+shard), READ and READDIR past a batch await I/O in their own task.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from typing import Any, Callable
+
+from ..vtree import DirNode, Node
+from . import abi
+from .abi import FsError
+from .ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, TreeOps
+from .server import Negotiated, Request, Session, failed_errno
+
+log = logging.getLogger(__name__)
+
+DT_DIR = stat.S_IFDIR >> 12
+DT_REG = stat.S_IFREG >> 12
+
+
+class DirentBuffer:
+    """A READDIR(PLUS) reply being filled: the `EntrySink` of the operations layer."""
+
+    def __init__(self, size: int, plus: bool, encoder: "KernelOps") -> None:
+        self.size = size
+        self.plus = plus
+        self.parts = bytearray()  # one buffer: writev takes at most 1024 pieces
+        self.used = 0
+        self.refs: list[int] = []  # inodes referenced by this reply (READDIRPLUS)
+        self.encoder = encoder
+
+    def add(self, name: bytes, ino: int, node: Node | None, size: int, mtime_ns: int, next_cookie: int) -> bool:
+        is_dir = node is not None and node.is_dir
+        namelen = len(name)
+        if self.plus:
+            record = abi.pad8(abi.ENTRY_OUT.size + abi.DIRENT.size + namelen)
+            if self.used + record > self.size:
+                return False
+            entry = self.encoder.entry(ino, DIR_MODE if is_dir else FILE_MODE, size, mtime_ns)
+            self.refs.append(ino)
+        else:
+            record = abi.pad8(abi.DIRENT.size + namelen)
+            if self.used + record > self.size:
+                return False
+            entry = b""
+        parts = self.parts
+        parts += entry
+        parts += abi.DIRENT.pack(ino, next_cookie, namelen, DT_DIR if is_dir else DT_REG)
+        parts += name
+        parts += b"\0" * (record - len(entry) - abi.DIRENT.size - namelen)
+        self.used += record
+        return True
+
+
+class KernelOps:
+    """Decodes requests for `TreeOps` and encodes its answers (see the module docstring)."""
+
+    def __init__(self, ops: TreeOps) -> None:
+        self.ops = ops
+        self.counters = ops.counters
+        self.session: Session | None = None
+        self.no_open = False
+        options = ops.options
+        self.entry_valid = abi.split_time(options.entry_timeout)
+        self.attr_valid = abi.split_time(options.attr_timeout)
+        self.uid, self.gid = ops.uid, ops.gid
+        self.handlers: dict[int, Callable[[Request], Any]] = {
+            abi.Op.LOOKUP: self.lookup, abi.Op.FORGET: self.forget, abi.Op.BATCH_FORGET: self.batch_forget,
+            abi.Op.GETATTR: self.getattr, abi.Op.OPEN: self.open, abi.Op.READ: self.read,
+            abi.Op.RELEASE: self.release, abi.Op.OPENDIR: self.opendir, abi.Op.READDIR: self.readdir,
+            abi.Op.READDIRPLUS: self.readdirplus, abi.Op.RELEASEDIR: self.releasedir,
+            abi.Op.GETXATTR: self.getxattr, abi.Op.LISTXATTR: self.listxattr, abi.Op.STATFS: self.statfs,
+        }
+
+    def attach(self, session: Session) -> None:
+        self.session = session
+        self.ops.invalidate = self.invalidate_inode
+        self.ops.live = lambda: {"requests": session.requests, "in_flight": len(session.scopes)}
+
+    def negotiated(self, n: Negotiated) -> None:
+        self.no_open = n.has(abi.NO_OPEN_SUPPORT)
+        self.ops.features = n.describe()
+
+    # -- the Dispatcher protocol -------------------------------------------------------------
+
+    def dispatch(self, request: Request) -> Any:
+        handler = self.handlers.get(request.opcode)
+        if handler is None:
+            raise FsError(errno.ENOSYS)
+        return handler(request)
+
+    def failed(self, request: Request, error: BaseException) -> int:
+        if isinstance(error, FsError):
+            return error.errno
+        self.counters["eio"] += 1
+        try:
+            where = abi.Op(request.opcode).name.lower()
+        except ValueError:
+            where = f"opcode {request.opcode}"
+        return failed_errno(log, error, where)
+
+    # -- encoding ----------------------------------------------------------------------------
+
+    def attr(self, ino: int, mode: int, size: int, mtime_ns: int) -> bytes:
+        sec, nsec = divmod(mtime_ns, 1_000_000_000)
+        return abi.ATTR.pack(ino, size, (size + 511) >> 9, sec, sec, sec, nsec, nsec, nsec, mode,
+                             2 if mode == DIR_MODE else 1, self.uid, self.gid, 0, BLOCK_SIZE, 0)
+
+    def entry(self, ino: int, mode: int, size: int, mtime_ns: int) -> bytes:
+        sec, nsec = divmod(mtime_ns, 1_000_000_000)
+        entry_sec, entry_nsec = self.entry_valid
+        attr_sec, attr_nsec = self.attr_valid
+        return abi.ENTRY_OUT.pack(ino, 0, entry_sec, attr_sec, entry_nsec, attr_nsec,
+                                  ino, size, (size + 511) >> 9, sec, sec, sec, nsec, nsec, nsec, mode,
+                                  2 if mode == DIR_MODE else 1, self.uid, self.gid, 0, BLOCK_SIZE, 0)
+
+    def node_entry(self, ino: int, node: Node) -> bytes:
+        if node.is_dir:
+            return self.entry(ino, DIR_MODE, 0, node.mtime_ns)
+        return self.entry(ino, FILE_MODE, node.size, node.mtime_ns)  # type: ignore[attr-defined]
+
+    def node_attr(self, ino: int, node: Node) -> bytes:
+        size = 0 if node.is_dir else node.size  # type: ignore[attr-defined]
+        attr_sec, attr_nsec = self.attr_valid
+        return (abi.ATTR_OUT_HEAD.pack(attr_sec, attr_nsec, 0)
+                + self.attr(ino, DIR_MODE if node.is_dir else FILE_MODE, size, node.mtime_ns))
+
+    # -- names and attributes ----------------------------------------------------------------
+
+    def lookup(self, request: Request) -> Any:
+        return self._lookup(request.nodeid, request.body.split(b"\0", 1)[0])
+
+    async def _lookup(self, parent: int, name: bytes) -> bytes:
+        found = await self.ops.lookup(parent, name)
+        if found is None:
+            # nodeid 0 with a timeout lets the kernel cache the miss: tools probe for absent
+            # chunks a lot.
+            entry_sec, entry_nsec = self.entry_valid
+            return abi.ENTRY_OUT.pack(0, 0, entry_sec, 0, entry_nsec, 0, *([0] * 16))
+        ino, node = found
+        return self.node_entry(ino, node)
+
+    def forget(self, request: Request) -> None:
+        (n,) = abi.FORGET_IN.unpack_from(request.body)
+        self.ops.forget(request.nodeid, n)
+
+    def batch_forget(self, request: Request) -> None:
+        body = request.body
+        (count, _) = abi.BATCH_FORGET_IN.unpack_from(body)
+        forget = self.ops.forget
+        for ino, n in abi.FORGET_ONE.iter_unpack(body[abi.BATCH_FORGET_IN.size:
+                                                      abi.BATCH_FORGET_IN.size + count * abi.FORGET_ONE.size]):
+            forget(ino, n)
+
+    def getattr(self, request: Request) -> Any:
+        ino = request.nodeid
+        node = self.ops.inodes.peek(ino)
+        if node is not None and (node.is_dir or ino == ROOT):
+            return self.node_attr(ino, node)
+        return self._getattr(ino)
+
+    async def _getattr(self, ino: int) -> bytes:
+        return self.node_attr(ino, await self.ops.getattr(ino))
+
+    # -- files ---------------------------------------------------------------------------
+
+    def open(self, request: Request) -> Any:
+        self.counters["opens"] += 1
+        if self.no_open:
+            # Once: the kernel then never sends OPEN (nor RELEASE) again on this mount and
+            # keeps each file's pages across opens, revalidated through its attributes.
+            raise FsError(errno.ENOSYS)
+        flags, _ = abi.OPEN_IN.unpack_from(request.body)
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND | os.O_CREAT):
+            raise FsError(errno.EROFS)
+        node = self.ops.inodes.peek(request.nodeid)
+        if node is not None and node.is_dir:
+            raise FsError(errno.EISDIR)
+        self.ops.open_files += 1
+        return abi.OPEN_OUT.pack(0, abi.FOPEN_KEEP_CACHE, 0)
+
+    def release(self, request: Request) -> bytes:
+        self.ops.open_files = max(0, self.ops.open_files - 1)
+        return b""
+
+    def read(self, request: Request) -> Any:
+        _fh, offset, size, *_ = abi.READ_IN.unpack_from(request.body)
+        return self._read(request.nodeid, offset, size)
+
+    async def _read(self, ino: int, offset: int, size: int) -> list:
+        _node, data = await self.ops.read(ino, offset, size)
+        return [data]
+
+    # -- directories ---------------------------------------------------------------------
+
+    def opendir(self, request: Request) -> Any:
+        ino = request.nodeid
+        node = self.ops.inodes.peek(ino)
+        if node is not None:
+            return self._opened(ino, node)
+        return self._opendir(ino)
+
+    async def _opendir(self, ino: int) -> bytes:
+        return self._opened(ino, await self.ops.inodes.get(ino))
+
+    def _opened(self, ino: int, node: Node) -> bytes:
+        if not isinstance(node, DirNode):
+            raise FsError(errno.ENOTDIR)
+        return abi.OPEN_OUT.pack(self.ops.opendir(ino, node), 0, 0)
+
+    def readdir(self, request: Request) -> Any:
+        return self._readdir(request, False)
+
+    def readdirplus(self, request: Request) -> Any:
+        return self._readdir(request, True)
+
+    def _readdir(self, request: Request, plus: bool) -> Any:
+        fh, offset, size, *_ = abi.READ_IN.unpack_from(request.body)
+        listing = self.ops.listing(fh)
+        sink = DirentBuffer(size, plus, self)
+        state = self.ops.fill(listing, offset, sink)
+        if state is not None and (state or sink.parts):
+            return self._sent(request, sink)
+        return self._readdir_io(request, fh, offset, sink)
+
+    async def _readdir_io(self, request: Request, fh: int, offset: int, sink: DirentBuffer) -> None:
+        try:
+            await self.ops.readdir(fh, offset, sink)
+        except BaseException:
+            self.ops.unref_entries(sink.refs)
+            raise
+        self._sent(request, sink)
+        return None
+
+    def _sent(self, request: Request, sink: DirentBuffer) -> None:
+        """Reply with the entries; if the kernel no longer wants them, take their references back."""
+        assert self.session is not None
+        if not self.session.reply(request.unique, sink.parts) and sink.refs:
+            self.ops.unref_entries(sink.refs)
+        return None
+
+    def releasedir(self, request: Request) -> Any:
+        fh, *_ = abi.RELEASE_IN.unpack_from(request.body)
+        listing = self.ops.listings.get(fh)
+        if listing is None or listing.iterator is None:
+            self.ops.listings.pop(fh, None)
+            return b""
+        return self._releasedir(fh)
+
+    async def _releasedir(self, fh: int) -> bytes:
+        await self.ops.releasedir(fh)
+        return b""
+
+    # -- extended attributes, statfs -------------------------------------------------------
+
+    def getxattr(self, request: Request) -> Any:
+        size, _ = abi.GETXATTR_IN.unpack_from(request.body)
+        name = request.body[abi.GETXATTR_IN.size:].split(b"\0", 1)[0]
+        return self._sized(self.ops.getxattr(request.nodeid, name), size)
+
+    def listxattr(self, request: Request) -> Any:
+        size, _ = abi.GETXATTR_IN.unpack_from(request.body)
+        return self._sized(self._names(request.nodeid), size)
+
+    async def _names(self, ino: int) -> bytes:
+        return b"".join(name + b"\0" for name in await self.ops.listxattr(ino))
+
+    async def _sized(self, value_coroutine: Any, size: int) -> bytes:
+        """getxattr/listxattr: size 0 asks for the length; a smaller buffer is ERANGE."""
+        value = await value_coroutine
+        if size == 0:
+            return abi.GETXATTR_OUT.pack(len(value), 0)
+        if len(value) > size:
+            raise FsError(errno.ERANGE)
+        return value
+
+    def statfs(self, request: Request) -> bytes:
+        s = self.ops.statfs()
+        return abi.STATFS_OUT.pack(s["blocks"], s["bfree"], s["bavail"], s["files"], s["ffree"], s["bsize"],
+                                   s["namelen"], s["frsize"], 0)
+
+    # -- invalidation --------------------------------------------------------------------
+
+    def invalidate_inode(self, ino: int) -> None:
+        """Ask the kernel to drop the pages and attributes it holds for `ino` (sent after the
+        current request is answered, by the session's notifier task)."""
+        if self.session is None:
+            return
+        self.counters["invalidations"] += 1
+        self.session.notify(abi.Notify.INVAL_INODE, abi.NOTIFY_INVAL_INODE.pack(ino, 0, 0))
+        located = self.ops.inodes.parent_of(ino)
+        if located is not None:
+            parent, name = located
+            self.session.notify(abi.Notify.INVAL_ENTRY,
+                                abi.NOTIFY_INVAL_ENTRY.pack(parent, len(name), 0) + name + b"\0")
+

@@ -1,0 +1,549 @@
+"""The operations layer both FUSE engines serve: the virtual tree as inodes.
+
+It knows no transport: the kernel engine and the pyfuse3 engine are thin
+bindings that decode a request, call one of these methods and encode the
+answer. Here live the inode table (computed inodes, exact lookup counts),
+directory listings streamed with stable cookies, attributes revalidated
+against the backing shards, reads that follow a replaced shard once, and
+extended attributes (including the live statistics on the root).
+
+Errors a request should answer are raised as `FsError(errno)`; anything
+else is classified by the engine through `unshardfs.edge`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Protocol
+
+from cachetools import LRUCache
+
+from ..edge import read_current
+from ..errors import DataError, StaleError
+from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FileNode, Node
+from .abi import FsError
+
+ROOT = 1
+STATS_XATTR = "user.unshardfs.stats"
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+BLOCK_SIZE = 1 << 17
+ENOATTR = errno.ENODATA
+
+
+@dataclass
+class MountOptions:
+    entry_timeout: float = 3600.0
+    attr_timeout: float = 3600.0
+
+
+class RecentNodes(OrderedDict):
+    """Nodes of computed inodes seen lately, oldest dropped first.
+
+    Insertion order, not LRU: cheaper per insert, which matters because a
+    listing inserts every entry it returns. (An OrderedDict, because evicting
+    the first key of a plain dict with next(iter()) rescans the slots of all
+    keys deleted before it: quadratic over a million-entry listing.)
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+
+    def put(self, key: int, node: Node) -> None:
+        self[key] = node
+        if len(self) > self.maxsize:
+            self.popitem(last=False)
+
+
+class InodeTable:
+    """Inode numbers for the nodes the kernel currently knows about.
+
+    Two kinds of numbers:
+    - *computed*: a file with an `ident` inside a directory with a
+      `stable_key` gets `slot << CHILD_ID_BITS | ident`, where the slot names
+      the directory. Nothing is stored per such inode (a bounded LRU keeps
+      recently used nodes); the node is rebuilt from the directory on demand.
+      This keeps the daemon's memory flat however many chunks are listed.
+    - *tabled*: everything else (directories, passthrough files) is handed a
+      counter value on lookup and dropped when the kernel forgets it.
+    Numbers are never reused, so no generation counting is needed.
+
+    `outstanding` is the kernel's total lookup count over all inodes (one
+    integer, so computed inodes cost nothing): every reference handed out by
+    a LOOKUP or READDIRPLUS entry minus every FORGET. After the kernel drops
+    its caches it is exactly 0 (the root's implicit reference aside).
+    """
+
+    MAX_SLOTS = (1 << (64 - CHILD_ID_BITS)) - 1
+
+    def __init__(self, root: DirNode, recent_nodes: int = 1 << 16) -> None:
+        self.nodes: dict[int, Node] = {ROOT: root}
+        self.counts: dict[int, int] = {ROOT: 1}
+        self.by_name: dict[tuple[int, bytes], int] = {}
+        self.names: dict[int, tuple[int, bytes]] = {}
+        self.next_ino = ROOT + 1
+        self.slots: dict[str, int] = {}
+        self.slot_dirs: list[DirNode | None] = [None]
+        self.recent = RecentNodes(recent_nodes)
+        self.outstanding = 0
+
+    def __len__(self) -> int:
+        return len(self.nodes) + len(self.recent)
+
+    @staticmethod
+    def computed(ino: int) -> bool:
+        return ino >> CHILD_ID_BITS != 0
+
+    def _slot(self, parent: Node | None) -> int:
+        key = getattr(parent, "stable_key", None)
+        if key is None:
+            return 0
+        slot = self.slots.get(key)
+        if slot is None:
+            if len(self.slot_dirs) > self.MAX_SLOTS:
+                return 0
+            slot = self.slots[key] = len(self.slot_dirs)
+            self.slot_dirs.append(None)
+        self.slot_dirs[slot] = parent  # type: ignore[assignment]
+        return slot
+
+    def slot_of(self, parent: int) -> int:
+        """The slot of directory `parent` (0: its children get tabled inodes)."""
+        return self._slot(self.nodes.get(parent))
+
+    def add(self, parent: int, name: bytes, node: Node, slot: int | None = None) -> int:
+        """The inode for `parent/name`, now showing `node`; no lookup reference taken.
+
+        `slot` may be passed in when the caller adds many children of one
+        directory (a listing); it is looked up otherwise.
+        """
+        if node.ident is not None:
+            if slot is None:
+                slot = self.slot_of(parent)
+            if slot:
+                computed = slot << CHILD_ID_BITS | node.ident
+                self.recent.put(computed, node)
+                return computed
+        ino = self.by_name.get((parent, name))
+        if ino is None:
+            ino = self.next_ino
+            self.next_ino += 1
+            self.by_name[(parent, name)] = ino
+            self.names[ino] = (parent, name)
+            self.counts[ino] = 0
+        self.nodes[ino] = node
+        return ino
+
+    def ref(self, ino: int) -> None:
+        self.outstanding += 1
+        if not self.computed(ino):
+            self.counts[ino] += 1
+
+    def forget(self, ino: int, n: int) -> None:
+        self.outstanding -= n
+        if self.computed(ino):
+            return
+        left = self.counts.get(ino, 0) - n
+        if left > 0:
+            self.counts[ino] = left
+        else:
+            self.drop(ino)
+
+    def drop(self, ino: int) -> None:
+        if ino == ROOT or self.computed(ino):
+            return
+        self.counts.pop(ino, None)
+        self.nodes.pop(ino, None)
+        key = self.names.pop(ino, None)
+        if key is not None:
+            self.by_name.pop(key, None)
+
+    def drop_if_unreferenced(self, ino: int) -> None:
+        if self.counts.get(ino) == 0:
+            self.drop(ino)
+
+    def locate(self, ino: int) -> tuple[DirNode | None, str]:
+        """The directory holding `ino` and its name there (for re-resolving it)."""
+        if self.computed(ino):
+            slot = ino >> CHILD_ID_BITS
+            parent = self.slot_dirs[slot] if slot < len(self.slot_dirs) else None
+            ident = ino & ((1 << CHILD_ID_BITS) - 1)
+            try:
+                return parent, parent.child_name(ident) if parent is not None else ""
+            except KeyError:
+                return None, ""
+        parent_ino, name = self.names.get(ino, (ROOT, b""))
+        holder = self.nodes.get(parent_ino)
+        return (holder if isinstance(holder, DirNode) else None), os.fsdecode(name)
+
+    def parent_of(self, ino: int) -> tuple[int, bytes] | None:
+        """(parent inode, name) of a tabled inode, for entry invalidation."""
+        return self.names.get(ino)
+
+    def replace(self, ino: int, node: Node) -> None:
+        if self.computed(ino):
+            self.recent.put(ino, node)
+        else:
+            self.nodes[ino] = node
+
+    def peek(self, ino: int) -> Node | None:
+        """The node of `ino` if it is at hand (no I/O)."""
+        return self.recent.get(ino) if self.computed(ino) else self.nodes.get(ino)
+
+    async def get(self, ino: int) -> Node:
+        node = self.peek(ino)
+        if node is not None:
+            return node
+        if not self.computed(ino) or (ino >> CHILD_ID_BITS) >= len(self.slot_dirs):
+            raise FsError(errno.ESTALE)
+        parent, name = self.locate(ino)
+        node = await parent.lookup(name) if parent is not None and name else None
+        if node is None or node.ident != ino & ((1 << CHILD_ID_BITS) - 1):
+            raise FsError(errno.ESTALE)
+        self.recent.put(ino, node)
+        return node
+
+
+class EntrySink(Protocol):
+    """Where a listing puts its entries (an engine's reply buffer).
+
+    `plus` says whether each entry carries attributes and counts as a
+    lookup (READDIRPLUS); `node` is None for files of a lazy batch, whose
+    attributes are `size`, `mtime_ns` and FILE_MODE. Each call returns False
+    when the entry did not fit (it is then offered again next time).
+    """
+
+    plus: bool
+
+    def add(self, name: bytes, ino: int, node: Node | None, size: int, mtime_ns: int, next_cookie: int) -> bool: ...
+
+
+@dataclass
+class Listing:
+    """Where a directory handle is in its listing; cookies are 1-based positions.
+
+    `batch[index:]` are entries produced but not yet accepted by the kernel.
+    """
+
+    ino: int
+    node: DirNode
+    iterator: AsyncIterator[Batch] | None = None
+    position: int = 0
+    batch: Batch = field(default_factory=list)
+    index: int = 0
+    done: bool = False
+
+
+class TreeOps:
+    """The virtual tree as the FUSE engines see it (see the module docstring)."""
+
+    def __init__(self, root: DirNode, options: MountOptions | None = None,
+                 stats: Callable[[], dict] | None = None, engine: str = "") -> None:
+        self.options = options or MountOptions()
+        self.stats = stats
+        self.engine = engine
+        self.counters = {"lookups": 0, "opens": 0, "reads": 0, "read_bytes": 0, "eio": 0, "interrupted": 0,
+                         "invalidations": 0}
+        self.inodes = InodeTable(root)
+        self.listings: dict[int, Listing] = {}
+        self.open_files = 0
+        self.next_fh = 1
+        self.uid = os.getuid()
+        self.gid = os.getgid()
+        # Inodes whose pages the kernel may hold (served a READ since their last invalidation):
+        # a replaced shard is re-served to these only after their pages are dropped.
+        self.served: LRUCache = LRUCache(maxsize=1 << 16)
+        # Engines that can tell the kernel to drop what it cached set this: (ino) -> None,
+        # called for an inode whose backing data changed; never from inside that request.
+        self.invalidate: Callable[[int], None] | None = None
+        self.features: dict[str, object] = {}
+        self.live: Callable[[], dict] | None = None  # the engine's own counters (requests in flight)
+
+    # -- names and attributes --------------------------------------------------------
+
+    async def lookup(self, parent_ino: int, name: bytes) -> tuple[int, Node] | None:
+        """The child `name` of `parent_ino` with a lookup reference taken; None if absent."""
+        self.counters["lookups"] += 1
+        parent = await self.directory(parent_ino)
+        try:
+            text = os.fsdecode(name)
+        except UnicodeError:
+            return None
+        if not text or text in (".", "..") or "/" in text:
+            return None
+        node = await parent.lookup(text)
+        if node is None:
+            return None
+        ino = self.inodes.add(parent_ino, name, node)
+        self.inodes.ref(ino)
+        self._note_changed(ino, node)
+        return ino, node
+
+    def forget(self, ino: int, n: int) -> None:
+        self.inodes.forget(ino, n)
+
+    async def directory(self, ino: int) -> DirNode:
+        node = await self.inodes.get(ino)
+        if not isinstance(node, DirNode):
+            raise FsError(errno.ENOTDIR)
+        return node
+
+    async def getattr(self, ino: int) -> Node:
+        """The current node of `ino`: a file is looked up again by name, so a
+        replaced shard's new size and mtime reach the kernel (which then drops
+        the old pages itself, with AUTO_INVAL_DATA)."""
+        node = await self.inodes.get(ino)
+        if node.is_dir or ino == ROOT:
+            return node
+        parent, name = self.inodes.locate(ino)
+        fresh = await parent.lookup(name) if parent is not None and name else None
+        if fresh is None or fresh.is_dir != node.is_dir or fresh.ident != node.ident:
+            raise FsError(errno.ESTALE)
+        if fresh is not node:
+            self._note_changed(ino, fresh)
+            self.inodes.replace(ino, fresh)
+        return fresh
+
+    def _note_changed(self, ino: int, node: Node) -> None:
+        """Forget that the kernel holds pages of `ino` once it learns new attributes."""
+        old = self.inodes.peek(ino)
+        if old is not None and old is not node and isinstance(old, FileNode) and isinstance(node, FileNode):
+            if (old.size, old.mtime_ns) != (node.size, node.mtime_ns):
+                self.served.pop(ino, None)
+
+    # -- directories -------------------------------------------------------------------
+
+    def opendir(self, ino: int, node: DirNode) -> int:
+        fh = self.next_fh
+        self.next_fh += 1
+        self.listings[fh] = Listing(ino, node)
+        return fh
+
+    def listing(self, fh: int) -> Listing:
+        listing = self.listings.get(fh)
+        if listing is None:
+            raise FsError(errno.EBADF)
+        return listing
+
+    def fill(self, listing: Listing, offset: int, sink: EntrySink) -> bool | None:
+        """Put entries from the batch at hand into `sink`, without any I/O.
+
+        True: the sink is full (or the listing ended); False: the batch at
+        hand is used up and the sink may take more (call `advance`); None:
+        `offset` is not where the listing stands (call `seek`)."""
+        if offset != listing.position or (listing.iterator is None and not listing.done):
+            return None
+        if listing.done:
+            return True
+        slot = self.inodes.slot_of(listing.ino)
+        batch = listing.batch
+        while listing.index < len(batch):
+            full = (self._fill_lazy(listing, batch, sink, slot) if isinstance(batch, EntryBatch)
+                    else self._fill_nodes(listing, batch, sink, slot))
+            if full:
+                return True
+        return False
+
+    async def advance(self, listing: Listing) -> None:
+        """Produce the next batch (or mark the listing done)."""
+        listing.index = 0
+        try:
+            listing.batch = await listing.iterator.__anext__()  # type: ignore[union-attr]
+        except StopAsyncIteration:
+            listing.batch = []
+            listing.done = True
+
+    async def seek(self, listing: Listing, offset: int) -> None:
+        """Restart the stream and skip to `offset` (rare: seekdir, rewinddir, an NFS-style re-read)."""
+        await self._discard(listing)
+        listing.iterator = listing.node.entries().__aiter__()
+        listing.position = 0
+        listing.done = False
+        while listing.position < offset:
+            try:
+                listing.batch = await listing.iterator.__anext__()
+            except StopAsyncIteration:
+                listing.batch = []
+                listing.done = True
+                break
+            take = min(len(listing.batch), offset - listing.position)
+            listing.index = take
+            listing.position += take
+        listing.position = max(listing.position, offset) if listing.done else listing.position
+
+    async def readdir(self, fh: int, offset: int, sink: EntrySink) -> None:
+        """Fill `sink` from `offset` on, with whatever I/O that needs."""
+        listing = self.listing(fh)
+        while True:
+            state = self.fill(listing, offset, sink)
+            if state is None:
+                await self.seek(listing, offset)
+            elif state:
+                return
+            else:
+                await self.advance(listing)
+                offset = listing.position
+
+    def _fill_nodes(self, listing: Listing, batch: list, sink: EntrySink, slot: int) -> bool:
+        inodes = self.inodes
+        plus = sink.plus
+        while listing.index < len(batch):
+            name, node = batch[listing.index]
+            bname = name.encode("utf-8", "surrogateescape")  # os.fsencode, minus its overhead
+            ino = inodes.add(listing.ino, bname, node, slot)
+            size = 0 if node.is_dir else node.size
+            if not sink.add(bname, ino, node, size, node.mtime_ns, listing.position + 1):
+                inodes.drop_if_unreferenced(ino)
+                return True
+            if plus:
+                inodes.ref(ino)  # a READDIRPLUS entry counts as a lookup
+            else:
+                inodes.drop_if_unreferenced(ino)
+            listing.index += 1
+            listing.position += 1
+        return False
+
+    def _fill_lazy(self, listing: Listing, batch: EntryBatch, sink: EntrySink, slot: int) -> bool:
+        """Entries of a lazy batch: names, sizes and idents straight from its lists.
+
+        Files with a computed inode need no node at all (one is rebuilt from
+        the directory if the kernel later asks for it), which keeps a
+        million-entry listing from building a million objects.
+        """
+        inodes = self.inodes
+        names, sizes, idents = batch.names, batch.sizes, batch.idents
+        mtime_ns = batch.mtime_ns
+        slot_bits = slot << CHILD_ID_BITS
+        plus = sink.plus
+        add = sink.add
+        i = listing.index
+        position = listing.position
+        counted = 0
+        try:
+            while i < len(names):
+                bname = names[i].encode("utf-8", "surrogateescape")
+                ident = idents[i]
+                if slot and ident is not None:
+                    ino = slot_bits | ident
+                    if not add(bname, ino, None, sizes[i], mtime_ns, position + 1):
+                        return True
+                    counted += plus
+                else:
+                    ino = inodes.add(listing.ino, bname, batch.node(i), slot)
+                    if not add(bname, ino, None, sizes[i], mtime_ns, position + 1):
+                        inodes.drop_if_unreferenced(ino)
+                        return True
+                    if plus:
+                        inodes.ref(ino)
+                    else:
+                        inodes.drop_if_unreferenced(ino)
+                i += 1
+                position += 1
+            return False
+        finally:
+            inodes.outstanding += counted
+            listing.index = i
+            listing.position = position
+
+    async def _discard(self, listing: Listing) -> None:
+        listing.batch, listing.index = [], 0
+        if listing.iterator is not None:
+            aclose = getattr(listing.iterator, "aclose", None)
+            listing.iterator = None
+            if aclose is not None:
+                await aclose()
+
+    async def releasedir(self, fh: int) -> None:
+        listing = self.listings.pop(fh, None)
+        if listing is not None:
+            await self._discard(listing)
+
+    def unref_entries(self, inos: list[int]) -> None:
+        """Take back READDIRPLUS references of entries the kernel never received."""
+        for ino in inos:
+            self.inodes.forget(ino, 1)
+
+    # -- files -------------------------------------------------------------------------
+
+    async def file(self, ino: int) -> FileNode:
+        node = await self.inodes.get(ino)
+        if not isinstance(node, FileNode):
+            raise FsError(errno.EISDIR)
+        return node
+
+    async def read(self, ino: int, offset: int, size: int, node: FileNode | None = None) -> tuple[FileNode, bytes]:
+        """Bytes of `ino` (or of `node`, the one an open handle resolved) at `offset`.
+
+        A shard replaced since the file was resolved is followed once. If the
+        kernel may already hold pages of the old content, this read fails
+        (EIO) and the engine is asked to drop those pages, so a reader sees
+        the new bytes or an error, never a mix.
+        """
+        if node is None:
+            node = await self.file(ino)
+        if offset >= node.size or size <= 0:
+            return node, b""
+        parent, name = None, ""
+
+        async def resolve() -> Node | None:
+            nonlocal parent, name
+            parent, name = self.inodes.locate(ino)
+            return await parent.lookup(name) if parent is not None and name else None
+
+        try:
+            served, data = await read_current(node, offset, size, resolve)
+        except DataError as e:
+            if isinstance(e.__cause__, StaleError) and self.invalidate is not None:
+                self.invalidate(ino)  # its size changed: the kernel must ask for attributes again
+            raise
+        if served is not node:
+            self.inodes.replace(ino, served)
+            if self.invalidate is not None:
+                self.invalidate(ino)
+                if self.served.pop(ino, None) is not None:
+                    self.counters["eio"] += 1
+                    raise FsError(errno.EIO)
+        if self.invalidate is not None:
+            self.served[ino] = True
+        self.counters["reads"] += 1
+        self.counters["read_bytes"] += len(data)
+        return served, data
+
+    # -- extended attributes and statistics -----------------------------------------------
+
+    def snapshot(self) -> dict:
+        """Live statistics: our counters, the kernel-visible inode count, and the tree's own."""
+        stats = {"fuse": dict(self.counters, engine=self.engine, inodes_tabled=len(self.inodes.nodes),
+                              nodes_recent=len(self.inodes.recent), open_files=self.open_files,
+                              listings=len(self.listings),
+                              lookups_outstanding=self.inodes.outstanding, features=self.features,
+                              **(self.live() if self.live is not None else {}))}
+        if self.stats is not None:
+            stats.update(self.stats())
+        return stats
+
+    def xattrs_of(self, ino: int, node: Node) -> dict[str, bytes]:
+        attrs = node.xattrs()
+        if ino == ROOT:
+            # On the root only, so tools walking the tree never trigger it.
+            attrs = dict(attrs, **{STATS_XATTR: json.dumps(self.snapshot()).encode()})
+        return attrs
+
+    async def getxattr(self, ino: int, name: bytes) -> bytes:
+        value = self.xattrs_of(ino, await self.inodes.get(ino)).get(os.fsdecode(name))
+        if value is None:
+            raise FsError(ENOATTR)
+        return value
+
+    async def listxattr(self, ino: int) -> list[bytes]:
+        return [os.fsencode(k) for k in self.xattrs_of(ino, await self.inodes.get(ino))]
+
+    def statfs(self) -> dict[str, int]:
+        return {"bsize": 4096, "frsize": 4096, "blocks": 0, "bfree": 0, "bavail": 0,
+                "files": len(self.inodes), "ffree": 0, "namelen": 255}

@@ -1,0 +1,303 @@
+"""A FUSE session on trio: read requests from /dev/fuse, answer them, never die of one.
+
+The server knows no file system. It negotiates INIT (features by the
+kernel's protocol minor), keeps the bookkeeping of the protocol itself
+(INTERRUPT, DESTROY, unknown opcodes, write-type opcodes), and hands every
+other request to a `Dispatcher`, whose answer is either ready at once
+(bytes: replied inline, no task) or a coroutine that awaits I/O (run in its
+own task under a cancel scope that an INTERRUPT of that request cancels;
+the request then answers EINTR). Most requests of a warm mount are answered
+inline: a trio task per request costs more than the request itself.
+
+Notifications (cache invalidations) are queued and written by their own
+task, never from inside the request that found the change: the kernel may
+hold locks for that request that the invalidation waits for.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Coroutine, Protocol, Union
+
+import trio
+
+from .. import edge
+from . import abi
+
+log = logging.getLogger(__name__)
+
+# What a dispatcher returns: a reply payload now, or a coroutine producing one.
+Answer = Union[bytes, bytearray, memoryview, list, Coroutine[Any, Any, Any], None]
+
+
+@dataclass
+class Request:
+    opcode: int
+    unique: int
+    nodeid: int
+    uid: int
+    gid: int
+    pid: int
+    body: bytes
+
+
+class Dispatcher(Protocol):
+    """The file system side of a session (see the module docstring)."""
+
+    def dispatch(self, request: Request) -> Answer:
+        """Answer `request`: payload bytes (or a list of buffers), a coroutine
+        returning those, or None for requests that take no reply (FORGET)."""
+
+    def failed(self, request: Request, error: BaseException) -> int:
+        """The errno to answer for an unexpected exception (and log it); a handler answers an
+        errno of its own choosing by raising `abi.FsError`."""
+
+
+@dataclass
+class InitConfig:
+    """What we ask of the kernel at INIT; each wish is granted only if the kernel offers it."""
+
+    want: int = (abi.ASYNC_READ | abi.AUTO_INVAL_DATA | abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
+                 | abi.NO_OPEN_SUPPORT | abi.PARALLEL_DIROPS | abi.MAX_PAGES)
+    max_background: int = 64
+    congestion_threshold: int = 48
+    max_pages: int = 256
+
+
+@dataclass
+class Negotiated:
+    minor: int = 0
+    flags: int = 0
+    max_readahead: int = 0
+    max_pages: int = 32
+    max_background: int = 12
+
+    def has(self, flag: int) -> bool:
+        return bool(self.flags & flag)
+
+    def describe(self) -> dict[str, object]:
+        return {"protocol": f"7.{self.minor}", "max_background": self.max_background,
+                "request_kib": self.max_pages * 4,
+                **{name: self.has(flag) for flag, name in abi.FEATURE_NAMES.items()}}
+
+
+@dataclass
+class Session:
+    """One mounted connection: the /dev/fuse fd and what was negotiated on it."""
+
+    fd: int
+    dispatcher: Dispatcher
+    config: InitConfig = field(default_factory=InitConfig)
+    negotiated: Negotiated = field(default_factory=Negotiated)
+    on_init: Callable[[Negotiated], None] | None = None
+    scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
+    requests: int = 0
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self._notify_send, self._notify_receive = trio.open_memory_channel[bytes](1024)
+        self._buffer = bytearray(abi.READ_BUFFER)
+        self._nursery: trio.Nursery | None = None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _write(self, unique: int, error: int, payload: Any = b"") -> None:
+        """One reply: header and payload in a single writev. A reply to a request the kernel
+        gave up on (interrupted, aborted) fails with ENOENT: that is expected, not an error."""
+        if isinstance(payload, list):
+            size = sum(len(p) for p in payload)
+            buffers = [abi.OUT_HEADER.pack(abi.OUT_HEADER.size + size, -error, unique), *payload]
+        else:
+            buffers = [abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(payload), -error, unique), payload]
+        try:
+            os.writev(self.fd, buffers)
+        except FileNotFoundError:
+            log.debug("reply to request %d dropped: it was interrupted", unique)
+            raise
+        except OSError as e:
+            if e.errno == errno.ENODEV:  # unmounted meanwhile
+                self.closed = True
+            else:  # a malformed reply: the request would wait forever, so say so loudly
+                log.error("reply to request %d refused by the kernel: %s (%d bytes)", unique, e.strerror,
+                          sum(len(b) for b in buffers))
+            raise
+
+    def reply(self, unique: int, payload: Any = b"") -> bool:
+        """Answer a request; False if the kernel no longer wanted the answer."""
+        try:
+            self._write(unique, 0, payload)
+            return True
+        except OSError:
+            return False
+
+    def error(self, unique: int, code: int) -> None:
+        try:
+            self._write(unique, code)
+        except OSError:
+            pass
+
+    def notify(self, code: abi.Notify, payload: bytes) -> None:
+        """Queue a notification; the notifier task writes it (outside every request)."""
+        if self.closed:
+            return
+        message = abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(payload), code, 0) + payload
+        try:
+            self._notify_send.send_nowait(message)
+        except trio.WouldBlock:
+            log.warning("notification queue full: a change is left to the attribute timeout")
+
+    async def _notifier(self) -> None:
+        async for message in self._notify_receive:
+            try:
+                os.write(self.fd, message)
+            except OSError as e:
+                # ENOENT: the inode or entry is no longer known to the kernel (nothing to drop).
+                if e.errno == errno.ENODEV:
+                    return
+                if e.errno != errno.ENOENT:
+                    log.warning("notification failed: %s", e.strerror)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _read(self) -> bytes | None:
+        """The next request, or None once the file system is unmounted."""
+        while True:
+            try:
+                n = os.readv(self.fd, [self._buffer])
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.fd)
+                continue
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno == errno.ENOENT:  # the request was interrupted before we read it
+                    continue
+                if e.errno == errno.ENODEV:  # unmounted
+                    return None
+                raise
+            return bytes(self._buffer[:n])
+
+    async def serve(self) -> None:
+        """Serve until the kernel ends the connection (unmount, abort) or the caller cancels."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._notifier)
+            try:
+                while True:
+                    data = await self._read()
+                    if data is None:
+                        break
+                    self.requests += 1
+                    try:
+                        self._handle(data)
+                    except Exception as e:  # noqa: BLE001 - one request never ends the session
+                        log.exception("request dispatch failed: %s", e)
+            finally:
+                self.closed = True
+                self._notify_send.close()
+                nursery.cancel_scope.cancel()
+
+    def _handle(self, data: bytes) -> None:
+        length, opcode, unique, nodeid, uid, gid, pid, _extlen, _pad = abi.IN_HEADER.unpack_from(data)
+        body = data[abi.IN_HEADER.size:length]
+        if opcode == abi.Op.INIT:
+            return self._init(unique, body)
+        if opcode == abi.Op.INTERRUPT:
+            (target,) = abi.INTERRUPT_IN.unpack_from(body)
+            scope = self.scopes.get(target)
+            if scope is not None:
+                scope.cancel()
+            return None  # INTERRUPT itself takes no reply
+        if opcode == abi.Op.DESTROY:
+            self.reply(unique)
+            return None
+        if opcode in abi.WRITE_OPS:
+            return self.error(unique, errno.EROFS)
+        request = Request(opcode, unique, nodeid, uid, gid, pid, body)
+        try:
+            answer = self.dispatcher.dispatch(request)
+        except abi.FsError as e:
+            return self.error(unique, e.errno)
+        except Exception as e:  # noqa: BLE001
+            return self.error(unique, self.dispatcher.failed(request, e))
+        if answer is None:
+            return None
+        if isinstance(answer, Coroutine):
+            scope = trio.CancelScope()
+            self.scopes[unique] = scope
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run, request, answer, scope)
+            return None
+        self.reply(unique, answer)
+        return None
+
+    async def _run(self, request: Request, coroutine: Coroutine[Any, Any, Any], scope: trio.CancelScope) -> None:
+        """A request that awaits I/O, in its own task; INTERRUPT cancels it (EINTR)."""
+        unique = request.unique
+        try:
+            with scope:
+                try:
+                    answer = await coroutine
+                except abi.FsError as e:
+                    self.error(unique, e.errno)
+                    return
+                except Exception as e:  # noqa: BLE001
+                    self.error(unique, self.dispatcher.failed(request, e))
+                    return
+                if answer is not None:
+                    self.reply(unique, answer)
+                return
+            # Only reached when the scope was cancelled (interrupted) before an answer.
+        finally:
+            self.scopes.pop(unique, None)
+        if scope.cancelled_caught:
+            self.on_interrupted(request)
+            self.error(unique, errno.EINTR)
+
+    def on_interrupted(self, request: Request) -> None:
+        counters = getattr(self.dispatcher, "counters", None)
+        if counters is not None:
+            counters["interrupted"] = counters.get("interrupted", 0) + 1
+
+    # -- INIT ----------------------------------------------------------------------------
+
+    def _init(self, unique: int, body: bytes) -> None:
+        major, minor, max_readahead, flags = abi.INIT_IN.unpack_from(body)
+        if major != abi.KERNEL_VERSION:
+            # A newer major: answer with ours and the kernel sends INIT again or gives up.
+            log.error("kernel speaks FUSE %d.%d; this engine speaks 7.x", major, minor)
+            self.reply(unique, abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+            return
+        if minor < abi.MIN_MINOR:
+            log.error("kernel FUSE protocol 7.%d is older than 7.%d: use --fuse-engine pyfuse3", minor, abi.MIN_MINOR)
+            self.error(unique, errno.EPROTO)
+            return
+        granted = flags & self.config.want
+        for flag, since in abi.FEATURE_MINOR.items():
+            if minor < since:
+                granted &= ~flag
+        n = self.negotiated
+        n.minor = min(minor, abi.KERNEL_MINOR)
+        n.flags = granted
+        n.max_readahead = max_readahead
+        n.max_pages = self.config.max_pages if granted & abi.MAX_PAGES else 32
+        n.max_background = self.config.max_background
+        out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, max_readahead, granted,
+                                self.config.max_background, self.config.congestion_threshold,
+                                abi.MAX_WRITE, 1, n.max_pages, 0, 0)
+        if minor < 23:
+            out = out[:abi.INIT_OUT_COMPAT_22]
+        self.reply(unique, out)
+        log.info("FUSE protocol 7.%d negotiated: %s", n.minor,
+                 ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag) or "no features")
+        if self.on_init is not None:
+            self.on_init(n)
+
+
+def failed_errno(logger: logging.Logger, error: BaseException, where: str) -> int:
+    """The errno of an unexpected exception, reported once per cause through the edge module."""
+    return edge.answer(logger, error, where).errno
+

@@ -1,0 +1,147 @@
+"""The kernel protocol session without a kernel: requests written to one end of a SOCK_SEQPACKET
+pair (message boundaries kept, like /dev/fuse), replies read from it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+
+import pytest
+import trio
+
+from unshardfs.fuse import abi
+from unshardfs.fuse.server import InitConfig, Request, Session
+
+ALL_FLAGS = 0xFFFFFFFF
+
+
+class FakeFs:
+    """Answers GETATTR inline, LOOKUP after a while (a task), READ with a bug."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, int] = {}
+        self.forgotten: list[int] = []
+
+    def dispatch(self, request: Request):
+        if request.opcode == abi.Op.GETATTR:
+            return b"attr"
+        if request.opcode == abi.Op.LOOKUP:
+            return self.slow()
+        if request.opcode == abi.Op.READ:
+            raise ValueError("a bug in a handler")
+        if request.opcode == abi.Op.FORGET:
+            self.forgotten.append(request.nodeid)
+            return None
+        raise abi.FsError(errno.ENOSYS)
+
+    async def slow(self) -> bytes:
+        await trio.sleep(30)
+        return b"late"
+
+    def failed(self, request: Request, error: BaseException) -> int:
+        return errno.EIO
+
+
+def request(opcode: int, unique: int, body: bytes = b"", nodeid: int = 1) -> bytes:
+    return abi.IN_HEADER.pack(abi.IN_HEADER.size + len(body), opcode, unique, nodeid, 0, 0, 0, 0, 0) + body
+
+
+def init_body(minor: int, flags: int = ALL_FLAGS) -> bytes:
+    return abi.INIT_IN.pack(7, minor, 128 << 10, flags) + bytes(48)
+
+
+async def exchange(messages: list[bytes], replies: int, fs: FakeFs | None = None) -> tuple[list, Session]:
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    kernel.setblocking(False)
+    session = Session(ours.fileno(), fs or FakeFs())
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.serve)
+        for message in messages:
+            await trio.lowlevel.wait_writable(kernel)
+            kernel.send(message)
+        with trio.fail_after(10):
+            while len(got) < replies:
+                await trio.lowlevel.wait_readable(kernel)
+                data = kernel.recv(1 << 16)
+                length, error, unique = abi.OUT_HEADER.unpack_from(data)
+                assert length == len(data)
+                got.append((unique, -error, data[abi.OUT_HEADER.size:]))
+        nursery.cancel_scope.cancel()
+    ours.close()
+    kernel.close()
+    return got, session
+
+
+@pytest.mark.parametrize("minor, granted", [
+    (38, ["async_read", "auto_inval_data", "readdirplus", "readdirplus_auto", "no_open", "parallel_dirops",
+          "max_pages"]),
+    (26, ["async_read", "auto_inval_data", "readdirplus", "readdirplus_auto", "no_open", "parallel_dirops"]),
+    (22, ["async_read", "auto_inval_data", "readdirplus", "readdirplus_auto"]),
+])
+def test_init_grants_what_the_protocol_version_has(minor, granted):
+    (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, init_body(minor))], 1)
+    unique, error, body = reply
+    assert (unique, error) == (1, 0)
+    assert len(body) == (abi.INIT_OUT.size if minor >= 23 else abi.INIT_OUT_COMPAT_22)
+    features = session.negotiated.describe()
+    assert sorted(name for name in abi.FEATURE_NAMES.values() if features[name]) == sorted(granted)
+    if minor >= 23:
+        fields = abi.INIT_OUT.unpack(body)
+        assert fields[4] == InitConfig().max_background and fields[8] == (256 if minor >= 28 else 32)
+
+
+def test_init_grants_only_what_the_kernel_offers():
+    offered = abi.ASYNC_READ | abi.PARALLEL_DIROPS
+    (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, init_body(38, offered))], 1)
+    assert abi.INIT_OUT.unpack(reply[2])[3] == offered
+
+
+def test_too_old_a_protocol_is_refused():
+    (reply,), _ = trio.run(exchange, [request(abi.Op.INIT, 1, init_body(abi.MIN_MINOR - 1))], 1)
+    assert reply[1] == errno.EPROTO
+
+
+def test_write_ops_erofs_unknown_enosys_bugs_eio_and_the_loop_goes_on():
+    writes = sorted(abi.WRITE_OPS)
+    messages = [request(op, 100 + i) for i, op in enumerate(writes)]
+    messages += [request(9999, 1), request(abi.Op.READ, 2, bytes(40)), request(abi.Op.STATX, 3),
+                 request(abi.Op.FORGET, 4, struct.pack("<Q", 1), nodeid=77), request(abi.Op.GETATTR, 5)]
+    fs = FakeFs()
+    got, _ = trio.run(exchange, messages, len(writes) + 4, fs)
+    answers = {unique: (error, body) for unique, error, body in got}
+    assert all(answers[100 + i] == (errno.EROFS, b"") for i in range(len(writes)))
+    assert answers[1][0] == errno.ENOSYS and answers[3][0] == errno.ENOSYS
+    assert answers[2][0] == errno.EIO  # the handler's bug: EIO, and the session serves on
+    assert answers[5] == (0, b"attr")
+    assert 4 not in answers and fs.forgotten == [77]  # FORGET takes no reply
+
+
+def test_interrupt_cancels_a_waiting_handler_with_eintr():
+    messages = [request(abi.Op.LOOKUP, 10, b"name\0"), request(abi.Op.INTERRUPT, 11, struct.pack("<Q", 10)),
+                request(abi.Op.GETATTR, 12)]
+    fs = FakeFs()
+    got, session = trio.run(exchange, messages, 2, fs)
+    assert sorted((unique, error) for unique, error, _ in got) == [(10, errno.EINTR), (12, 0)]
+    assert fs.counters["interrupted"] == 1 and not session.scopes
+
+
+def test_unmount_ends_the_session(monkeypatch):
+    """ENODEV from the device (unmounted) ends serve() normally."""
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = Session(ours.fileno(), FakeFs())
+    real = os.readv
+
+    def readv(fd, buffers):
+        if fd == ours.fileno():
+            raise OSError(errno.ENODEV, "unmounted")
+        return real(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", readv)
+    trio.run(session.serve)
+    assert session.closed
+    ours.close()
+    kernel.close()
