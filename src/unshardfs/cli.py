@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import hashlib
 import json
 import logging
@@ -223,9 +225,24 @@ def _positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def _big_allocations_to_os() -> None:
+    """Buffers of 4 MiB and more are mmap'ed and unmapped when freed.
+
+    glibc otherwise raises its mmap threshold to the largest block freed (up
+    to 32 MiB), and then keeps later blocks of that size in the heap of the
+    thread that freed them: after a few big metadata documents parsed on
+    worker threads the daemon kept a document's worth of memory per thread.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its own policy
+        ctypes.CDLL(None).mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
+
+
 def _logging(debug: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logonce import OneLineFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler])
     # One line per HTTP request is noise outside --debug; failures are logged by the sources.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
@@ -264,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         # mount.fuse3 as `unshardfs SOURCE MNT -o OPTS`: that means mount.
         argv.insert(0, "mount")
     args = _parser().parse_args(argv)
+    _big_allocations_to_os()
     try:
         if args.command == "mount":
             return _mount(args, argv)

@@ -72,10 +72,12 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
     async def mounted(signals: AsyncIterator[int]) -> None:
         session: Session | None = None
         engine: Engine | None = None
+        mounting = False  # only the engine's failures to mount are the mountpoint's (not a RuntimeError of the source's)
         try:
             check_mountpoint(request.mountpoint)
             session = await open_session()
             ops = TreeOps(session.tree, request.options, session.stats, engine=request.engine)
+            mounting = True
             engine = open_engine(request.engine, ops, request.mountpoint, request.fsname,
                                  [*request.fuse_options, *(["debug"] if request.debug else [])])
             engine.mount()
@@ -88,7 +90,7 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
             if isinstance(e, (SourceError, DataError)):  # e.g. a remote store unreachable at mount time
                 ready(f"cannot read {request.fsname.removeprefix('unshardfs:')}: {e}")
                 raise ConfigError(str(e)) from e
-            if isinstance(e, (RuntimeError, OSError)):
+            if mounting and isinstance(e, (RuntimeError, OSError)):  # the engine failing to mount
                 ready(f"cannot mount on {request.mountpoint}: {e}")
                 raise ConfigError(str(e)) from e
             raise

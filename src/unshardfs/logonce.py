@@ -14,17 +14,30 @@ from typing import Iterator
 
 from cachetools import LRUCache
 
+from .errors import QUOTE_LIMIT, one_line
+
 _seen: LRUCache = LRUCache(maxsize=4096)
 _collectors: list[list[str]] = []
 
 
 def log_once(logger: logging.Logger, key: str, message: str, *args: object) -> None:
+    # Keys often hold untrusted text (an error, a name): 4,096 of them must stay small.
+    key = one_line(key, QUOTE_LIMIT)
     if key in _seen:
         return
     _seen[key] = True
     logger.error(message, *args)
     for collector in _collectors:
-        collector.append(message % args if args else message)
+        collector.append(one_line(message % args if args else message))
+
+
+class OneLineFormatter(logging.Formatter):
+    """Every log message one line of bounded length (`one_line`), whatever untrusted text its
+    arguments carry; a traceback, which is ours, follows unchanged."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
 
 
 @contextlib.contextmanager

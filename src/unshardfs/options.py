@@ -55,6 +55,11 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     bounds.add_argument("--max-payload-size", type=int, default=limits.payload_bytes // MiB, metavar="MiB",
                         help="largest decoded file whose size the format does not fix: meshes, skeletons, "
                              "non-raw chunks beyond their geometry's bound (default %(default)s)")
+    bounds.add_argument("--max-metadata-size", type=int, default=limits.metadata_bytes // MiB, metavar="MiB",
+                        help="largest metadata file (info, zarr.json, DVID spec) parsed (default %(default)s)")
+    bounds.add_argument("--max-metadata-values", type=int, default=limits.metadata_values, metavar="N",
+                        help="most JSON values (object members and list elements) one metadata file may hold; "
+                             "consolidated Zarr metadata of very many arrays may need more (default %(default)s)")
 
 
 def add_cache_options(parser: argparse.ArgumentParser) -> None:
@@ -86,5 +91,7 @@ def format_options(args: argparse.Namespace) -> dict:
                            args.cache_dir_size * MiB)
     policy = FetchPolicy(max_gap=max(0, args.coalesce_gap) * 1024, concurrency=max(1, args.concurrency),
                          prefetch_bytes=max(0, args.prefetch_cache) * MiB, read_ahead=args.read_ahead)
-    limits = Limits(index_bytes=max(1, args.max_index_size) * MiB, payload_bytes=max(1, args.max_payload_size) * MiB)
+    limits = Limits(index_bytes=max(1, args.max_index_size) * MiB, payload_bytes=max(1, args.max_payload_size) * MiB,
+                    metadata_bytes=max(1, args.max_metadata_size) * MiB,
+                    metadata_values=max(1, args.max_metadata_values))
     return {"remote": remote, "policy": policy, "limits": limits, "formats": given_options(args)}

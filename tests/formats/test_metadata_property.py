@@ -9,6 +9,11 @@ codec configurations and consolidated metadata) in both views, a DVID
 volume spec and its JSON and CSV chunk indexes. The outcome is a parsed
 tree, a ConfigError or a DataError, never another exception; and no parse
 allocates more than 64 MB (tracemalloc), whatever sizes the document declares.
+
+Documents grown in depth and size (one member, anywhere, replaced by nesting
+up to 100,000 deep, a string or number literal of megabytes, or a list of
+millions of items) go through the same entry points: the same outcomes, the
+same memory bound, and an error message stays one short line.
 """
 
 from __future__ import annotations
@@ -81,8 +86,44 @@ def documents(valid: object) -> st.SearchStrategy:
     return json_values | mutated(valid) | st.just(valid)
 
 
-def encoded(doc: object) -> bytes:
-    return json.dumps(doc).encode()  # NaN and Infinity too: Python's json reads them back
+# Stands in a document for a grown member, whose JSON text `encoded` puts in its place (json.dumps
+# itself cannot write nesting 100,000 deep, and building the value first would cost what is tested).
+GROWN = "\x00grown\x00"
+
+
+@st.composite
+def grown(draw: st.DrawFn, doc: object) -> tuple[object, bytes]:
+    """`doc` with one member or item, anywhere in it, replaced by something deep or large; the
+    document (with GROWN in that place) and the JSON text that replaces GROWN."""
+    kind = draw(st.sampled_from(["deep", "deep objects", "string", "number", "many"]))
+    if kind == "deep":
+        depth = draw(st.sampled_from([99, 100, 101, 300, 600, 5000, 100_000]))
+        text = b"[" * depth + b"]" * depth
+    elif kind == "deep objects":
+        depth = draw(st.sampled_from([50, 101, 400, 2000]))
+        text = b'{"a":' * depth + b"0" + b"}" * depth
+    elif kind == "string":
+        text = json.dumps("s" * draw(st.sampled_from([200, 1 << 20, (1 << 20) + 1, 4 << 20]))).encode()
+    elif kind == "number":
+        text = b"9" * draw(st.sampled_from([19, 100, 101, 5000, 100_000]))
+    else:
+        text = b"[" + b",".join([b"0"] * draw(st.sampled_from([1000, 900_000, 1_100_000, 3_000_000]))) + b"]"
+    doc = copy.deepcopy(doc)
+    parent, key, node = None, None, doc
+    while isinstance(node, (dict, list)) and node and draw(st.integers(0, 3)):
+        parent, key = node, draw(st.sampled_from(list(node) if isinstance(node, dict) else range(len(node))))
+        node = parent[key]
+    if parent is None:
+        return GROWN, text
+    if isinstance(parent, dict) and draw(st.booleans()):
+        key = "unused"  # a member no parser reads
+    parent[key] = GROWN
+    return doc, text
+
+
+def encoded(doc: object, text: bytes = b"") -> bytes:
+    """JSON of `doc` (NaN and Infinity too: Python's json reads them back); GROWN replaced by `text`."""
+    return json.dumps(doc).encode().replace(json.dumps(GROWN).encode(), text)
 
 
 # -- running a parser ---------------------------------------------------------------------
@@ -109,10 +150,9 @@ def outcome(files: dict[str, bytes], parse: Callable[[Runtime], Awaitable[object
         try:
             trio.run(parse, runtime)
             result = "parsed"
-        except ConfigError:
-            result = "config"
-        except DataError:
-            result = "data"
+        except (ConfigError, DataError) as e:
+            result = "config" if isinstance(e, ConfigError) else "data"
+            assert len(str(e)) < 1000 and "\n" not in str(e), str(e)[:2000]
         peak = tracemalloc.get_traced_memory()[1] - before
         assert peak < MAX_PEAK, f"parsing allocated {peak:,} bytes"
         return result
@@ -277,3 +317,31 @@ def test_unparseable_bytes(traced, raw):
     for files, parse in (({"info": raw}, precomputed), ({"zarr.json": raw}, zarr_parser("zarr2")),
                          ({"info": raw, "s0/0_0_0.arrow": b""}, dvid)):
         assert outcome(files, parse) == "config"
+
+
+GROWN_SETTINGS = settings(SETTINGS, max_examples=40)
+
+
+@GROWN_SETTINGS
+@given(info=grown(INFO), mesh=grown(MESH))
+def test_precomputed_info_grown(traced, info, mesh):
+    outcome({"info": encoded(*info), "mesh/info": encoded(*mesh), "skeletons/info": encoded(SKELETONS)},
+            precomputed)
+
+
+@GROWN_SETTINGS
+@given(root=grown(GROUP) | grown(ARRAY), child=grown(ARRAY), view=st.sampled_from(["zarr3", "zarr2"]))
+def test_zarr_json_grown(traced, root, child, view):
+    outcome({"zarr.json": encoded(*root), "a/zarr.json": encoded(*child)}, zarr_parser(view))
+
+
+@GROWN_SETTINGS
+@given(spec=grown(SPEC), mapping=grown(JSON_INDEX))
+def test_dvid_grown(traced, spec, mapping):
+    outcome({"info": encoded(*spec), "s0/0_0_0.arrow": b""}, dvid)
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    with pytest.raises(DataError) as caught:  # a grown value is never a record number
+        parse_json_index(encoded(*mapping), "index")
+    assert len(str(caught.value)) < 1000
+    assert tracemalloc.get_traced_memory()[1] - before < MAX_PEAK

@@ -5,20 +5,18 @@ ever served or listed, nothing blocks, the daemon keeps answering and SIGTERM st
 from __future__ import annotations
 
 import errno
-import http.client
 import os
 import shutil
 import signal
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import trio
 
 from unshardfs.testing.mounts import daemon_pids
-from tests.support.served import served
+from tests.support.served import get_body, served
 from tests.support.swapping import OUTSIDE_MARK, Swapper, outside_twin
 from unshardfs.errors import SourceError
 from unshardfs.sources.local import LocalSource
@@ -185,17 +183,6 @@ def test_mount_under_a_swap_loop(site, mount):
     assert "Traceback" not in m.log_text()
 
 
-def _get(url: str, path: str) -> tuple[int, bytes]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
 def test_serve_under_a_swap_loop(site, tmp_path):
     source, reference, outside = site
     names = sorted(os.listdir(reference / PLAIN))
@@ -205,16 +192,16 @@ def test_serve_under_a_swap_loop(site, tmp_path):
     with Swapper(targets(source), outside) as swapper, served(str(source), log=log) as url:
         deadline = time.monotonic() + SWAP_SECONDS
         while time.monotonic() < deadline:
-            status, body = _get(url, f"/{PLAIN}/")
+            status, body = get_body(url, f"/{PLAIN}/")
             if b"secret-outside" in body:
                 problems.append("listed a name from outside")
             for rel in [f"{PLAIN}/{n}" for n in names[:4]] + [NOTES]:
-                status, body = _get(url, f"/{rel}")
+                status, body = get_body(url, f"/{rel}")
                 if status == 200 and body != (reference / rel).read_bytes():
                     problems.append(f"{rel}: 200 with other bytes")
                 elif status not in (200, 404, 502):
                     problems.append(f"{rel}: {status}")
-            status, body = _get(url, "/info")
+            status, body = get_body(url, "/info")
             control += status == 200
         # leaving `served` sends SIGTERM and requires a clean exit while the swapping goes on
     assert problems == []

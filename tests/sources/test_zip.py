@@ -189,7 +189,8 @@ def test_remote_first_read_of_a_large_member_is_one_round_trip(tmp_path: Path) -
         for key in ("big", "odd"):
             server.reset_log()
             assert await source.read(key, 70_000, 5000) == big[70_000:75_000]
-            assert (len(server.requests()), server.round_trips()) == ((2, 1) if key == "big" else (3, 2)), key
+            assert (len(server.requests()), server.round_trips()) == ((2, 1) if key == "big" else (3, 2)), \
+                (key, server.requests())
             server.reset_log()
             assert await source.read(key, 1000, 10) == big[1000:1010]
             assert len(server.requests()) == 1

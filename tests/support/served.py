@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import re
 import resource
 import signal
@@ -11,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 from unshardfs.testing.mounts import UNSHARDFS
 
@@ -56,3 +58,15 @@ def serving(source: str, *options: str, timeout: float = 60, log: Path | None = 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def get_body(url: str, path: str, timeout: float = 30) -> tuple[int, bytes]:
+    """GET `path` from the server at `url`: its status and whole body."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()

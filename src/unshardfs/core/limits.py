@@ -11,6 +11,19 @@ from dataclasses import dataclass
 
 from ..errors import DataError
 
+# Fixed bounds on the shape of a metadata document (no real metadata comes
+# near them; each exists because something deeper or longer costs out of
+# proportion): nesting depth (every walk over the tree, including Python's own
+# json encoder, recurses per level), one string, one number literal (Python
+# parses integer digits in quadratic time and refuses beyond 4,300).
+METADATA_DEPTH = 100
+METADATA_STRING = 1 << 20
+METADATA_NUMBER = 100
+# Levels of a pyramid (`scales`) and of annotation indexes (`spatial`,
+# `relationships`): real datasets have a few dozen; each level shown costs a
+# directory's state, so a list of 50,000 is refused rather than built.
+METADATA_LEVELS = 1024
+
 MiB = 1 << 20
 
 
@@ -23,6 +36,12 @@ class Limits:
     # skeletons, annotation records, non-raw volume encodings beyond the
     # geometry's bound).
     payload_bytes: int = 256 * MiB
+    # One metadata document (`info`, `zarr.json`, a DVID spec or JSON index): its
+    # bytes, and the values its parse would build (every member of an object and
+    # element of a list counts; a parsed value costs ~50-100 bytes of Python
+    # objects, so 1,000,000 values stay below ~100 MB).
+    metadata_bytes: int = 64 * MiB
+    metadata_values: int = 1_000_000
 
     def check_index(self, size: int, where: str, cache: int | None = None) -> None:
         """DataError for an index beyond the limit, or beyond `cache` (the budget of the

@@ -42,7 +42,7 @@ import zlib
 from array import array
 from collections import Counter
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import numpy as np
 import trio
@@ -59,12 +59,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 U = TypeVar("U")
 
-# zipfile's record layouts (the struct formats fit; the reading around them does not, see above).
-EOCD = struct.Struct(zipfile.structEndArchive)
-EOCD64 = struct.Struct(zipfile.structEndArchive64)
-LOCATOR64 = struct.Struct(zipfile.structEndArchive64Locator)
-CENTRAL = struct.Struct(zipfile.structCentralDir)
-LOCAL = struct.Struct(zipfile.structFileHeader)
+# zipfile's record layouts and signatures (the struct formats fit; the reading around them does
+# not, see above). They are module-level names of zipfile that typeshed's stubs do not declare.
+_zipfile: Any = zipfile
+EOCD = struct.Struct(_zipfile.structEndArchive)
+EOCD64 = struct.Struct(_zipfile.structEndArchive64)
+LOCATOR64 = struct.Struct(_zipfile.structEndArchive64Locator)
+CENTRAL = struct.Struct(_zipfile.structCentralDir)
+LOCAL = struct.Struct(_zipfile.structFileHeader)
+SIG_EOCD: bytes = _zipfile.stringEndArchive
+SIG_EOCD64: bytes = _zipfile.stringEndArchive64
+SIG_LOCATOR64: bytes = _zipfile.stringEndArchive64Locator
+SIG_CENTRAL: bytes = _zipfile.stringCentralDir
+SIG_LOCAL: bytes = _zipfile.stringFileHeader
 EXTRA = struct.Struct("<HH")
 ZIP64_EXTRA = 0x0001
 # The end record is within the last 22 + 65,535 bytes; with the ZIP64 locator and
@@ -202,7 +209,7 @@ class CentralDirectory:
         pos = 0
         while len(buf) - pos >= CENTRAL.size:
             fields = CENTRAL.unpack_from(buf, pos)
-            if fields[0] != zipfile.stringCentralDir:
+            if fields[0] != SIG_CENTRAL:
                 raise ConfigError(f"{self.where}: central directory entry {self.seen} is damaged (bad signature)")
             n, m, k = fields[12], fields[13], fields[14]
             end = pos + CENTRAL.size + n + m + k
@@ -343,7 +350,7 @@ def _decode(method: int, data: bytes, size: int, where: str) -> bytes:
     if method == ZSTD:
         out = unzstd(data, size, where)
     else:
-        decoder = zlib.decompressobj(-15) if method == zipfile.ZIP_DEFLATED else bz2.BZ2Decompressor()
+        decoder: Any = zlib.decompressobj(-15) if method == zipfile.ZIP_DEFLATED else bz2.BZ2Decompressor()
         parts: list[bytes] = []
         produced = 0
         pending: bytes = data
@@ -404,7 +411,9 @@ class ZipSource:
 
     async def open(self) -> "ZipSource":
         """Read the archive's directory; ConfigError (one line) when it is not a usable archive."""
-        await self._load(await self._archive_stat(required=True))
+        st = await self._archive_stat(required=True)
+        assert st is not None  # required: a missing archive raised
+        await self._load(st)
         return self
 
     async def _archive_stat(self, required: bool = False) -> ObjectStat | None:
@@ -439,7 +448,7 @@ class ZipSource:
         record_at = tail_at + end  # where the central directory must end
         zip64 = False
         loc = end - LOCATOR64.size
-        if loc >= 0 and tail[loc:loc + 4] == zipfile.stringEndArchive64Locator:
+        if loc >= 0 and tail[loc:loc + 4] == SIG_LOCATOR64:
             _, _, eocd64_at, _ = LOCATOR64.unpack_from(tail, loc)
             if eocd64_at + EOCD64.size > tail_at + loc:
                 raise ConfigError(f"{where}: ZIP64 end record lies after its locator")
@@ -447,7 +456,7 @@ class ZipSource:
                 raw = tail[eocd64_at - tail_at:eocd64_at - tail_at + EOCD64.size]
             else:
                 raw = await self._read(eocd64_at, EOCD64.size, st.version, index=True)
-            if len(raw) != EOCD64.size or raw[:4] != zipfile.stringEndArchive64:
+            if len(raw) != EOCD64.size or raw[:4] != SIG_EOCD64:
                 raise ConfigError(f"{where}: ZIP64 end of central directory record is damaged")
             f64 = EOCD64.unpack(raw)
             disk, cd_disk, entries, cd_size, cd_offset = f64[4], f64[5], f64[7], f64[8], f64[9]
@@ -532,7 +541,7 @@ class ZipSource:
         st = await self.stat(key)
         return st if st is not None and st.is_dir else None
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:  # type: ignore[override]
+    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         current = await self._current(fresh=True)
         if current is None:
             return
@@ -590,7 +599,7 @@ class ZipSource:
         raw = await self._read(header, LOCAL.size + len(full) + along, st.version)
         self.counters["local_headers"] += 1
         where = f"{self.description}!{key}"
-        if len(raw) < LOCAL.size or raw[:4] != zipfile.stringFileHeader:
+        if len(raw) < LOCAL.size or raw[:4] != SIG_LOCAL:
             raise DataError(where, f"no local header at offset {header:,}")
         fields = LOCAL.unpack_from(raw)
         flags, method, crc, csize, usize, n, m = (fields[3], fields[4], fields[7], fields[8], fields[9],
@@ -734,7 +743,7 @@ def _find_end(tail: bytes) -> int | None:
     comment length reaches exactly the end (a comment may itself contain the signature)."""
     pos = len(tail)
     while True:
-        pos = tail.rfind(zipfile.stringEndArchive, 0, pos)
+        pos = tail.rfind(SIG_EOCD, 0, pos)
         if pos < 0 or len(tail) - pos < EOCD.size:
             if pos < 0:
                 return None

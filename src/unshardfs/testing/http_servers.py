@@ -117,24 +117,24 @@ class DatasetServer:
     def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str],
                head: bool, rng: str | None, drop: bool = False, length: int | None = None) -> None:
         answered = time.monotonic()
+        dropping = drop and not head and len(body) > 1
+        sent = 0 if head else len(body) // 2 if dropping else len(body)
+        # Logged before the answer is written: a client that has its bytes may ask the log at
+        # once, and must find this request there (logging after the write raced it).
+        with self._lock:
+            self.log.append(Logged("HEAD" if head else "GET", h.path, rng, status, sent,
+                                   getattr(h, "arrived", answered), answered))
         h.send_response(status)
         for k, v in headers.items():
             h.send_header(k, v)
         h.send_header("Content-Length", str(len(body) if length is None else length))
         h.end_headers()
-        sent = 0
-        if not head:
-            if drop and len(body) > 1:
-                h.wfile.write(body[: len(body) // 2])
-                h.wfile.flush()
-                h.close_connection = True
-                sent = len(body) // 2
-            else:
-                h.wfile.write(body)
-                sent = len(body)
-        with self._lock:
-            self.log.append(Logged("HEAD" if head else "GET", h.path, rng, status, sent,
-                                   getattr(h, "arrived", answered), answered))
+        if dropping:
+            h.wfile.write(body[: len(body) // 2])
+            h.wfile.flush()
+            h.close_connection = True
+        elif not head:
+            h.wfile.write(body)
 
     def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         setattr(h, "arrived", time.monotonic())  # read back in `answer` (the request's arrival)

@@ -9,14 +9,14 @@ geometry alone, so listings and `stat` read no block data.
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import AsyncIterator
 
 from ...core.chunks import ChunkContext
 from ...core.dirs import ChunksDir
-from ...core.fields import VOXEL_LIMIT, Fields, as_ints, grid_shape, load_json
+from ...core.fields import VOXEL_LIMIT, Fields, ShallowEdit, as_ints, grid_shape, load_json
 from ...core.inventory import ChunkInventory, InventoryPart
+from ...core.limits import METADATA_LEVELS
 from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...overlay import OverlayDir
@@ -54,11 +54,12 @@ class DvidExport:
         if self.info_path is not None:
             try:
                 with open(self.info_path, "rb") as f:
-                    raw = f.read(64 << 20)
-                return load_json(raw, f"--info {self.info_path}"), os.stat(self.info_path).st_mtime_ns
+                    raw = f.read(self.runtime.limits.metadata_bytes + 1)  # one byte more: too large is an error
+                return (load_json(raw, f"--info {self.info_path}", self.runtime.limits),
+                        os.stat(self.info_path).st_mtime_ns)
             except OSError as e:
                 raise ConfigError(f"cannot read --info {self.info_path}: {e.strerror}") from e
-        loaded = await read_json(self.source, "info")
+        loaded = await read_json(self.source, "info", self.runtime.limits)
         if loaded is None:
             raise ConfigError(f"{self.source.description} has no info file; give the volume spec the export was "
                               "made against with --info SPEC.json")
@@ -70,11 +71,11 @@ class DvidExport:
                               "source that can list (a local directory, gs:// or s3://)")
         raw, mtime_ns = await self._info()
         info = Fields(raw, "the DVID volume spec")
-        scales = list(info.objects("scales"))
+        scales = list(info.objects("scales", max_length=METADATA_LEVELS))
         if not scales:
             raise ConfigError("the DVID volume spec must be a precomputed info object with a non-empty scales list")
-        shown = copy.deepcopy(info.raw)
-        shown.update({"data_type": "uint64", "type": info.get("type", "segmentation")})
+        shown = ShallowEdit(info.raw)
+        shown.root.update({"data_type": "uint64", "type": info.get("type", "segmentation")})
         root_st = await self.source.stat("")
         assert root_st is not None
         fixed: dict[str, Node] = {}
@@ -103,11 +104,11 @@ class DvidExport:
                                              1 << spec.shard_bits, {"encoding": ctx.codec.label, "size": list(size),
                                                                     "chunk_size": list(chunk),
                                                                     "grid_cells": cells[0] * cells[1] * cells[2]}))
-            view = shown["scales"][i]
+            view = shown.at("scales", i)
             view.pop("sharding", None)
             view.pop("compressed_segmentation_block_size", None)
             view["encoding"] = "raw"
-        fixed["info"] = BytesFile(encode_json(shown), mtime_ns)
+        fixed["info"] = BytesFile(encode_json(shown.root), mtime_ns)
         return ExportRoot(self.source, root_st, fixed, frozenset(hidden))
 
     async def inventory(self) -> AsyncIterator[InventoryPart]:

@@ -29,7 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from ...core.blob import Blob
-from ...core.fields import MetadataError, load_json
+from ...core.fields import DEFAULT_LIMITS, MetadataError, load_json, off_loop
+from ...core.limits import Limits
 from ...core.table import MAX_BAD_REASONS, ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
@@ -110,9 +111,9 @@ def parse_csv_index(text: str, where: str) -> dict[Cell, RecordRef]:
     return out
 
 
-def parse_json_index(raw: bytes, where: str) -> dict[Cell, int]:
+def parse_json_index(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> dict[Cell, int]:
     try:
-        mapping = load_json(raw, where)
+        mapping = load_json(raw, where, limits)
     except MetadataError as e:
         raise DataError(where, f"chunk index {e.reason}") from None
     if not isinstance(mapping, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31
@@ -152,7 +153,8 @@ class ArrowShardReader:
             if length > blob.size - 16:
                 raise DataError(where, f"JSON chunk index length {length} exceeds the file")
             arrow_end = blob.size - 16 - length
-            by_number = parse_json_index(await self._read(blob, arrow_end, length), where)
+            raw = await self._read(blob, arrow_end, length)
+            by_number = await off_loop(len(raw), parse_json_index, raw, where)
         else:
             by_range, by_number = await self._sidecar(stem, where)
         stream_start = 8 if (await self._read(blob, 0, 8))[:6] == FILE_MAGIC else 0
@@ -198,10 +200,10 @@ class ArrowShardReader:
             raw = await self._read(Blob.of(stem + ext, st), 0, st.size)
             if ext == ".csv":
                 try:
-                    return parse_csv_index(raw.decode(), stem + ext), None
+                    return await off_loop(len(raw), parse_csv_index, raw.decode(), stem + ext), None
                 except UnicodeDecodeError as e:
                     raise DataError(stem + ext, "CSV chunk index is not text") from e
-            return None, parse_json_index(raw, stem + ext)
+            return None, await off_loop(len(raw), parse_json_index, raw, stem + ext)
         raise DataError(where, "no chunk index: neither a CHUNKIDX footer nor a .csv/.json sidecar")
 
     async def _schema(self, blob: Blob, start: int, end: int, where: str) -> pa.Schema:

@@ -7,7 +7,6 @@ the mount goes live and never surfaces later as a puzzling I/O error.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import functools
@@ -16,11 +15,12 @@ from typing import Any, AsyncIterator, Callable
 from ...core.chunks import ChunkContext
 from ...core.codecs import codec
 from ...core.dirs import ShardedDir
-from ...core.fields import INT_LIMIT, VOXEL_LIMIT, Fields, MetadataError, as_ints, grid_shape
+from ...core.fields import INT_LIMIT, VOXEL_LIMIT, Fields, MetadataError, ShallowEdit, as_ints, grid_shape
 from ...core.geometry import Geometry
 from ...core.inventory import ChunkInventory, InventoryPart
+from ...core.limits import METADATA_LEVELS
 from ...core.runtime import Runtime
-from ...errors import ConfigError
+from ...errors import ConfigError, quote
 from ...passthrough import PassthroughDir
 from ...sources.base import ObjectStat, join_key, normalize_key
 from ...vtree import BytesFile, DirNode, Node, Verdict
@@ -61,16 +61,16 @@ class PrecomputedDataset:
         self.parts: list[InventoryPart] = []
 
     async def build(self) -> DirNode:
-        loaded = await read_json(self.source, "info")
+        loaded = await read_json(self.source, "info", self.runtime.limits)
         if loaded is None:
             raise ConfigError(f"{self.source.description} has no info file: not a precomputed dataset")
         raw, info_st = loaded
         info = Fields(raw, "info")
-        shown = copy.deepcopy(info.raw)
-        for i, scale in enumerate(info.objects("scales", default=[])):
+        shown = ShallowEdit(info.raw)
+        for i, scale in enumerate(info.objects("scales", default=[], max_length=METADATA_LEVELS)):
             if scale.has("sharding"):
                 self._add_scale(info, scale)
-                del shown["scales"][i]["sharding"]
+                del shown.at("scales", i)["sharding"]
             elif isinstance(scale.get("key"), str):
                 self._know_quietly(scale.get("key"))
         for member in ("mesh", "skeletons"):
@@ -80,7 +80,7 @@ class PrecomputedDataset:
             self._add_annotations(info, shown)
         if isinstance(info.get("segment_properties"), str):
             self._know_quietly(info.get("segment_properties"))
-        self.root_info = BytesFile(encode_json(shown), info_st.mtime_ns)
+        self.root_info = BytesFile(encode_json(shown.root), info_st.mtime_ns)
         root_st = await self.source.stat("")
         assert root_st is not None
         self.dir_stat = ObjectStat(0, info_st.mtime_ns, True)
@@ -161,7 +161,7 @@ class PrecomputedDataset:
     async def _add_object_dir(self, value: str, where: str) -> None:
         dir_key = self._dir_key(value, where)
         self._know(dir_key)
-        loaded = await read_json(self.source, join_key(dir_key, "info"))
+        loaded = await read_json(self.source, join_key(dir_key, "info"), self.runtime.limits)
         if loaded is None:
             return  # nothing to rewrite; the directory (if any) passes through
         raw, st = loaded
@@ -189,18 +189,18 @@ class PrecomputedDataset:
             return
         self.parts.append(ChunkInventory(str(kind), dir_key, ctx, layout(spec), 1 << spec.shard_bits))
 
-    def _add_annotations(self, info: Fields, shown: dict[str, Any]) -> None:
+    def _add_annotations(self, info: Fields, shown: ShallowEdit) -> None:
         """Each sharded index of an annotation set (by_id, relationships, spatial levels) as a
         directory of unsharded files; `sharding` is removed from what the `info` shows."""
         rank = rank_of(info)
-        indexes: list[tuple[Fields, dict[str, Any], str]] = []
+        indexes: list[tuple[Fields, tuple[str | int, ...], str]] = []
         if info.has("by_id"):
-            indexes.append((info.obj("by_id"), shown["by_id"], "annotations by_id"))
-        for i, rel in enumerate(info.objects("relationships", default=[])):
-            indexes.append((rel, shown["relationships"][i], f"annotation relationship {rel.get('id')!r}"))
-        for i, level in enumerate(info.objects("spatial", default=[])):
-            indexes.append((level, shown["spatial"][i], f"annotation spatial level {i}"))
-        for index, shown_index, kind in indexes:
+            indexes.append((info.obj("by_id"), ("by_id",), "annotations by_id"))
+        for i, rel in enumerate(info.objects("relationships", default=[], max_length=METADATA_LEVELS)):
+            indexes.append((rel, ("relationships", i), f"annotation relationship {quote(rel.get('id'))}"))
+        for i, level in enumerate(info.objects("spatial", default=[], max_length=METADATA_LEVELS)):
+            indexes.append((level, ("spatial", i), f"annotation spatial level {i}"))
+        for index, path, kind in indexes:
             if not index.has("sharding"):
                 if isinstance(index.get("key"), str):
                     self._know_quietly(index.get("key"))
@@ -212,7 +212,7 @@ class PrecomputedDataset:
             self._know(dir_key)
             self.special[dir_key] = functools.partial(ShardedDir, self.source, dir_key, chunks=ctx)
             self.parts.append(ChunkInventory(kind, dir_key, ctx, layout(spec), 1 << spec.shard_bits))
-            del shown_index["sharding"]
+            del shown.at(*path)["sharding"]
 
     async def inventory(self) -> AsyncIterator[InventoryPart]:
         for part in self.parts:

@@ -67,7 +67,7 @@ class WkwDataset:
     async def build(self) -> DirNode:
         root_st = await self.source.stat("")
         assert root_st is not None
-        loaded = await read_json(self.source, PROPERTIES)
+        loaded = await read_json(self.source, PROPERTIES, self.runtime.limits)
         if loaded is None:
             layer = await bare_layer(self.source)
             fixed, hidden = await self.layer_view("", layer, (1.0, 1.0, 1.0), root_st.mtime_ns)

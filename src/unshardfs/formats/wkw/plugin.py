@@ -6,7 +6,7 @@ directories (`1`, `2-2-1`, ...) holding a `header.wkw` (a bare layer).
 
 from __future__ import annotations
 
-from ...core.fields import MAX_METADATA_BYTES, load_json
+from ...core.fields import DEFAULT_LIMITS, load_json, off_loop
 from ...core.runtime import Runtime
 from ...errors import ConfigError, SourceError
 from ...sources.base import ByteSource
@@ -27,10 +27,10 @@ class WkwFormat(FormatPlugin):
         from .properties import PROPERTIES, has_wkw_layers
 
         st = await source.stat(PROPERTIES)
-        if st is not None and not st.is_dir and st.size <= MAX_METADATA_BYTES:
+        if st is not None and not st.is_dir and st.size <= DEFAULT_LIMITS.metadata_bytes:
             try:
                 raw = await source.read(PROPERTIES, 0, st.size)
-                return has_wkw_layers(load_json(raw, PROPERTIES))
+                return has_wkw_layers(await off_loop(len(raw), load_json, raw, PROPERTIES))
             except SourceError:
                 return False
             except ConfigError:

@@ -12,7 +12,6 @@ sharded array), the v2 view leaves it out.
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import math
@@ -27,7 +26,7 @@ from ...logonce import log_once
 from ...passthrough import PassthroughDir
 from ...sources.base import ObjectStat, join_key, name_problem
 from ...vtree import BytesFile, DirNode, Node, Verdict
-from ..jsonfile import encode_json, read_json
+from ..jsonfile import encode_json, read_built
 from .keys import KeyLayout
 from .metadata import ArrayMeta, node_type
 from .sharding import Unsharded, Unsupported, unshard
@@ -97,19 +96,21 @@ class ZarrHierarchy:
         HTTP): the directory is then shown if it holds a zarr.json.
         """
         meta_key = join_key(key, "zarr.json")
+
+        def build(raw: object, meta_st: ObjectStat) -> Node | Verdict:
+            # Off the event loop for a large zarr.json (see read_built): touches no trio state.
+            dir_st = st or ObjectStat(0, meta_st.mtime_ns, True)
+            if node_type(raw, meta_key) == "group":
+                return self._group(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
+            return self._array(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
+
         try:
-            loaded = await read_json(self.source, meta_key)
-            if loaded is None:
+            node = await read_built(self.source, meta_key, self.runtime.limits, build)
+            if node is None:
                 if strict:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
                 return Verdict.PASS
-            raw, meta_st = loaded
-            if st is None:
-                st = ObjectStat(0, meta_st.mtime_ns, True)
-            fields = cast(dict[str, Any], raw)  # node_type checked it is an object
-            if node_type(raw, meta_key) == "group":
-                return self._group(key, st, fields, meta_st)
-            return self._array(key, st, fields, meta_st)
+            return node
         except ConfigError as e:
             if strict:
                 raise
@@ -182,15 +183,16 @@ class ZarrHierarchy:
 
     def _group(self, key: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node:
         consolidated = raw.get("consolidated_metadata")
-        entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+        if not isinstance(consolidated, dict):
+            consolidated = {}
+        entries = consolidated.get("metadata")
         if not isinstance(entries, dict):
             entries = None
         fixed: dict[str, Node] = {}
         if self.view == "zarr3":
             if entries is not None:
-                shown = copy.deepcopy(raw)
-                shown["consolidated_metadata"]["metadata"] = {
-                    path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
+                rewritten = {path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
+                shown = {**raw, "consolidated_metadata": {**consolidated, "metadata": rewritten}}
                 fixed["zarr.json"] = _json_file(shown, meta_st.mtime_ns)
             return GroupDir(self.source, key, st, fixed, self.resolve, children=_children(entries))
         if _is_ome(raw):

@@ -1,13 +1,12 @@
 """Zarr v3 node metadata (`zarr.json`): just enough parsing to rewrite it.
 
-The original JSON is kept and copied when rewritten, so every member we do
+The original JSON is kept and shallow-copied when rewritten, so every member we do
 not interpret (attributes, extension members, storage transformers) reaches
 the reader unchanged.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +91,7 @@ class ArrayMeta:
                    KeyEncoding.from_json(raw.get("chunk_key_encoding"), where), codecs)
 
     def rewritten(self, chunk_shape: tuple[int, ...], codecs: list[Any]) -> dict[str, Any]:
-        out = copy.deepcopy(self.raw)
+        out = dict(self.raw)  # only top-level members are replaced: the rest is shared, not copied
         out["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}}
         out["codecs"] = codecs
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, AsyncIterator
 
 import argparse
 
@@ -24,7 +24,7 @@ async def _v2_store(runtime: Runtime) -> Dataset:
     if st is None or not st.is_dir:
         raise ConfigError(f"{runtime.source.description}: not a directory")
 
-    async def nothing_sharded():
+    async def nothing_sharded() -> AsyncIterator[Any]:
         return
         yield
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import copy
 import math
 import string
 import struct
@@ -154,7 +153,8 @@ def ome_v04(attrs: dict[str, Any]) -> dict[str, Any]:
     if ome is None:
         return attrs
     out = {k: v for k, v in attrs.items() if k != "ome"}
-    out.update({k: copy.deepcopy(v) for k, v in ome.items() if k != "version"})
+    # Shared with `attrs`, not copied: what is changed below is replaced by new objects.
+    out.update({k: v for k, v in ome.items() if k != "version"})
     multiscales = out.get("multiscales")
     if isinstance(multiscales, list):
         out["multiscales"] = [dict(m, version="0.4") if isinstance(m, dict) else m for m in multiscales]
