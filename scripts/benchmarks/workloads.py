@@ -57,3 +57,10 @@ def warm_page_cache(directory: Path) -> None:
 
 def rel_files(root: Path, sub: str) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / sub).iterdir())
+
+
+def warmed_files(dataset: dict, sub: str) -> list[str]:
+    """A dataset's sharded and unsharded copies in the page cache; the files of `sub`, relative to its root."""
+    warm_page_cache(dataset["sharded"])
+    warm_page_cache(dataset["plain"])
+    return rel_files(dataset["plain"], sub)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..context import KEY, Context
 from ..mounts import PY, mounted
-from ..workloads import in_processes, parallel_read, read_files, rel_files, timed, warm_page_cache
+from ..workloads import in_processes, parallel_read, read_files, rel_files, timed, warm_page_cache, warmed_files
 from .listing import ls_time
 from .local import best_fresh, rate
 
@@ -29,9 +29,7 @@ def engine(name: str) -> tuple[str, ...]:
 
 def run(ctx: Context) -> None:
     small = ctx.datasets["small"]
-    warm_page_cache(small["sharded"])
-    warm_page_cache(small["plain"])
-    files = rel_files(small["plain"], KEY)
+    files = warmed_files(small, KEY)
     warm(ctx, files)
     first(ctx, files)
     listing(ctx)

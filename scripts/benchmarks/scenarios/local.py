@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..context import KEY, Context
 from ..mounts import PY, mounted
-from ..workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
+from ..workloads import parallel_read, read_files, timed, warm_page_cache, warmed_files
 
 WARM = "warm re-read, 16 KiB chunks"
 FIRST = "first read, fresh mount"
@@ -20,9 +20,7 @@ FIRST = "first read, fresh mount"
 
 def run(ctx: Context) -> None:
     small = ctx.datasets["small"]
-    warm_page_cache(small["sharded"])
-    warm_page_cache(small["plain"])
-    files = rel_files(small["plain"], KEY)
+    files = warmed_files(small, KEY)
     warm_reread(ctx, files)
     ours = first_read(ctx, files)
     tensorstore_baseline(ctx, files, ours)

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from ..context import KEY, Context
 from ..mounts import PY, UNSHARDFS, mounted
-from ..workloads import in_processes, rel_files, warm_page_cache
+from ..workloads import in_processes, warmed_files
 
 CLIENTS = (1, 8, 32)
 PROCESSES = 4  # client processes, so the load generator is not one GIL
@@ -82,9 +82,7 @@ def static_server(directory: Path, port: int) -> contextlib.AbstractContextManag
 
 def run(ctx: Context) -> None:
     small = ctx.datasets["small"]
-    warm_page_cache(small["sharded"])
-    warm_page_cache(small["plain"])
-    paths = ["/" + f for f in rel_files(small["plain"], KEY)]
+    paths = ["/" + f for f in warmed_files(small, KEY)]
     with _process([*UNSHARDFS, "serve", str(small["sharded"]), "--port", "0"], r"serving .* on (http://\S+)") as url:
         rate(url, paths, 8)  # warm the caches: the figures are for serving, not for first reads
         ours = {n: rate(url, paths, n) for n in CLIENTS}
