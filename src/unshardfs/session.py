@@ -8,6 +8,7 @@ layered or what a format needs.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -72,7 +73,9 @@ class Session:
 
     def stats(self) -> dict:
         """Backing-source sections (reads, HTTP, disk cache), the read path and the caches."""
-        return {**self.source.stats(), **self.runtime.stats(), "caches": self.caches.usage()}
+        return {**self.source.stats(), **self.runtime.stats(), "caches": self.caches.usage(),
+                # the daemon's CPU so far: what a workload cost per file, beside the round trips it waited for
+                "process": {"cpu_seconds": round(time.process_time(), 4)}}
 
     async def aclose(self) -> None:
         await self.source.aclose()

@@ -9,6 +9,7 @@ import trio
 from unshardfs.core.blob import Blob
 from unshardfs.core.fetch import Extent
 from unshardfs.core.policy import POLICY
+from unshardfs.core.nameorder import NameOrder
 from unshardfs.core.readahead import ScanScope
 from unshardfs.core.table import ChunkTable
 from unshardfs.errors import DataError
@@ -43,9 +44,11 @@ class Fetcher:
 
 
 class Target:
-    def __init__(self, tables: list[ChunkTable], dense: bool = True, damaged: frozenset[int] = frozenset()) -> None:
+    def __init__(self, tables: list[ChunkTable], dense: bool = True, damaged: frozenset[int] = frozenset(),
+                 name_order: NameOrder | None = None) -> None:
         self.fetcher = Fetcher()
         self.dense = dense
+        self.name_order = name_order
         self.tables = tables
         self.damaged = damaged
         self.kept: set[tuple] = set()
@@ -123,3 +126,105 @@ def test_sparse_keys_follow_the_listing_order():
     # the rest of the listing, in its order
     wanted = {k: int(target.tables[0].starts[target.tables[0].find(k)]) // CHUNK for k in keys}
     assert prefetched(target) == [("a", wanted[k]) for k in [5, 42, 19, 23, 8]]
+
+
+# -- name order: readers that split the sorted names between them -----------------------------
+
+def test_name_order_is_the_string_order_of_the_names():
+    """Successors counted on the axes' ranks are the names sorted as strings: precomputed names
+    (clipped ends, a negative offset: '-8-8' sorts before '-24-8'... as strings do) and Zarr keys,
+    nested ('c/1/...' before 'c/10/...') and flat."""
+    from unshardfs.core.naming import Naming
+    from unshardfs.formats.precomputed.grid import ChunkGrid, GridNaming
+    from unshardfs.formats.zarr.keys import KeyLayout
+
+    def check(naming_order: NameOrder, name_of, keys: list[int]) -> None:
+        by_name = sorted(keys, key=name_of)
+        assert naming_order.after(by_name[0], len(keys)) == by_name[1:]
+        assert naming_order.after(by_name[37], 5) == by_name[38:43]
+        assert naming_order.after(by_name[-1], 5) == []
+
+    grid = ChunkGrid((200, 70, 40), (16, 16, 16), (-24, 0, 3))
+    naming: Naming = GridNaming(grid)
+    order = naming.order()
+    assert order is not None
+    cells = np.stack(np.meshgrid(*[np.arange(n) for n in grid.shape], indexing="ij"), -1).reshape(-1, 3)
+    check(order, naming.name, [grid.coder.encode(tuple(c)) for c in cells.tolist()])
+    shape = (12, 3, 11)
+    for separator in ("/", "."):
+        layout = KeyLayout("c", separator, 3)
+        cells = list(np.ndindex(*shape))
+        zorder = NameOrder([[str(i) for i in range(n)] for n in shape],
+                           lambda k: tuple(int(i) for i in np.unravel_index(k, shape)) if 0 <= k < len(cells) else None,
+                           lambda cell: int(np.ravel_multi_index(cell, shape)))
+        check(zorder, lambda k: layout.key(cells[k]), list(range(len(cells))))
+
+
+def grid_target(n: int = 512) -> tuple[Target, list[int]]:
+    """A dense directory of `n` chunks in 4 shards (keys spread over them as a hash would), whose
+    names are decimals unrelated to the keys; and its keys in name order."""
+    keys = list(range(n))
+    shards = [shard(s, [k for k in keys if k // 3 % 4 == i]) for i, s in enumerate("abcd")]
+    texts = [str(k * 7919 % n) for k in keys]
+    order = NameOrder([texts], lambda k: (k,) if 0 <= k < n else None, lambda cell: cell[0])
+    return Target(shards, name_order=order), sorted(keys, key=texts.__getitem__)
+
+
+def joint(names: list[int], readers: int, seed: int) -> list[int]:
+    """The order in which `readers` readers, each taking every readers-th name, reach the daemon:
+    each round one file per reader, in a random order (and one reader now and then a round late)."""
+    rng = np.random.default_rng(seed)
+    parts = [names[i::readers] for i in range(readers)]
+    arrived: list[int] = []
+    late: list[int] = []
+    for round_ in range(max(len(p) for p in parts)):
+        now = [p[round_] for p in parts if round_ < len(p)]
+        rng.shuffle(now)
+        arrived += late
+        late = [now.pop()] if rng.random() < 0.3 and len(now) > 1 else []
+        arrived += now
+    return arrived + late
+
+
+def read_in_turn(target: Target, scope: ScanScope, keys: list[int]) -> list[int]:
+    """Each key observed, then its payload kept (as a read leaves it in the chunk cache); the
+    keys whose reads found no prefetch of theirs."""
+    where = {int(k): Extent(t.blob, int(t.starts[i]), int(t.lengths[i])).key
+             for t in target.tables for i, k in enumerate(t.keys)}
+    missed = []
+
+    async def main() -> None:
+        for key in keys:
+            await scope._observe(key)
+            if where[key] not in {e.key for e in target.fetcher.prefetched}:
+                missed.append(key)
+            target.kept.add(where[key])
+
+    trio.run(main)
+    return missed
+
+
+def test_readers_splitting_sorted_names_are_one_stream():
+    """8 readers taking every 8th of the sorted names, arriving out of order: one name-order
+    stream is recognised within the first two rounds of reads; from then on every read finds its
+    chunk prefetched, each chunk is prefetched once, and nothing the readers do not read."""
+    target, names = grid_target()
+    scope = ScanScope(target)
+    arrived = joint(names, 8, seed=3)
+    missed = read_in_turn(target, scope, arrived[:16])
+    assert [s.order for s in scope.streams if s.confirmed] == ["name"]
+    missed += read_in_turn(target, scope, arrived[16:])
+    assert missed == arrived[:11]  # the reads before the stream was recognised, and no other
+    keys = [e.key for e in target.fetcher.prefetched]
+    assert len(keys) == len(set(keys)) == len(names) - len(missed)
+
+
+def test_scattered_reads_start_no_prefetch_with_a_name_order():
+    """A viewer's scattered reads, by 8 readers at once, over a directory whose name order is
+    known: no guess is confirmed, nothing is prefetched."""
+    target, names = grid_target()
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        chosen = [int(k) for k in rng.choice(len(names), 200, replace=False)]
+        observe(ScanScope(target), chosen)
+    assert prefetched(target) == []

@@ -27,6 +27,7 @@ from .bounded import off_loop
 from .codecs import Codec
 from .fetch import Extent
 from .geometry import Geometry
+from .nameorder import NameOrder
 from .naming import Naming
 from .policy import POLICY
 from .readahead import ScanScope
@@ -116,12 +117,21 @@ class ChunkContext:
             self.scope = ScanScope(self)
         # Reads of a chunk's stored bytes go straight to the source (see Fetcher.direct).
         self.direct = self.fetcher.direct and codec.transparent and self.scope is None
+        self._name_order: NameOrder | None = None  # built when read-ahead first asks
+        self._name_order_built = False
 
     # -- what read-ahead sees (readahead.ScanTarget) --------------------------------------
 
     @property
     def dense(self) -> bool:
         return self.naming.dense
+
+    @property
+    def name_order(self) -> NameOrder | None:
+        """The string order of the names (None: not known without a listing)."""
+        if not self._name_order_built:
+            self._name_order, self._name_order_built = self.naming.order(), True
+        return self._name_order
 
     async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
         return await self.store.locate(key)

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from ..vtree import CHILD_ID_BITS
+from .nameorder import NameOrder
 
 IDENT_LIMIT = 1 << CHILD_ID_BITS
 
@@ -43,6 +44,11 @@ class Naming(ABC):
 
     def name(self, key: int) -> str | None:
         return self.names(np.array([key], dtype=np.uint64))[0]
+
+    def order(self) -> NameOrder | None:
+        """The order of the chunk names as strings, where it is known without a listing (dense
+        grids); read-ahead follows readers that split the sorted names between them."""
+        return None
 
     def ident(self, key: int) -> int | None:
         return key if key < IDENT_LIMIT else None

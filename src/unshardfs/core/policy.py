@@ -19,6 +19,14 @@ class CorePolicy:
     max_window: int = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
     slack: int = 8  # a read may skip this many predicted chunks and still continue a confirmed stream
     confirm: int = 2  # matches before a guess starts prefetching
+    # Parallel readers walking one order together (readahead.py): a guess is also confirmed when
+    # joint_confirm of the joint_reads reads after its first are of distinct chunks among the
+    # joint_span that follow it, and a stream counts reads up to `behind` chunks behind its
+    # furthest one.
+    joint_span: int = 16
+    joint_confirm: int = 5
+    joint_reads: int = 8
+    behind: int = 32
     # Listed entries remembered (listing order; key order over sparse keys; the chunks in a
     # prefetch's gaps): about 50 bytes each at most.
     listed_keys_max: int = 1 << 20

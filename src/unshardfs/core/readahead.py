@@ -2,7 +2,7 @@
 
 Tools that copy or walk a directory read its chunk files one after another,
 each read a round trip to an object store. A `ScanScope` watches the order
-in which a directory's chunk files are first read and recognises two kinds
+in which a directory's chunk files are first read and recognises three kinds
 of scan:
 
 - key order: ascending chunk keys, which is inode order (`cp -r` sorts a
@@ -10,15 +10,25 @@ of scan:
   keys) and, for grids, a walk over neighbouring cells;
 - listing order: the order of the directory's listing (`tar`, `find`,
   `ls -f | xargs`), which is the order of the index tables, shard by shard;
-  before any listing, consecutive entries of one index table.
+  before any listing, consecutive entries of one index table;
+- name order: the names sorted as strings (grids only, see nameorder.py),
+  as scripts that split a sorted file list over parallel readers walk it.
 
-A guess becomes a stream after two reads that match it, so a viewer reading
-scattered chunks starts no prefetch. A confirmed stream keeps a window of
-upcoming chunks prefetched (doubling up to MAX_WINDOW), coalesced by the
-fetcher; a window that ends inside a shard's run of upcoming chunks is
-stretched to the end of that run, so each run of adjacent chunks costs one
-request rather than one per window. Several streams per directory are
-tracked at once (parallel readers each scanning their part).
+A guess becomes a stream after two reads that match it exactly, so a viewer
+reading scattered chunks starts no prefetch. Several readers walking one
+order together (each taking every n-th name) reach the daemon out of order:
+a guess also becomes a stream once JOINT_CONFIRM of the JOINT_READS reads
+that follow its first read were of distinct chunks among the JOINT_SPAN
+that follow it (dense reading close behind, which scattered reads do not
+do: a viewer's reads would land there now and then over a long time, not
+most of a few), and a stream counts reads up to
+BEHIND chunks behind its furthest one as its own (readers lagging behind).
+A confirmed stream keeps a window of upcoming chunks prefetched (doubling up
+to MAX_WINDOW), coalesced by the fetcher; a window that ends inside a
+shard's run of upcoming chunks is stretched to the end of that run, so each
+run of adjacent chunks costs one request rather than one per window. Several
+streams per directory are tracked at once (parallel readers each scanning
+their part).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import numpy as np
 from ..errors import DataError
 from .blob import Blob, Ident
 from .fetch import Extent, Fetcher
+from .nameorder import NameOrder
 from .policy import POLICY
 from .table import ChunkTable, int_list
 
@@ -42,6 +53,10 @@ SLACK = POLICY.slack
 CONFIRM = POLICY.confirm
 LISTED_KEYS_MAX = POLICY.listed_keys_max
 WHOLE_READ_MAX = POLICY.whole_read_max
+JOINT_SPAN = POLICY.joint_span
+JOINT_CONFIRM = POLICY.joint_confirm
+JOINT_READS = POLICY.joint_reads
+BEHIND = POLICY.behind
 
 Picked = tuple[int, Extent, ChunkTable]  # a stream position, its chunk's extent, and the chunk's table
 
@@ -62,28 +77,68 @@ class ScanTarget(Protocol):
     def has_payload(self, ext: Extent) -> bool:
         """Whether the payload at `ext` is already kept for its reader."""
 
+    @property
+    def name_order(self) -> NameOrder | None:
+        """The string order of the chunk names, where it is known without a listing."""
+
 
 @dataclass(eq=False)
 class _Stream:
-    order: str  # "key" or "table"
+    order: str  # "key", "listing" or "name"
     upcoming: list[int]  # predicted keys, in order
-    cursor: int = 0  # index in `upcoming` of the next expected key
+    cursor: int = 0  # index in `upcoming` after the furthest key read
     frontier: int = 0  # keys before this index have been prefetched
     hits: int = 0
     window: int = FIRST_WINDOW
+    confirmed: bool = False
+    follows: int = 0  # reads of exactly the next predicted key, all of them so far
+    exact: bool = True  # whether the last read matched so (and every read before it)
+    seen: set[int] = field(default_factory=set)  # keys read while a guess
+    age: int = 0  # reads observed since the guess was made
 
     def match(self, key: int) -> bool:
-        # A guess must be followed exactly: scattered reads (a viewer) would
-        # otherwise land within the slack of some guess often enough to look
-        # like a scan on a small directory. A confirmed stream tolerates skips.
-        reach = SLACK if self.hits >= CONFIRM else 1
-        try:
-            i = self.upcoming.index(key, self.cursor, self.cursor + reach)
-        except ValueError:
-            return False
-        self.cursor = i + 1
+        self.age += 1
+        if self.confirmed:
+            # Tolerates skips ahead (a reader skipping files) and reads a little behind (parallel
+            # readers arrive out of order).
+            i = self._find(key, max(self.cursor - BEHIND, 0), self.cursor + SLACK)
+            if i is None:
+                return False
+        else:
+            # A guess is followed exactly, or densely close behind its first read (joint readers):
+            # scattered reads (a viewer) would otherwise land within the slack of some guess often
+            # enough to look like a scan on a small directory.
+            i = self._find(key, self.cursor, self.cursor + 1) if self.exact else None
+            if i is not None:
+                self.follows += 1
+            else:
+                i = self._find(key, 0, JOINT_SPAN) if self.age <= JOINT_READS else None
+                if i is None or key in self.seen:
+                    return False
+                self.exact = False
+            self.seen.add(key)
+            self._confirm()
+        self.cursor = max(self.cursor, i + 1)
         self.hits += 1
         return True
+
+    def absorb(self, other: "_Stream") -> None:
+        """Take a guess of the same order that predicted the same key (so the same keys after it):
+        what it saw counts as seen here, as if since the older one's first read."""
+        self.seen |= other.seen
+        self.age = max(self.age, other.age)
+        self.hits = max(self.hits, other.hits)
+        self._confirm()
+
+    def _confirm(self) -> None:
+        self.confirmed = (self.exact and self.follows >= CONFIRM) or \
+            (len(self.seen) >= JOINT_CONFIRM and self.age <= JOINT_READS)
+
+    def _find(self, key: int, lo: int, hi: int) -> int | None:
+        try:
+            return self.upcoming.index(key, lo, hi)
+        except ValueError:
+            return None
 
 
 class Listings:
@@ -203,28 +258,61 @@ class ScanScope:
         # confirmed one reads ahead, or the next where it has nothing more ahead: a
         # listing stream ends with its directory, and the key stream beside it then
         # carries the scan into the next one (`cp -r` of nested Zarr chunk directories).
-        matched = [stream for stream in self.streams if stream.match(key)]
+        matched = self._one_per_order([stream for stream in self.streams if stream.match(key)])
         if matched:
             self.streams = matched + [stream for stream in self.streams if stream not in matched]
             for stream in matched:
-                if stream.hits >= CONFIRM and await self._extend(stream):
+                if stream.confirmed and await self._extend(stream):
                     break
-            return
-        for order in ("key", "listing"):
-            upcoming = await self._successors(order, key, FIRST_WINDOW + SLACK)
-            if upcoming:
-                self.streams.insert(0, _Stream(order, upcoming))
+            if any(stream.confirmed for stream in matched):
+                return
+        # A new guess in each order no stream of which follows the key exactly (a guess matched
+        # only as a joint reader's read may be the first read of a scan all the same).
+        followed = {stream.order for stream in matched if stream.confirmed or stream.exact}
+        for order in ("name", "key", "listing"):  # each in front: where several match, listing order leads
+            if order not in followed:
+                upcoming = await self._successors(order, key, FIRST_WINDOW + SLACK)
+                if upcoming:
+                    self.streams.insert(0, _Stream(order, upcoming))
         del self.streams[MAX_STREAMS:]
+
+    def _one_per_order(self, matched: list[_Stream]) -> list[_Stream]:
+        """The streams that matched a key, one per order: two streams of one order that both
+        predicted the key predict the same keys after it (several readers starting a scan at
+        once make several guesses), so one is kept: the furthest ahead, or the guess nearest
+        to confirmation, which takes what the others saw."""
+        def progress(stream: _Stream) -> tuple[bool, int, int, int]:
+            if stream.confirmed:
+                return True, stream.frontier - stream.cursor, 0, 0
+            return False, stream.follows if stream.exact else 0, len(stream.seen), -stream.age
+
+        best: dict[str, _Stream] = {}
+        for stream in matched:
+            kept = best.get(stream.order)
+            if kept is None or progress(stream) > progress(kept):
+                best[stream.order] = stream
+        if len(best) == len(matched):
+            return matched
+        for stream in matched:
+            kept = best[stream.order]
+            if kept is not stream and not kept.confirmed:
+                kept.absorb(stream)
+        dropped = [stream for stream in matched if best[stream.order] is not stream]
+        self.streams = [stream for stream in self.streams if stream not in dropped]
+        return [stream for stream in matched if best[stream.order] is stream]
 
     async def _extend(self, stream: _Stream) -> bool:
         """Keep `window` chunks prefetched ahead of the stream's reader; whether any are."""
         if stream.frontier - stream.cursor >= stream.window // 2:
             return True
-        if stream.cursor > MAX_WINDOW:  # forget what the reader has passed
-            del stream.upcoming[:stream.cursor]
-            stream.frontier -= stream.cursor
-            stream.cursor = 0
+        if stream.cursor > MAX_WINDOW + BEHIND:  # forget what the readers have passed
+            passed = stream.cursor - BEHIND
+            del stream.upcoming[:passed]
+            stream.frontier -= passed
+            stream.cursor -= passed
         start = max(stream.frontier, stream.cursor)
+        if not stream.frontier:  # the first window: also what joint readers passed and have not read yet
+            start = min((i for i in range(stream.cursor) if stream.upcoming[i] not in stream.seen), default=start)
         picked, stop = await self._window(stream, start, stream.cursor + stream.window)
         tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
@@ -238,7 +326,10 @@ class ScanScope:
         def fill(blob: Blob, start: int, end: int) -> list[Extent]:
             return self._fill(blob, start, end, tables.get(blob.ident, {}).values(), after)
 
-        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill, wide=after is not None)
+        # The same over a name-order scan: what lies between its chunks is mostly chunks of later
+        # names (those read already are kept for their readers, and not named by `fill`).
+        wide = after is not None or stream.order == "name"
+        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill, wide=wide)
         # The frontier passes only what the fetcher took (its budget may stop it
         # early): the rest is asked for again at the next extension.
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
@@ -261,7 +352,8 @@ class ScanScope:
                 if not more:
                     break
                 stream.upcoming.extend(more)
-            found = await self._extent(stream.upcoming[i])
+            key = stream.upcoming[i]
+            found = await self._extent(key) if key not in stream.seen else None
             if i >= want and (found is None or not picked or found[0].blob.ident != picked[-1][1].blob.ident):
                 break
             if found is not None:
@@ -304,6 +396,9 @@ class ScanScope:
 
     async def _successors(self, order: str, key: int, n: int) -> list[int]:
         """Up to `n` keys expected after `key` in a scan of the given order."""
+        if order == "name":
+            names = self.ctx.name_order
+            return [] if names is None else names.after(key, n)
         if order == "key":
             if self.ctx.dense:
                 return list(range(key + 1, key + 1 + n))

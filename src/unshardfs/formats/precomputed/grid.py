@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from ...core.geometry import Geometry
+from ...core.nameorder import NameOrder
 from ...core.naming import Naming
 from .morton import MortonCoder
 
@@ -86,6 +87,11 @@ class ChunkGrid:
         # (no leading zeros, '+', or wrong clipped end).
         return cell_t if self.chunk_name(cell_t) == name else None
 
+    def axis_texts(self, d: int) -> list[str]:
+        """How chunk names spell each grid index of axis `d` ("begin-end", clipped at the edge)."""
+        c, s, o = self.chunk_size[d], self.size[d], self.voxel_offset[d]
+        return [f"{g * c + o}-{min(g * c + c, s) + o}" for g in range(self.shape[d])]
+
     def name_of_code(self, code: int) -> str:
         """The name of the chunk whose compressed Morton code is `code` (KeyError if none)."""
         cell = self.coder.decode(code)
@@ -112,6 +118,10 @@ class GridNaming(Naming):
     def name(self, key: int) -> str | None:
         cell = self.grid.coder.decode(key)
         return None if cell is None else self.grid.chunk_name(cell)  # type: ignore[arg-type]
+
+    def order(self) -> NameOrder:
+        coder = self.grid.coder
+        return NameOrder([self.grid.axis_texts(d) for d in range(3)], coder.decode, coder.encode)
 
     def names(self, keys: np.ndarray) -> list[str | None]:
         cells, valid = self.grid.coder.decode_array(keys)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ...core.chunks import ChunkContext
 from ...core.geometry import Geometry
+from ...core.nameorder import NameOrder
 from ...core.naming import Naming
 from ...core.table import int_list
 from ...overlay import OverlayDir
@@ -42,6 +43,14 @@ class FlatNaming(Naming):
     def parse(self, name: str) -> int | None:
         index = self.layout.parse_flat(name)
         return None if index is None or not self.store.in_bounds(index) else self.store.key_of(index)
+
+    def order(self) -> NameOrder | None:
+        store = self.store
+        if not store.grid:
+            return None
+        count = math.prod(store.grid)
+        return NameOrder([[str(i) for i in range(n)] for n in store.grid],
+                         lambda key: store.index_of(key) if 0 <= key < count else None, store.key_of)
 
     def names(self, keys: np.ndarray) -> list[str | None]:
         layout = self.layout
