@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from typing import Any, AsyncIterator, Callable, Literal, cast
+from typing import Any, AsyncIterator, Callable, Hashable, Literal, cast
 
 import numpy as np
 
@@ -135,6 +135,9 @@ class ChunkContext:
 
     async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
         return await self.store.locate(key)
+
+    def table_of(self, key: int) -> Hashable | None:
+        return self.store.table_of(key)
 
     def has_payload(self, ext: Extent) -> bool:
         return ext.key in self.caches.encoded_chunk
@@ -310,6 +313,8 @@ class ChunkContext:
             return None
 
     async def _build_batch(self, tables: list[ChunkTable]) -> EntryBatch | None:
+        if self.scope is not None:
+            self.scope.tables_read(tables)
         table = tables[0] if len(tables) == 1 else _concat(tables)
         where = f"listing {self.store.label}"
         names = self.naming.names(table.keys)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Hashable, Iterable, Protocol
 
 import numpy as np
 
@@ -57,6 +57,7 @@ JOINT_SPAN = POLICY.joint_span
 JOINT_CONFIRM = POLICY.joint_confirm
 JOINT_READS = POLICY.joint_reads
 BEHIND = POLICY.behind
+READY_MAX = 1 << 16  # index tables remembered as read (a cache may drop them since: then a window waits)
 
 Picked = tuple[int, Extent, ChunkTable]  # a stream position, its chunk's extent, and the chunk's table
 
@@ -73,6 +74,9 @@ class ScanTarget(Protocol):
 
     async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
         """The table holding chunk `key` and its position (None: absent; DataError: damaged)."""
+
+    def table_of(self, key: int) -> Hashable | None:
+        """What names the index table that would hold `key` (no I/O; None: no such table)."""
 
     def has_payload(self, ext: Extent) -> bool:
         """Whether the payload at `ext` is already kept for its reader."""
@@ -227,6 +231,9 @@ class ScanScope:
     pending: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     working: bool = False
     listings: Listings = field(default_factory=Listings)
+    # Index tables (`table_of`) known to be read, and those being read ahead of a scan.
+    ready: set[Hashable] = field(default_factory=set)
+    opening: set[Hashable] = field(default_factory=set)
 
     # -- fed by the chunk files and listings --------------------------------------------
 
@@ -244,6 +251,12 @@ class ScanScope:
         if len(table):
             self.listings.add(table)
 
+    def tables_read(self, tables: Iterable[ChunkTable]) -> None:
+        """Index tables a listing has read (a scan reaching them needs no read of its own)."""
+        for table in tables:
+            if len(table):
+                self._ready(self.ctx.table_of(int(table.keys[0])))
+
     # -- the background worker -------------------------------------------------------------
 
     async def _work(self) -> None:
@@ -254,6 +267,7 @@ class ScanScope:
             self.working = False
 
     async def _observe(self, key: int) -> None:
+        self._ready(self.ctx.table_of(key))  # the reader's lookup found the key in its table
         # Every stream that predicted the key moves on, not only the first; the first
         # confirmed one reads ahead, or the next where it has nothing more ahead: a
         # listing stream ends with its directory, and the key stream beside it then
@@ -340,7 +354,8 @@ class ScanScope:
         """(position, extent, table) of the stream's upcoming keys from `start` on, and where they stop:
         up to `want`, then on while they stay in the last one's blob (a window never splits
         a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW more
-        keys and a quarter of the prefetch budget in bytes."""
+        keys and a quarter of the prefetch budget in bytes; early, at a key whose index table
+        is being read (the next extension goes on from there)."""
         picked: list[Picked] = []
         limit = want + MAX_WINDOW
         budget = self.ctx.fetcher.policy.prefetch_bytes // 4
@@ -353,14 +368,50 @@ class ScanScope:
                     break
                 stream.upcoming.extend(more)
             key = stream.upcoming[i]
-            found = await self._extent(key) if key not in stream.seen else None
+            if key in stream.seen:
+                found = None
+            elif not self._opened(key):
+                break
+            else:
+                found = await self._extent(key)
             if i >= want and (found is None or not picked or found[0].blob.ident != picked[-1][1].blob.ident):
                 break
             if found is not None:
                 picked.append((i, *found))
                 budget -= found[0].length
             i += 1
+        # The tables the next window reaches, read now in the background (all at once), so
+        # neither it nor the readers' lookups wait for them one after another.
+        for key in stream.upcoming[i:i + max(want - start, FIRST_WINDOW)]:
+            self._opened(key)
         return picked, i
+
+    def _opened(self, key: int) -> bool:
+        """Whether the index table of `key` is known to be read; if not, it is read in the
+        background (once, with a task per table). Without a background, the caller reads it."""
+        table = self.ctx.table_of(key)
+        if table is None or table in self.ready:
+            return True
+        if table not in self.opening:
+            if not self.ctx.fetcher.spawn(self._open, table, key):
+                return True
+            self.opening.add(table)
+        return False
+
+    async def _open(self, table: Hashable, key: int) -> None:
+        try:
+            await self.ctx.locate(key)
+        except DataError:
+            pass  # the reader's own lookup reports it
+        finally:
+            self.opening.discard(table)
+            self._ready(table)
+
+    def _ready(self, table: Hashable | None) -> None:
+        if table is not None and table not in self.ready:
+            if len(self.ready) >= READY_MAX:
+                self.ready.clear()
+            self.ready.add(table)
 
     async def _extent(self, key: int) -> tuple[Extent, ChunkTable] | None:
         """The chunk's extent and the table it is in, if it is worth prefetching."""

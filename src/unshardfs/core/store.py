@@ -84,6 +84,12 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         Pure computation (no I/O): a lookup by name must not list anything.
         """
 
+    def table_of(self, key: int) -> Hashable | None:
+        """What names the index table that holds chunk `key` (what a lookup reads the index of),
+        without I/O: read-ahead opens the tables a scan reaches next before it gets there.
+        Default: the key's shard (formats with a second index level name its part too)."""
+        return self.shard_of(key)
+
     @abstractmethod
     def shards(self, within: object = None) -> AsyncIterator[ShardT]:
         """Existing shards in listing order (on sources that cannot list: every candidate).

@@ -237,6 +237,9 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
     def shard_of(self, key: int) -> int:
         return self.spec.location(key)[0]
 
+    def table_of(self, key: int) -> tuple[int, int]:
+        return self.spec.location(key)  # (shard, minishard): each minishard index is a read
+
     async def table_for(self, shard: int, blob: Blob, index: np.ndarray, key: int) -> ChunkTable | None:
         m = self.spec.location(key)[1]
         if index[m, 0] == index[m, 1]:
