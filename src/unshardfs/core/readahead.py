@@ -228,7 +228,7 @@ class Listings:
 class ScanScope:
     ctx: ScanTarget
     streams: list[_Stream] = field(default_factory=list)
-    pending: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
+    pending: deque[int | None] = field(default_factory=lambda: deque(maxlen=4096))  # None: refill
     working: bool = False
     listings: Listings = field(default_factory=Listings)
     # Index tables (`table_of`) known to be read, and those being read ahead of a scan.
@@ -262,9 +262,16 @@ class ScanScope:
     async def _work(self) -> None:
         try:
             while self.pending:
-                await self._observe(self.pending.popleft())
+                key = self.pending.popleft()
+                await (self._refill() if key is None else self._observe(key))
         finally:
             self.working = False
+
+    async def _refill(self) -> None:
+        """Extend the leading stream again (an index table it waited for has been read)."""
+        for stream in self.streams:
+            if stream.confirmed and await self._extend(stream):
+                break
 
     async def _observe(self, key: int) -> None:
         self._ready(self.ctx.table_of(key))  # the reader's lookup found the key in its table
@@ -382,7 +389,7 @@ class ScanScope:
             i += 1
         # The tables the next window reaches, read now in the background (all at once), so
         # neither it nor the readers' lookups wait for them one after another.
-        for key in stream.upcoming[i:i + max(want - start, FIRST_WINDOW)]:
+        for key in stream.upcoming[i:i + min(2 * max(want - start, FIRST_WINDOW), MAX_WINDOW)]:
             self._opened(key)
         return picked, i
 
@@ -406,6 +413,11 @@ class ScanScope:
         finally:
             self.opening.discard(table)
             self._ready(table)
+        # The window that stopped at this table goes on now, not at the next read: readers
+        # waiting for the same table in their lookups read on as soon as it is there.
+        self.pending.append(None)
+        if not self.working:
+            self.working = self.ctx.fetcher.spawn(self._work)
 
     def _ready(self, table: Hashable | None) -> None:
         if table is not None and table not in self.ready:
