@@ -253,6 +253,8 @@ class ScanScope:
 
     def tables_read(self, tables: Iterable[ChunkTable]) -> None:
         """Index tables a listing has read (a scan reaching them needs no read of its own)."""
+        if not self.ctx.fetcher.can_prefetch:
+            return  # local shards: nothing is read ahead
         for table in tables:
             if len(table):
                 self._ready(self.ctx.table_of(int(table.keys[0])))
