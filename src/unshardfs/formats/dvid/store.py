@@ -24,7 +24,7 @@ from ...core.store import ShardedStore
 from ...core.table import ChunkTable, int_list
 from ...errors import DataError
 from ...logonce import log_once
-from ...sources.base import join_key
+from ...sources.base import join_path
 from ..precomputed.grid import Cell, ChunkGrid, VolumeGeometry
 from ..precomputed.sharding import ShardingSpec
 from .block import decode_block, max_block_bytes
@@ -38,9 +38,9 @@ SHARD_FILE = re.compile(r"^(\d{1,15})_(\d{1,15})_(\d{1,15})\.arrow$")
 class DvidStore(ShardedStore[int, ShardIndex]):
     """A shard number (from the sharding spec) is one Arrow file, whose chunk index is one table."""
 
-    def __init__(self, runtime: Runtime, dir_key: str, grid: ChunkGrid, spec: ShardingSpec) -> None:
-        super().__init__(runtime, dir_key)
-        self.dir_key = dir_key
+    def __init__(self, runtime: Runtime, dir_path: str, grid: ChunkGrid, spec: ShardingSpec) -> None:
+        super().__init__(runtime, dir_path)
+        self.dir_path = dir_path
         self.grid = grid
         self.spec = spec
         self.reader = ArrowShardReader(self.source, self.read_index_bytes, grid.chunk_size, self.owned, self.keys)
@@ -66,21 +66,21 @@ class DvidStore(ShardedStore[int, ShardIndex]):
         """Shard number -> file name, from one listing of the scale directory."""
         if self._files is None:
             found: dict[int, str] = {}
-            async for name, st in self.source.list(self.dir_key):
+            async for name, st in self.source.list(self.dir_path):
                 m = None if st.is_dir else SHARD_FILE.match(name)
                 if m is None:
                     continue
                 origin = tuple(int(v) for v in m.groups())
                 if any(o % c for o, c in zip(origin, self.grid.chunk_size)):
-                    log_once(log, f"origin:{name}", "%s/%s: origin is not chunk-aligned; ignored", self.dir_key, name)
+                    log_once(log, f"origin:{name}", "%s/%s: origin is not chunk-aligned; ignored", self.dir_path, name)
                     continue
                 cell = tuple(o // c for o, c in zip(origin, self.grid.chunk_size))
                 if any(g >= s for g, s in zip(cell, self.grid.shape)):
-                    log_once(log, f"origin:{name}", "%s/%s: origin lies outside the volume; ignored", self.dir_key, name)
+                    log_once(log, f"origin:{name}", "%s/%s: origin lies outside the volume; ignored", self.dir_path, name)
                     continue
                 shard = self.spec.location(self.grid.coder.encode(cell))[0]
                 if shard in found:
-                    log_once(log, f"dup:{name}", "%s: %s and %s are the same shard; using %s", self.dir_key,
+                    log_once(log, f"dup:{name}", "%s: %s and %s are the same shard; using %s", self.dir_path,
                              found[shard], name, min(found[shard], name))
                     name = min(found[shard], name)
                 found[shard] = name
@@ -91,9 +91,9 @@ class DvidStore(ShardedStore[int, ShardIndex]):
         name = (await self.files()).get(shard)
         if name is None:
             return None
-        key = join_key(self.dir_key, name)
-        st = await self.source.stat(key)
-        return None if st is None or st.is_dir else Blob.of(key, st)
+        path = join_path(self.dir_path, name)
+        st = await self.source.stat(path)
+        return None if st is None or st.is_dir else Blob.of(path, st)
 
     async def read_index(self, shard: int, blob: Blob) -> ShardIndex:
         return await self.reader.load(blob, blob.label.removesuffix(".arrow"), shard)

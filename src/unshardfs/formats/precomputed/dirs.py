@@ -68,9 +68,9 @@ def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
 class MultiLodMeshDir(ShardedDir):
     __slots__ = ("fragments_ctx",)
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, manifests: ChunkContext,
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, manifests: ChunkContext,
                  fixed: dict[str, Node]) -> None:
-        super().__init__(source, key, st, manifests, fixed)
+        super().__init__(source, path, st, manifests, fixed)
         store = manifests.store
         self.fragments_ctx = ChunkContext(store, SegmentNaming("", 1, 0), Stored(), read_ahead=False)
 
@@ -109,7 +109,7 @@ class MultiLodMeshDir(ShardedDir):
                 try:
                     fragments = await self.fragments(cast(ChunkFile, manifest))
                 except DataError as e:
-                    log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+                    log_once(log, f"list:{e}", "listing %s: skipping %s", self.path, e)
                     continue
                 batch.append((name.removesuffix(".index"), fragments))
                 batch.append((name, manifest))

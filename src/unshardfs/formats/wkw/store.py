@@ -25,7 +25,7 @@ from ...caches import SHARD_INDEX
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
-from ...sources.base import ByteSource, join_key
+from ...sources.base import ByteSource, join_path
 from ..precomputed.grid import ChunkGrid, VolumeGeometry
 from ..precomputed.morton import MortonCoder
 from .header import BLOCK_TYPES, HEADER_BYTES, RAW, HeaderError, WkwHeader
@@ -47,7 +47,7 @@ def encode_cells(coder: MortonCoder, cells: np.ndarray) -> np.ndarray:
 class MagView:
     """One mag as the view shows it: the mag header and the precomputed grid over its blocks."""
 
-    dir_key: str  # the mag directory in the source (`color/1`)
+    dir_path: str  # the mag directory in the source (`color/1`)
     header: WkwHeader  # from the mag's header.wkw: what every file must agree on
     grid: ChunkGrid  # chunk = block; voxel offset a multiple of the block edge
 
@@ -62,13 +62,13 @@ class MagView:
         last = first + np.array(self.grid.shape, dtype=np.int64) - 1
         return first // self.header.file_edge, last // self.header.file_edge
 
-    def file_key(self, f: FileCell) -> str:
-        return f"{self.dir_key}/z{f[2]}/y{f[1]}/x{f[0]}.wkw"
+    def file_path(self, f: FileCell) -> str:
+        return f"{self.dir_path}/z{f[2]}/y{f[1]}/x{f[0]}.wkw"
 
 
 class WkwStore(ShardedStore[FileCell, ChunkTable]):
     def __init__(self, runtime: Runtime, view: MagView) -> None:
-        super().__init__(runtime, view.dir_key)
+        super().__init__(runtime, view.dir_path)
         self.view = view
         self._local: np.ndarray | None = None
 
@@ -109,12 +109,12 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
 
     def _listed(self) -> AsyncIterator[FileCell]:
         lo, hi = self.view.file_range()
-        return list_files(self.source, self.view.dir_key, lo.tolist(), hi.tolist())
+        return list_files(self.source, self.view.dir_path, lo.tolist(), hi.tolist())
 
     async def open_shard(self, shard: FileCell) -> Blob | None:
-        key = self.view.file_key(shard)
-        st = await self.source.stat(key)
-        return None if st is None or st.is_dir else Blob.of(key, st)
+        path = self.view.file_path(shard)
+        st = await self.source.stat(path)
+        return None if st is None or st.is_dir else Blob.of(path, st)
 
     async def read_index(self, shard: FileCell, blob: Blob) -> ChunkTable:
         """The blocks of the file inside the volume, from its header and (LZ4) jump table."""
@@ -164,23 +164,23 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
         return np.ones(len(table), dtype=bool)
 
 
-async def _numbers(source: ByteSource, key: str, pattern: re.Pattern[str], want_dir: bool, lo: int, hi: int
+async def _numbers(source: ByteSource, path: str, pattern: re.Pattern[str], want_dir: bool, lo: int, hi: int
                    ) -> list[int]:
     found = []
-    async for name, st in source.list(key):
+    async for name, st in source.list(path):
         m = pattern.match(name)
         if m is not None and st.is_dir == want_dir and lo <= int(m.group(1)) <= hi:
             found.append(int(m.group(1)))
     return sorted(found)
 
 
-async def list_files(source: ByteSource, dir_key: str, lo: list[int], hi: list[int]) -> AsyncIterator[FileCell]:
+async def list_files(source: ByteSource, dir_path: str, lo: list[int], hi: list[int]) -> AsyncIterator[FileCell]:
     """The `.wkw` files of a mag directory within the inclusive file range [lo, hi], from
     listings of its z and y directories (x fastest)."""
-    for z in await _numbers(source, dir_key, _DIR["z"], True, lo[2], hi[2]):
-        zkey = join_key(dir_key, f"z{z}")
+    for z in await _numbers(source, dir_path, _DIR["z"], True, lo[2], hi[2]):
+        zkey = join_path(dir_path, f"z{z}")
         for y in await _numbers(source, zkey, _DIR["y"], True, lo[1], hi[1]):
-            for x in await _numbers(source, join_key(zkey, f"y{y}"), _FILE, False, lo[0], hi[0]):
+            for x in await _numbers(source, join_path(zkey, f"y{y}"), _FILE, False, lo[0], hi[0]):
                 yield x, y, z
 
 

@@ -29,7 +29,7 @@ from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
-from ...sources.base import join_key
+from ...sources.base import join_path
 from .keys import KeyLayout, parse_index
 from .metadata import ArrayMeta
 from .sharding import EMPTY, Unsharded
@@ -45,9 +45,9 @@ PROBE_MAX = 1 << 16
 class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
     """A shard is an outer grid index; its (nested) shard indexes are flattened into one table."""
 
-    def __init__(self, runtime: Runtime, key: str, meta: ArrayMeta, flat: Unsharded) -> None:
-        super().__init__(runtime, key)
-        self.key = key
+    def __init__(self, runtime: Runtime, path: str, meta: ArrayMeta, flat: Unsharded) -> None:
+        super().__init__(runtime, path)
+        self.path = path
         self.meta = meta
         self.levels = flat.levels
         if not self.levels:
@@ -89,11 +89,11 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         return tuple(i // p for i, p in zip(self.index_of(key), self.per_shard))
 
     async def open_shard(self, outer: tuple[int, ...]) -> Blob | None:
-        key = join_key(self.key, self.source_keys.key(outer))
-        st = await self.source.stat(key)
+        path = join_path(self.path, self.source_keys.key(outer))
+        st = await self.source.stat(path)
         if st is None or st.is_dir:
             return None
-        return Blob.of(key, st)
+        return Blob.of(path, st)
 
     def is_shard_file(self, name: str) -> bool:
         return self.source_keys.claims(name)
@@ -108,7 +108,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
             # (a missing one reads as absent when its shard is looked up).
             ranges = [range(f, f + 1) for f in lead] + [range(g) for g in self.shard_grid[len(lead):]]
             if math.prod(len(r) for r in ranges) > PROBE_MAX:
-                log_once(log, f"probe:{self.key}", "listing %s: too many possible shards on a source that cannot "
+                log_once(log, f"probe:{self.path}", "listing %s: too many possible shards on a source that cannot "
                          "list; not listed (lookups by name work)", self.label)
                 return
             for outer in itertools.product(*ranges):
@@ -116,7 +116,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
             return
         if not layout.nested:
             found: list[tuple[int, ...]] = []
-            async for name, st in self.source.list(self.key):
+            async for name, st in self.source.list(self.path):
                 parsed = None if st.is_dir else layout.parse_flat(name)
                 if parsed is not None and parsed[:len(lead)] == lead and self._outer_ok(parsed):
                     found.append(parsed)
@@ -124,7 +124,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                 yield outer
             return
 
-        async def walk(prefix: tuple[int, ...], dir_key: str) -> AsyncIterator[tuple[int, ...]]:
+        async def walk(prefix: tuple[int, ...], dir_path: str) -> AsyncIterator[tuple[int, ...]]:
             depth = len(prefix)
             last = depth == ndim - 1
             names: list[tuple[str, int]]
@@ -132,7 +132,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                 names = [(str(lead[depth]), lead[depth])]
             else:
                 names = []
-                async for name, st in self.source.list(dir_key):
+                async for name, st in self.source.list(dir_path):
                     i = parse_index(name)
                     if i is not None and i < self.shard_grid[depth] and st.is_dir != last:
                         names.append((name, i))
@@ -141,10 +141,10 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                 if last:
                     yield prefix + (i,)
                 else:
-                    async for outer in walk(prefix + (i,), join_key(dir_key, name)):
+                    async for outer in walk(prefix + (i,), join_path(dir_path, name)):
                         yield outer
 
-        root = join_key(self.key, layout.lead) if layout.lead else self.key
+        root = join_path(self.path, layout.lead) if layout.lead else self.path
         async for outer in walk((), root):
             yield outer
 

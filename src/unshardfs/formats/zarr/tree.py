@@ -19,7 +19,7 @@ from ...core.geometry import Geometry
 from ...core.naming import Naming
 from ...core.table import int_list
 from ...overlay import OverlayDir
-from ...sources.base import ByteSource, ObjectStat, join_key
+from ...sources.base import ByteSource, ObjectStat, join_path
 from ...vtree import Batch, DirNode, Node, Verdict
 from .keys import KeyLayout, parse_index
 from .store import ZarrStore
@@ -171,9 +171,9 @@ class ArrayDir(OverlayDir):
 
     __slots__ = ("view", "hidden")
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node], view: ChunkView,
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, fixed: dict[str, Node], view: ChunkView,
                  hidden: frozenset[str] = frozenset()) -> None:
-        super().__init__(source, key, st, fixed, view.stable_key)
+        super().__init__(source, path, st, fixed, view.stable_key)
         self.view = view
         self.hidden = hidden
 
@@ -203,7 +203,7 @@ class ArrayDir(OverlayDir):
         elif layout.lead:
             # Listed when the source has shards at all (an array never
             # written has no "c" directory, sharded or not).
-            if not self.source.listable or await self.source.stat_dir(join_key(self.key, layout.lead)):
+            if not self.source.listable or await self.source.stat_dir(join_path(self.path, layout.lead)):
                 yield [(layout.lead, ChunkDir(view, ()))]
         else:
             async for batch in view.entries_at(()):
@@ -220,18 +220,18 @@ class GroupDir(OverlayDir):
 
     __slots__ = ("resolve", "hidden")
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node],
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, fixed: dict[str, Node],
                  resolve: Callable[[str, ObjectStat | None], Awaitable[Node | Verdict]],
                  hidden: frozenset[str] = frozenset(), children: tuple[str, ...] = ()) -> None:
         # `children`: names known from consolidated metadata, listed when the source cannot list.
-        super().__init__(source, key, st, fixed, f"zarr-group:{key}", lambda _key: children)
+        super().__init__(source, path, st, fixed, f"zarr-group:{path}", lambda _path: children)
         self.resolve = resolve
         self.hidden = hidden
 
     def hides(self, name: str) -> bool:
         return name in self.hidden
 
-    async def source_child(self, key: str, st: ObjectStat | None) -> Node | Verdict:
+    async def source_child(self, path: str, st: ObjectStat | None) -> Node | Verdict:
         if st is not None and not st.is_dir:
             return Verdict.PASS
-        return await self.resolve(key, st)
+        return await self.resolve(path, st)
