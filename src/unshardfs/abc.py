@@ -9,7 +9,7 @@ error behaviour. The pieces, bottom up:
   the suite a new source passes.
 - `Blob`, `Extent`, `Fetcher`: one stored object as of one `stat`, a byte
   range of it, and the mount's one read path.
-- `ChunkTable`: a shard's index entries, key -> validated byte range
+- `ChunkTable`: a shard's index entries, id -> validated byte range
   (`ChunkTable.build`), bad entries kept in `bad` (EIO, never absent).
 - `ShardedStore[ShardT, IndexT]`: a format's shards and index decoding; the
   core's `locate`/`tables` enforce the damage and placement rules.

@@ -81,9 +81,9 @@ class MultiLodMeshDir(ShardedDir):
         assert isinstance(store, PrecomputedStore)
         if start < store.index_size:
             raise DataError(manifest.where, f"fragment data of {total:,} bytes would start before the shard data")
-        key = manifest.key
-        return ChunkFile(self.fragments_ctx, manifest.blob, start, total, key, total,
-                         self.fragments_ctx.naming.ident(key))
+        chunk_id = manifest.chunk_id
+        return ChunkFile(self.fragments_ctx, manifest.blob, start, total, chunk_id, total,
+                         self.fragments_ctx.naming.ident(chunk_id))
 
     async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         stem = name.removesuffix(".index")

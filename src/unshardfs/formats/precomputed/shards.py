@@ -234,11 +234,11 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     # -- the ShardedStore contract -----------------------------------------------------------
 
-    def shard_of(self, key: int) -> int:
-        return self.spec.location(key)[0]
+    def shard_of(self, chunk_id: int) -> int:
+        return self.spec.location(chunk_id)[0]
 
-    async def table_for(self, shard: int, blob: Blob, index: np.ndarray, key: int) -> ChunkTable | None:
-        m = self.spec.location(key)[1]
+    async def table_for(self, shard: int, blob: Blob, index: np.ndarray, chunk_id: int) -> ChunkTable | None:
+        m = self.spec.location(chunk_id)[1]
         if index[m, 0] == index[m, 1]:
             return None
         return await self.minishard(blob, index, m)
@@ -261,7 +261,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
         """Ids that hash to another shard or minishard can never be looked up."""
-        shards, minis = self.spec.locations_array(table.keys)
+        shards, minis = self.spec.locations_array(table.ids)
         mask: np.ndarray = (shards == U64(shard)) & (minis == U64(table.part))
         return mask
 

@@ -1,10 +1,10 @@
 """One mag of a WKW layer as a core `ShardedStore`, and the codec that turns a block into a chunk file.
 
 Shards are the `.wkw` files `z<k>/y<j>/x<i>.wkw` of the mag directory; each
-holds a cube of `F^3` blocks in Morton order (x the lowest bit). Chunk keys
+holds a cube of `F^3` blocks in Morton order (x the lowest bit). Chunk ids
 are the compressed Morton codes of the *view's* grid cells (the precomputed
 grid, whose voxel offset is block-aligned), so a chunk file is one block:
-its file and position follow from the key alone, and a lookup reads that
+its file and position follow from the id alone, and a lookup reads that
 file's header and jump table once (cached) and then the block.
 """
 
@@ -81,17 +81,17 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
             self._local = MortonCoder((self.view.header.file_edge,) * 3).decode_array(np.arange(n, dtype=np.uint64))[0]
         return self._local
 
-    def describe(self, key: int) -> str:
-        cells, valid = self.view.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+    def describe(self, chunk_id: int) -> str:
+        cells, valid = self.view.grid.coder.decode_array(np.array([chunk_id], dtype=np.uint64))
         if not valid[0]:
-            return f"chunk {key}"
+            return f"chunk {chunk_id}"
         block = cells[0] + self.view.first_block
         return f"block {tuple(int(b) % self.view.header.file_edge for b in block)}"
 
     # -- the ShardedStore contract ----------------------------------------------------------
 
-    def shard_of(self, key: int) -> FileCell | None:
-        cells, valid = self.view.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+    def shard_of(self, chunk_id: int) -> FileCell | None:
+        cells, valid = self.view.grid.coder.decode_array(np.array([chunk_id], dtype=np.uint64))
         if not valid[0]:
             return None
         x, y, z = ((cells[0] + self.view.first_block) // self.view.header.file_edge).tolist()
@@ -120,7 +120,7 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
         """The blocks of the file inside the volume, from its header and (LZ4) jump table."""
         mag = self.view.header
         where = blob.label
-        # The decoded table holds 32 bytes per block (key, start, length, block type).
+        # The decoded table holds 32 bytes per block (id, start, length, block type).
         self.check_index(32 * mag.blocks, where, SHARD_INDEX)
         # Header and (if the mag is compressed) jump table in one read.
         raw = await self.fetcher.read(Extent(blob, 0, min(blob.size, HEADER_BYTES + mag.jump_table_bytes)),
@@ -155,12 +155,12 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
         # Blocks of this file that are cells of the view (the others can never be looked up).
         cells = np.array(shard, dtype=np.int64) * header.file_edge + self.local - self.view.first_block
         inside = ((cells >= 0) & (cells < np.array(self.view.grid.shape, dtype=np.int64))).all(axis=1)
-        keys = encode_cells(self.view.grid.coder, cells[inside])
+        ids = encode_cells(self.view.grid.coder, cells[inside])
         kinds = np.full(int(inside.sum()), header.block_type, dtype=np.int64)
-        return ChunkTable.build(blob, keys, starts[inside], lengths[inside], header.data_offset, blob.size, kinds)
+        return ChunkTable.build(blob, ids, starts[inside], lengths[inside], header.data_offset, blob.size, kinds)
 
     def placed(self, shard: FileCell, table: ChunkTable) -> np.ndarray:
-        # Keys are computed from the file's own blocks: every one is placed here.
+        # Ids are computed from the file's own blocks: every one is placed here.
         return np.ones(len(table), dtype=bool)
 
 
@@ -237,7 +237,7 @@ class WkwBlockCodec(GeometrySized):
             data = block if channels == 1 else np.frombuffer(block, dtype=self.dtype).reshape(-1, channels).T.tobytes()
         else:
             grid = self.view.grid
-            cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
+            cells, _ = grid.coder.decode_array(np.array([f.chunk_id], dtype=np.uint64))
             x, y, z = cells[0].tolist()
             ex, ey, ez = grid.extent((x, y, z))
             voxels = np.frombuffer(block, dtype=self.dtype).reshape(self.shape)[:ez, :ey, :ex]

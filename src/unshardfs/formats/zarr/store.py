@@ -1,6 +1,6 @@
 """Inner chunks of one Zarr v3 array, as a core `ShardedStore`.
 
-Keys are linear (C-order) indexes in the grid of inner chunks. A shard is
+Chunk ids are linear (C-order) indexes in the grid of inner chunks. A shard is
 the object the array's key encoding names for an outer grid index; its
 (possibly nested) shard indexes are flattened into one `ChunkTable` of the
 shard's non-empty, in-bounds inner chunks. An unsharded array is the
@@ -61,32 +61,32 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         self.per_shard = tuple(s // c for s, c in zip(meta.chunk_shape, flat.chunk_shape))
         self._strides = np.array([math.prod(self.grid[d + 1:]) for d in range(len(self.grid))], dtype=np.int64)
 
-    # -- keys ---------------------------------------------------------------------------
+    # -- ids ----------------------------------------------------------------------------
 
-    def key_of(self, index: tuple[int, ...]) -> int:
+    def id_of(self, index: tuple[int, ...]) -> int:
         return int(np.ravel_multi_index(index, self.grid)) if index else 0
 
-    def index_of(self, key: int) -> tuple[int, ...]:
-        return tuple(int(i) for i in np.unravel_index(key, self.grid)) if self.grid else ()
+    def index_of(self, chunk_id: int) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.unravel_index(chunk_id, self.grid)) if self.grid else ()
 
-    def indices(self, keys: np.ndarray) -> np.ndarray:
-        """(n, ndim) grid indexes of linear keys."""
-        keys = keys.astype(np.int64)
-        return (keys[:, None] // self._strides) % np.array(self.grid, dtype=np.int64) if self.grid \
-            else np.zeros((len(keys), 0), dtype=np.int64)
+    def indices(self, ids: np.ndarray) -> np.ndarray:
+        """(n, ndim) grid indexes of linear chunk ids."""
+        ids = ids.astype(np.int64)
+        return (ids[:, None] // self._strides) % np.array(self.grid, dtype=np.int64) if self.grid \
+            else np.zeros((len(ids), 0), dtype=np.int64)
 
     def in_bounds(self, index: tuple[int, ...]) -> bool:
         return len(index) == len(self.grid) and all(0 <= i < g for i, g in zip(index, self.grid))
 
-    def describe(self, key: int) -> str:
-        return f"chunk {self.source_keys.key(self.index_of(key))}"
+    def describe(self, chunk_id: int) -> str:
+        return f"chunk {self.source_keys.key(self.index_of(chunk_id))}"
 
     # -- shards ---------------------------------------------------------------------------
 
-    def shard_of(self, key: int) -> tuple[int, ...] | None:
-        if not 0 <= key < math.prod(self.grid):
+    def shard_of(self, chunk_id: int) -> tuple[int, ...] | None:
+        if not 0 <= chunk_id < math.prod(self.grid):
             return None  # outside the grid: no such chunk (read-ahead may guess past the end)
-        return tuple(i // p for i, p in zip(self.index_of(key), self.per_shard))
+        return tuple(i // p for i, p in zip(self.index_of(chunk_id), self.per_shard))
 
     async def open_shard(self, outer: tuple[int, ...]) -> Blob | None:
         path = join_path(self.path, self.source_keys.key(outer))
@@ -215,26 +215,26 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         grid = np.array(self.grid, dtype=np.int64)
         indices = (origin + offsets) // chunk
         inside = (indices < grid).all(axis=1)
-        keys = (indices[inside] * self._strides).sum(axis=1).astype(U64) if ndim else np.zeros(int(inside.sum()), U64)
+        ids = (indices[inside] * self._strides).sum(axis=1).astype(U64) if ndim else np.zeros(int(inside.sum()), U64)
         reasons: dict[int, str] = {}
         for rel in bad_offsets:
             cells = (origin + rel) // chunk
             for cell in cells[(cells < grid).all(axis=1)][:1000].tolist():
-                reasons[self.key_of(tuple(cell))] = "shard index entry points outside the shard"
+                reasons[self.id_of(tuple(cell))] = "shard index entry points outside the shard"
         if reasons:
             log_once(log, f"bad:{blob.label}", "%s: %d shard index entries point outside the shard; those chunks "
                      "fail with EIO", blob.label, len(reasons))
-        # Ranges are validated per level above; `build` sorts by key.
-        return ChunkTable.build(blob, keys, starts[inside], lengths[inside], 0, blob.size, reasons=reasons)
+        # Ranges are validated per level above; `build` sorts by id.
+        return ChunkTable.build(blob, ids, starts[inside], lengths[inside], 0, blob.size, reasons=reasons)
 
     async def read_index(self, outer: tuple[int, ...], blob: Blob) -> ChunkTable:
         if not self.levels:  # unsharded: the object is the chunk
-            key = self.key_of(outer)
-            return ChunkTable(blob, np.array([key], dtype=U64), np.zeros(1, dtype=U64), np.array([blob.size], U64))
+            chunk_id = self.id_of(outer)
+            return ChunkTable(blob, np.array([chunk_id], dtype=U64), np.zeros(1, dtype=U64), np.array([blob.size], U64))
         return await self._flatten(outer, blob)
 
     def placed(self, shard: tuple[int, ...], table: ChunkTable) -> np.ndarray:
-        outer = self.indices(table.keys) // np.array(self.per_shard, dtype=np.int64)
+        outer = self.indices(table.ids) // np.array(self.per_shard, dtype=np.int64)
         mask: np.ndarray = (outer == np.array(shard, dtype=np.int64)).all(axis=1)
         return mask
 
