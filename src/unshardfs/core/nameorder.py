@@ -3,7 +3,7 @@
 Tools that split a directory's files over several readers sort the names as
 strings first (`sorted(os.listdir(...))`, `ls | split`, a Python script's
 `files[i::8]`): together the readers walk the name order, which is neither
-key order nor listing order. A grid's chunk names are one text per axis
+id order nor listing order. A grid's chunk names are one text per axis
 joined by a separator, and comparing two names compares the first axis whose
 texts differ, as texts: where one text is a prefix of the other (Zarr's "1"
 and "10") the separator that follows it ("/" or ".") sorts below every digit,
@@ -21,15 +21,15 @@ Cell = tuple[int, ...]
 
 
 class NameOrder:
-    """Keys of a dense grid in the string order of their names.
+    """Chunk ids of a dense grid in the string order of their names.
 
     `texts[d][g]` is how axis `d` spells grid index `g` in a name; `cell_of`
-    maps a key to its grid cell (None: not in the grid) and `key_of` back.
+    maps a chunk id to its grid cell (None: not in the grid) and `id_of` back.
     Memory is the sum of the axes' lengths, not their product.
     """
 
     def __init__(self, texts: Sequence[Sequence[str]], cell_of: Callable[[int], Cell | None],
-                 key_of: Callable[[Cell], int]) -> None:
+                 id_of: Callable[[Cell], int]) -> None:
         self._order = [sorted(range(len(axis)), key=axis.__getitem__) for axis in texts]
         self._rank = []
         for order in self._order:
@@ -38,11 +38,11 @@ class NameOrder:
                 rank[g] = r
             self._rank.append(rank)
         self._cell_of = cell_of
-        self._key_of = key_of
+        self._id_of = id_of
 
-    def after(self, key: int, n: int) -> list[int]:
-        """Up to `n` keys whose names follow `key`'s, in order ([] if `key` is not in the grid)."""
-        cell = self._cell_of(key)
+    def after(self, chunk_id: int, n: int) -> list[int]:
+        """Up to `n` ids whose names follow `chunk_id`'s, in order ([] if it is not in the grid)."""
+        cell = self._cell_of(chunk_id)
         if cell is None or len(cell) != len(self._order) or not self._order:
             return []
         ranks = [rank[g] for rank, g in zip(self._rank, cell)]
@@ -56,5 +56,5 @@ class NameOrder:
             if d < 0:
                 break  # the last name
             ranks[d] += 1
-            out.append(self._key_of(tuple(order[r] for order, r in zip(self._order, ranks))))
+            out.append(self._id_of(tuple(order[r] for order, r in zip(self._order, ranks))))
         return out

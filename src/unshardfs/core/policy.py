@@ -29,9 +29,9 @@ class CorePolicy:
     joint_confirm: int = 5
     joint_reads: int = 8
     behind: int = 32
-    # Listed entries remembered (listing order; key order over sparse keys; the chunks in a
+    # Listed entries remembered (listing order; id order over sparse ids; the chunks in a
     # prefetch's gaps): about 50 bytes each at most.
-    listed_keys_max: int = 1 << 20
+    listed_ids_max: int = 1 << 20
 
 
 POLICY = CorePolicy()

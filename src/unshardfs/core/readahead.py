@@ -5,9 +5,9 @@ each read a round trip to an object store. A `ScanScope` watches the order
 in which a directory's chunk files are first read and recognises three kinds
 of scan:
 
-- key order: ascending chunk keys, which is inode order (`cp -r` sorts a
+- id order: ascending chunk ids, which is inode order (`cp -r` sorts a
   directory by inode number before copying, and our computed inodes are the
-  keys) and, for grids, a walk over neighbouring cells;
+  ids) and, for grids, a walk over neighbouring cells;
 - listing order: the order of the directory's listing (`tar`, `find`,
   `ls -f | xargs`), which is the order of the index tables, shard by shard;
   before any listing, consecutive entries of one index table;
@@ -51,7 +51,7 @@ FIRST_WINDOW = POLICY.first_window
 MAX_WINDOW = POLICY.max_window
 SLACK = POLICY.slack
 CONFIRM = POLICY.confirm
-LISTED_KEYS_MAX = POLICY.listed_keys_max
+LISTED_IDS_MAX = POLICY.listed_ids_max
 WHOLE_READ_MAX = POLICY.whole_read_max
 JOINT_SPAN = POLICY.joint_span
 JOINT_CONFIRM = POLICY.joint_confirm
@@ -70,13 +70,13 @@ class ScanTarget(Protocol):
 
     @property
     def dense(self) -> bool:
-        """Whether keys fill a range (the key after k is k+1)."""
+        """Whether ids fill a range (the id after k is k+1)."""
 
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        """The table holding chunk `key` and its position (None: absent; DataError: damaged)."""
+    async def locate(self, chunk_id: int) -> tuple[ChunkTable, int] | None:
+        """The table holding chunk `chunk_id` and its position (None: absent; DataError: damaged)."""
 
-    def table_of(self, key: int) -> Hashable | None:
-        """What names the index table that would hold `key` (no I/O; None: no such table)."""
+    def table_of(self, chunk_id: int) -> Hashable | None:
+        """What names the index table that would hold `chunk_id` (no I/O; None: no such table)."""
 
     def has_payload(self, ext: Extent) -> bool:
         """Whether the payload at `ext` is already kept for its reader."""
@@ -88,46 +88,46 @@ class ScanTarget(Protocol):
 
 @dataclass(eq=False)
 class _Stream:
-    order: str  # "key", "listing" or "name"
-    upcoming: list[int]  # predicted keys, in order
-    cursor: int = 0  # index in `upcoming` after the furthest key read
-    frontier: int = 0  # keys before this index have been prefetched
+    order: str  # "id", "listing" or "name"
+    upcoming: list[int]  # predicted ids, in order
+    cursor: int = 0  # index in `upcoming` after the furthest id read
+    frontier: int = 0  # ids before this index have been prefetched
     hits: int = 0
     window: int = FIRST_WINDOW
     confirmed: bool = False
-    follows: int = 0  # reads of exactly the next predicted key, all of them so far
+    follows: int = 0  # reads of exactly the next predicted id, all of them so far
     exact: bool = True  # whether the last read matched so (and every read before it)
-    seen: set[int] = field(default_factory=set)  # keys read while a guess
+    seen: set[int] = field(default_factory=set)  # ids read while a guess
     age: int = 0  # reads observed since the guess was made
 
-    def match(self, key: int) -> bool:
+    def match(self, chunk_id: int) -> bool:
         self.age += 1
         if self.confirmed:
             # Tolerates skips ahead (a reader skipping files) and reads a little behind (parallel
             # readers arrive out of order).
-            i = self._find(key, max(self.cursor - BEHIND, 0), self.cursor + SLACK)
+            i = self._find(chunk_id, max(self.cursor - BEHIND, 0), self.cursor + SLACK)
             if i is None:
                 return False
         else:
             # A guess is followed exactly, or densely close behind its first read (joint readers):
             # scattered reads (a viewer) would otherwise land within the slack of some guess often
             # enough to look like a scan on a small directory.
-            i = self._find(key, self.cursor, self.cursor + 1) if self.exact else None
+            i = self._find(chunk_id, self.cursor, self.cursor + 1) if self.exact else None
             if i is not None:
                 self.follows += 1
             else:
-                i = self._find(key, 0, JOINT_SPAN) if self.age <= JOINT_READS else None
-                if i is None or key in self.seen:
+                i = self._find(chunk_id, 0, JOINT_SPAN) if self.age <= JOINT_READS else None
+                if i is None or chunk_id in self.seen:
                     return False
                 self.exact = False
-            self.seen.add(key)
+            self.seen.add(chunk_id)
             self._confirm()
         self.cursor = max(self.cursor, i + 1)
         self.hits += 1
         return True
 
     def absorb(self, other: "_Stream") -> None:
-        """Take a guess of the same order that predicted the same key (so the same keys after it):
+        """Take a guess of the same order that predicted the same id (so the same ids after it):
         what it saw counts as seen here, as if since the older one's first read."""
         self.seen |= other.seen
         self.age = max(self.age, other.age)
@@ -135,18 +135,18 @@ class _Stream:
         self._confirm()
 
     def _confirm(self) -> None:
-        self.confirmed = (self.exact and self.follows >= CONFIRM) or \
+        self.confirmed = (self.exact and self.follows >= CONFIRM) or\
             (len(self.seen) >= JOINT_CONFIRM and self.age <= JOINT_READS)
 
-    def _find(self, key: int, lo: int, hi: int) -> int | None:
+    def _find(self, chunk_id: int, lo: int, hi: int) -> int | None:
         try:
-            return self.upcoming.index(key, lo, hi)
+            return self.upcoming.index(chunk_id, lo, hi)
         except ValueError:
             return None
 
 
 class Listings:
-    """What a directory's listing batches said: keys in listing order, to continue a scan where
+    """What a directory's listing batches said: ids in listing order, to continue a scan where
     the listing goes next (the next table, the next shard), and each blob's chunk extents, to
     name the chunks a prefetch reads in its gaps. Bounded by LISTED_KEYS_MAX entries; a
     listing read again adds nothing."""
@@ -155,26 +155,26 @@ class Listings:
         self.batches: list[np.ndarray] = []
         self.count = 0
         self._seen: set[tuple[Ident, int, int]] = set()
-        self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its keys (on demand)
+        self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its ids (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
         self._tables: dict[Ident, list[ChunkTable]] = {}  # blob ident -> its listed tables
-        # ... as (starts, lengths, keys) sorted by start
+        # ... as (starts, lengths, ids) sorted by start
         self._spans: dict[Ident, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def add(self, table: ChunkTable) -> None:
-        mark = (table.blob.ident, int(table.keys[0]), len(table))
-        if mark in self._seen or self.count >= LISTED_KEYS_MAX:
+        mark = (table.blob.ident, int(table.ids[0]), len(table))
+        if mark in self._seen or self.count >= LISTED_IDS_MAX:
             return
         self._seen.add(mark)
-        self.batches.append(table.keys)
-        self.count += len(table.keys)
+        self.batches.append(table.ids)
+        self.count += len(table.ids)
         self._sorted = None
         self._tables.setdefault(table.blob.ident, []).append(table)
         self._spans.pop(table.blob.ident, None)
 
     def within(self, blob: Blob, start: int, end: int, after: int | None = None) -> list[Extent]:
-        """Listed chunk extents of `blob` lying inside [start, end) (of keys above `after`, if given)."""
+        """Listed chunk extents of `blob` lying inside [start, end) (of ids above `after`, if given)."""
         spans = self._spans.get(blob.ident)
         if spans is None:
             tables = self._tables.get(blob.ident)
@@ -183,21 +183,21 @@ class Listings:
             starts = np.concatenate([t.starts for t in tables])
             order = np.argsort(starts, kind="stable")
             spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order],
-                                               np.concatenate([t.keys for t in tables])[order])
-        starts, lengths, keys = spans
+                                               np.concatenate([t.ids for t in tables])[order])
+        starts, lengths, ids = spans
         lo, hi = np.searchsorted(starts, [np.uint64(start), np.uint64(end)])
         if after is not None:
-            ahead = keys[lo:hi] > np.uint64(after)
+            ahead = ids[lo:hi] > np.uint64(after)
             pairs = zip(starts[lo:hi][ahead].tolist(), lengths[lo:hi][ahead].tolist())
         else:
             pairs = zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist())
         return [Extent(blob, s, n) for s, n in pairs if s + n <= end]
 
-    def after(self, key: int, n: int) -> list[int] | None:
-        """Up to `n` keys listed after `key`; None if `key` was not listed."""
+    def after(self, chunk_id: int, n: int) -> list[int] | None:
+        """Up to `n` ids listed after `chunk_id`; None if `chunk_id` was not listed."""
         count = len(self.batches)
         for b in [self._last, *range(self._last + 1, count), *range(self._last)] if count else []:
-            i = self._position(b, key)
+            i = self._position(b, chunk_id)
             if i is not None:
                 self._last = b
                 out = int_list(self.batches[b][i + 1:i + 1 + n])
@@ -208,15 +208,15 @@ class Listings:
                 return out
         return None
 
-    def _position(self, b: int, key: int) -> int | None:
-        keys = self.batches[b]
+    def _position(self, b: int, chunk_id: int) -> int | None:
+        ids = self.batches[b]
         order = self._orders.get(b)
         if order is None:
-            order = self._orders[b] = np.argsort(keys, kind="stable")
-        j = int(np.searchsorted(keys, np.uint64(key), sorter=order))
-        return int(order[j]) if j < len(keys) and int(keys[order[j]]) == key else None
+            order = self._orders[b] = np.argsort(ids, kind="stable")
+        j = int(np.searchsorted(ids, np.uint64(chunk_id), sorter=order))
+        return int(order[j]) if j < len(ids) and int(ids[order[j]]) == chunk_id else None
 
-    def sorted_keys(self) -> np.ndarray | None:
+    def sorted_ids(self) -> np.ndarray | None:
         if not self.batches:
             return None
         if self._sorted is None:
@@ -237,17 +237,17 @@ class ScanScope:
 
     # -- fed by the chunk files and listings --------------------------------------------
 
-    def note(self, key: int) -> None:
-        """Chunk `key`'s file is being read from its start (cheap: the work happens in the background)."""
+    def note(self, chunk_id: int) -> None:
+        """Chunk `chunk_id`'s file is being read from its start (cheap: the work happens in the background)."""
         fetcher = self.ctx.fetcher
         if not fetcher.can_prefetch:
             return
-        self.pending.append(key)
+        self.pending.append(chunk_id)
         if not self.working:
             self.working = fetcher.spawn(self._work)
 
     def listed(self, table: ChunkTable) -> None:
-        """Keys of a listing batch, in listing order."""
+        """Ids of a listing batch, in listing order."""
         if len(table):
             self.listings.add(table)
 
@@ -257,15 +257,15 @@ class ScanScope:
             return  # local shards: nothing is read ahead
         for table in tables:
             if len(table):
-                self._ready(self.ctx.table_of(int(table.keys[0])))
+                self._ready(self.ctx.table_of(int(table.ids[0])))
 
     # -- the background worker -------------------------------------------------------------
 
     async def _work(self) -> None:
         try:
             while self.pending:
-                key = self.pending.popleft()
-                await (self._refill() if key is None else self._observe(key))
+                chunk_id = self.pending.popleft()
+                await (self._refill() if chunk_id is None else self._observe(chunk_id))
         finally:
             self.working = False
 
@@ -275,13 +275,13 @@ class ScanScope:
             if stream.confirmed and await self._extend(stream):
                 break
 
-    async def _observe(self, key: int) -> None:
-        self._ready(self.ctx.table_of(key))  # the reader's lookup found the key in its table
-        # Every stream that predicted the key moves on, not only the first; the first
+    async def _observe(self, chunk_id: int) -> None:
+        self._ready(self.ctx.table_of(chunk_id))  # the reader's lookup found the id in its table
+        # Every stream that predicted the id moves on, not only the first; the first
         # confirmed one reads ahead, or the next where it has nothing more ahead: a
-        # listing stream ends with its directory, and the key stream beside it then
+        # listing stream ends with its directory, and the id stream beside it then
         # carries the scan into the next one (`cp -r` of nested Zarr chunk directories).
-        matched = self._one_per_order([stream for stream in self.streams if stream.match(key)])
+        matched = self._one_per_order([stream for stream in self.streams if stream.match(chunk_id)])
         if matched:
             self.streams = matched + [stream for stream in self.streams if stream not in matched]
             for stream in matched:
@@ -289,19 +289,19 @@ class ScanScope:
                     break
             if any(stream.confirmed for stream in matched):
                 return
-        # A new guess in each order no stream of which follows the key exactly (a guess matched
+        # A new guess in each order no stream of which follows the id exactly (a guess matched
         # only as a joint reader's read may be the first read of a scan all the same).
         followed = {stream.order for stream in matched if stream.confirmed or stream.exact}
-        for order in ("name", "key", "listing"):  # each in front: where several match, listing order leads
+        for order in ("name", "id", "listing"):  # each in front: where several match, listing order leads
             if order not in followed:
-                upcoming = await self._successors(order, key, FIRST_WINDOW + SLACK)
+                upcoming = await self._successors(order, chunk_id, FIRST_WINDOW + SLACK)
                 if upcoming:
                     self.streams.insert(0, _Stream(order, upcoming))
         del self.streams[MAX_STREAMS:]
 
     def _one_per_order(self, matched: list[_Stream]) -> list[_Stream]:
-        """The streams that matched a key, one per order: two streams of one order that both
-        predicted the key predict the same keys after it (several readers starting a scan at
+        """The streams that matched an id, one per order: two streams of one order that both
+        predicted the id predict the same ids after it (several readers starting a scan at
         once make several guesses), so one is kept: the furthest ahead, or the guess nearest
         to confirmation, which takes what the others saw."""
         def progress(stream: _Stream) -> tuple[bool, int, int, int]:
@@ -341,10 +341,10 @@ class ScanScope:
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
 
-        # A scan in key order over hashed shards wants chunks scattered over each shard: the
-        # chunks between them come later in the same scan (those above the key just read), so a
+        # A scan in id order over hashed shards wants chunks scattered over each shard: the
+        # chunks between them come later in the same scan (those above the id just read), so a
         # request may span them (fewer, larger requests) and keep them rather than read them again.
-        after = stream.upcoming[stream.cursor - 1] if stream.order == "key" and stream.cursor else None
+        after = stream.upcoming[stream.cursor - 1] if stream.order == "id" and stream.cursor else None
 
         def fill(blob: Blob, start: int, end: int) -> list[Extent]:
             return self._fill(blob, start, end, tables.get(blob.ident, {}).values(), after)
@@ -360,10 +360,10 @@ class ScanScope:
         return stream.frontier > stream.cursor
 
     async def _window(self, stream: _Stream, start: int, want: int) -> tuple[list[Picked], int]:
-        """(position, extent, table) of the stream's upcoming keys from `start` on, and where they stop:
+        """(position, extent, table) of the stream's upcoming ids from `start` on, and where they stop:
         up to `want`, then on while they stay in the last one's blob (a window never splits
         a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW more
-        keys and a quarter of the prefetch budget in bytes; early, at a key whose index table
+        ids and a quarter of the prefetch budget in bytes; early, at an id whose index table
         is being read (the next extension goes on from there)."""
         picked: list[Picked] = []
         limit = want + MAX_WINDOW
@@ -376,13 +376,13 @@ class ScanScope:
                 if not more:
                     break
                 stream.upcoming.extend(more)
-            key = stream.upcoming[i]
-            if key in stream.seen:
+            chunk_id = stream.upcoming[i]
+            if chunk_id in stream.seen:
                 found = None
-            elif not self._opened(key):
+            elif not self._opened(chunk_id):
                 break
             else:
-                found = await self._extent(key)
+                found = await self._extent(chunk_id)
             if i >= want and (found is None or not picked or found[0].blob.ident != picked[-1][1].blob.ident):
                 break
             if found is not None:
@@ -391,25 +391,25 @@ class ScanScope:
             i += 1
         # The tables the next window reaches, read now in the background (all at once), so
         # neither it nor the readers' lookups wait for them one after another.
-        for key in stream.upcoming[i:i + min(2 * max(want - start, FIRST_WINDOW), MAX_WINDOW)]:
-            self._opened(key)
+        for chunk_id in stream.upcoming[i:i + min(2 * max(want - start, FIRST_WINDOW), MAX_WINDOW)]:
+            self._opened(chunk_id)
         return picked, i
 
-    def _opened(self, key: int) -> bool:
-        """Whether the index table of `key` is known to be read; if not, it is read in the
+    def _opened(self, chunk_id: int) -> bool:
+        """Whether the index table of `chunk_id` is known to be read; if not, it is read in the
         background (once, with a task per table). Without a background, the caller reads it."""
-        table = self.ctx.table_of(key)
+        table = self.ctx.table_of(chunk_id)
         if table is None or table in self.ready:
             return True
         if table not in self.opening:
-            if not self.ctx.fetcher.spawn(self._open, table, key):
+            if not self.ctx.fetcher.spawn(self._open, table, chunk_id):
                 return True
             self.opening.add(table)
         return False
 
-    async def _open(self, table: Hashable, key: int) -> None:
+    async def _open(self, table: Hashable, chunk_id: int) -> None:
         try:
-            await self.ctx.locate(key)
+            await self.ctx.locate(chunk_id)
         except DataError:
             pass  # the reader's own lookup reports it
         finally:
@@ -427,10 +427,10 @@ class ScanScope:
                 self.ready.clear()
             self.ready.add(table)
 
-    async def _extent(self, key: int) -> tuple[Extent, ChunkTable] | None:
+    async def _extent(self, chunk_id: int) -> tuple[Extent, ChunkTable] | None:
         """The chunk's extent and the table it is in, if it is worth prefetching."""
         try:
-            found = await self.ctx.locate(key)
+            found = await self.ctx.locate(chunk_id)
         except DataError:
             return None
         if found is None:
@@ -446,40 +446,40 @@ class ScanScope:
     def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable],
               after: int | None = None) -> list[Extent]:
         """The chunks a prefetch of [start, end) of `blob` reads anyway, known from the listing
-        and from `tables` (a scan in key order wants them later: keep them rather than read them
-        again); with `after`, only those of keys above it (the scan has read the others)."""
+        and from `tables` (a scan in id order wants them later: keep them rather than read them
+        again); with `after`, only those of ids above it (the scan has read the others)."""
         found = {ext.key: ext for ext in self.listings.within(blob, start, end, after)}
         for table in tables:
             ends = table.starts + table.lengths
             inside = (table.starts >= np.uint64(start)) & (ends <= np.uint64(end))
             if after is not None:
-                inside &= table.keys > np.uint64(after)
+                inside &= table.ids > np.uint64(after)
             for i in np.nonzero(inside)[0].tolist():
                 ext = Extent(blob, int(table.starts[i]), int(table.lengths[i]))
                 found.setdefault(ext.key, ext)
         return [ext for ext in found.values() if self._wanted(ext)]
 
-    async def _successors(self, order: str, key: int, n: int) -> list[int]:
-        """Up to `n` keys expected after `key` in a scan of the given order."""
+    async def _successors(self, order: str, chunk_id: int, n: int) -> list[int]:
+        """Up to `n` ids expected after `chunk_id` in a scan of the given order."""
         if order == "name":
             names = self.ctx.name_order
-            return [] if names is None else names.after(key, n)
-        if order == "key":
+            return [] if names is None else names.after(chunk_id, n)
+        if order == "id":
             if self.ctx.dense:
-                return list(range(key + 1, key + 1 + n))
-            listed = self.listings.sorted_keys()
+                return list(range(chunk_id + 1, chunk_id + 1 + n))
+            listed = self.listings.sorted_ids()
             if listed is None:
                 return []
-            i = int(np.searchsorted(listed, np.uint64(key), side="right"))
+            i = int(np.searchsorted(listed, np.uint64(chunk_id), side="right"))
             return int_list(listed[i:i + n])
-        listed_after = self.listings.after(key, n)
+        listed_after = self.listings.after(chunk_id, n)
         if listed_after is not None:
             return listed_after
         try:  # not listed: the entries after it in its index table
-            found = await self.ctx.locate(key)
+            found = await self.ctx.locate(chunk_id)
         except DataError:
             return []
         if found is None:
             return []
         table, i = found
-        return int_list(table.keys[i + 1:i + 1 + n])
+        return int_list(table.ids[i + 1:i + 1 + n])
