@@ -135,7 +135,7 @@ class _Stream:
         self._confirm()
 
     def _confirm(self) -> None:
-        self.confirmed = (self.exact and self.follows >= CONFIRM) or\
+        self.confirmed = (self.exact and self.follows >= CONFIRM) or \
             (len(self.seen) >= JOINT_CONFIRM and self.age <= JOINT_READS)
 
     def _find(self, chunk_id: int, lo: int, hi: int) -> int | None:
