@@ -169,12 +169,19 @@ class Session:
     # -- reading ---------------------------------------------------------------------------
 
     async def _read(self) -> bytes | None:
-        """The next request, or None once the file system is unmounted."""
+        """The next request, or None once the file system is unmounted.
+
+        Every request passes through the scheduler once before it is handled: requests answered
+        inline do not yield by themselves, and while they keep coming, the work they started
+        (read-ahead plans, prefetches whose bytes arrived) must run between them, as it would
+        have had each request been a task of its own."""
+        waited = False
         while True:
             try:
                 n = os.readv(self.fd, [self._buffer])
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self.fd)
+                waited = True
                 continue
             except InterruptedError:
                 continue
@@ -184,7 +191,10 @@ class Session:
                 if e.errno == errno.ENODEV:  # unmounted
                     return None
                 raise
-            return bytes(self._buffer[:n])
+            data = bytes(self._buffer[:n])
+            if not waited:
+                await trio.lowlevel.checkpoint()
+            return data
 
     async def serve(self) -> None:
         """Serve until the kernel ends the connection (unmount, abort) or the caller cancels."""
