@@ -4,12 +4,12 @@ Import from here rather than from the modules behind it: this is the
 public extension API, and each name's docstring states its contract and
 error behaviour. The pieces, bottom up:
 
-- `ByteSource` (`ObjectStat`): bytes by key; `unshardfs.testing.memory.MemorySource`
+- `ByteSource` (`ObjectStat`): bytes by path; `unshardfs.testing.memory.MemorySource`
   is one in memory, `unshardfs.testing.source_conformance.SourceConformance`
   the suite a new source passes.
 - `Blob`, `Extent`, `Fetcher`: one stored object as of one `stat`, a byte
   range of it, and the mount's one read path.
-- `ChunkTable`: a shard's index entries, key -> validated byte range
+- `ChunkTable`: a shard's index entries, id -> validated byte range
   (`ChunkTable.build`), bad entries kept in `bad` (EIO, never absent).
 - `ShardedStore[ShardT, IndexT]`: a format's shards and index decoding; the
   core's `locate`/`tables` enforce the damage and placement rules.
@@ -44,7 +44,7 @@ from .core.store import ShardedStore
 from .core.table import ChunkTable
 from .errors import ConfigError, DataError
 from .formats.registry import Dataset, FormatPlugin, register_format
-from .sources.base import ByteSource, ObjectStat, join_key
+from .sources.base import ByteSource, ObjectStat, join_path
 from .vtree import BytesFile, DirNode, FileNode
 
 __all__ = [

@@ -17,24 +17,24 @@ from .vtree import Batch, DirNode, Node, Verdict
 
 
 class OverlayDir(DirNode):
-    __slots__ = ("source", "key", "fixed", "stable_key", "rest")
+    __slots__ = ("source", "path", "fixed", "stable_key", "rest")
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node],
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, fixed: dict[str, Node],
                  stable_key: str, declared: Declared | None = None) -> None:
         super().__init__(st.mtime_ns)
         self.source = source
-        self.key = key
+        self.path = path
         self.fixed = fixed
         self.stable_key = stable_key
-        self.rest = PassthroughDir(source, key, st, self._override, declared)
+        self.rest = PassthroughDir(source, path, st, self._override, declared)
 
-    async def _override(self, key: str, st: ObjectStat | None) -> Node | Verdict:
-        parent, _, name = key.rpartition("/")
-        if parent != self.key:
+    async def _override(self, path: str, st: ObjectStat | None) -> Node | Verdict:
+        parent, _, name = path.rpartition("/")
+        if parent != self.path:
             return Verdict.PASS  # deeper levels pass through untouched
         if name in self.fixed or self.claims(name) or self.hides(name):
             return Verdict.HIDE
-        return await self.source_child(key, st)
+        return await self.source_child(path, st)
 
     # -- what subclasses define ---------------------------------------------
 
@@ -46,7 +46,7 @@ class OverlayDir(DirNode):
         """Source entries replaced by the computed view (shard files, old metadata)."""
         return False
 
-    async def source_child(self, key: str, st: ObjectStat | None) -> Node | Verdict:
+    async def source_child(self, path: str, st: ObjectStat | None) -> Node | Verdict:
         """What to show for a remaining source entry (`st` None: not known to the source):
         a node, Verdict.HIDE, or Verdict.PASS (as it is, or absent)."""
         return Verdict.PASS

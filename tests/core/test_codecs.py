@@ -17,7 +17,7 @@ class Ref:
     """The payload reference a codec sees."""
 
     def __init__(self, size: int, length: int, where: str = "s.shard chunk 3") -> None:
-        self.size, self.length, self.where, self.key, self.extra = size, length, where, 3, 0
+        self.size, self.length, self.where, self.chunk_id, self.extra = size, length, where, 3, 0
 
 
 def reason(call) -> str:

@@ -30,7 +30,7 @@ class MemorySource:
         self.gate: trio.Event | None = None  # reads wait for it while set
         self.fail = 0  # this many next reads fail
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         self.reads.append((offset, size))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -40,7 +40,7 @@ class MemorySource:
             await trio.sleep(0)
             if self.fail:
                 self.fail -= 1
-                raise SourceError(f"{key}: injected failure")
+                raise SourceError(f"{path}: injected failure")
             return DATA[offset:offset + size]
         finally:
             self.in_flight -= 1

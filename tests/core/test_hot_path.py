@@ -161,11 +161,11 @@ def test_scalar_morton_decode_agrees_with_the_vectorised_one():
 
 def test_scalar_chunk_sizes_agree_with_the_arrays():
     grid = ChunkGrid((100, 70, 33), (32, 32, 16), (5, -3, 0))
-    keys = np.arange(1 << (grid.coder.total_bits + 1), dtype=np.uint64)  # valid codes and invalid ones
+    ids = np.arange(1 << (grid.coder.total_bits + 1), dtype=np.uint64)  # valid codes and invalid ones
     for raw in (True, False):
         geometry = VolumeGeometry(grid, 2, raw, limit=20_000)
-        exact, cap = geometry.exact(keys), geometry.cap(keys)
-        for i, key in enumerate(keys.tolist()):
-            assert geometry.sizes_one(key) == (None if exact is None else int(exact[i]), int(cap[i]))
-            assert geometry.exact_one(key) == (None if exact is None else int(exact[i]))
-            assert geometry.cap_one(key) == int(cap[i])
+        exact, cap = geometry.exact(ids), geometry.cap(ids)
+        for i, chunk_id in enumerate(ids.tolist()):
+            assert geometry.sizes_one(chunk_id) == (None if exact is None else int(exact[i]), int(cap[i]))
+            assert geometry.exact_one(chunk_id) == (None if exact is None else int(exact[i]))
+            assert geometry.cap_one(chunk_id) == int(cap[i])

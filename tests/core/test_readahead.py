@@ -17,11 +17,11 @@ from unshardfs.sources.base import ObjectStat
 CHUNK = 1000
 
 
-def shard(name: str, keys: list[int], lengths: list[int] | None = None) -> ChunkTable:
-    lengths = lengths or [CHUNK] * len(keys)
+def shard(name: str, ids: list[int], lengths: list[int] | None = None) -> ChunkTable:
+    lengths = lengths or [CHUNK] * len(ids)
     starts = np.cumsum([0] + lengths[:-1]).astype(np.uint64)
     blob = Blob.of(name, ObjectStat(int(sum(lengths)), 0, False, ("v",)))
-    return ChunkTable.build(blob, np.array(keys, np.uint64), starts, np.array(lengths, np.uint64), 0, blob.size)
+    return ChunkTable.build(blob, np.array(ids, np.uint64), starts, np.array(lengths, np.uint64), 0, blob.size)
 
 
 class Policy:
@@ -50,11 +50,11 @@ class Target:
         self.damaged = damaged
         self.kept: set[tuple] = set()
 
-    async def locate(self, key: int):
-        if key in self.damaged:
+    async def locate(self, chunk_id: int):
+        if chunk_id in self.damaged:
             raise DataError("s", "bad entry")
         for t in self.tables:
-            i = t.find(key)
+            i = t.find(chunk_id)
             if i is not None:
                 return t, i
         return None
@@ -63,10 +63,10 @@ class Target:
         return ext.key in self.kept
 
 
-def observe(scope: ScanScope, keys: list[int]) -> None:
+def observe(scope: ScanScope, ids: list[int]) -> None:
     async def main() -> None:
-        for key in keys:
-            await scope._observe(key)
+        for chunk_id in ids:
+            await scope._observe(chunk_id)
 
     trio.run(main)
 
@@ -82,7 +82,7 @@ def test_a_guess_is_confirmed_by_two_reads_then_the_window_covers_the_shards_run
     observe(scope, [0, 1])
     assert prefetched(target) == []  # one match: still a guess
     observe(scope, [2])
-    # Keys 3..10 are the first window; it ends inside shard a's run, so it is stretched to its end
+    # Ids 3..10 are the first window; it ends inside shard a's run, so it is stretched to its end
     # (one request for the run) and stops at the shard boundary.
     assert prefetched(target) == [("a", k) for k in range(3, 40)]
 
@@ -96,30 +96,30 @@ def test_scattered_reads_start_no_prefetch():
 def test_a_confirmed_stream_tolerates_skips_within_the_slack_only():
     target = Target([shard("a", list(range(400)))])
     scope = ScanScope(target)
-    observe(scope, [0, 1, 2, 2 + POLICY.slack])  # the last skips slack - 1 predicted keys
-    assert [s.hits for s in scope.streams if s.order == "key"] == [3]
+    observe(scope, [0, 1, 2, 2 + POLICY.slack])  # the last skips slack - 1 predicted ids
+    assert [s.hits for s in scope.streams if s.order == "id"] == [3]
     observe(scope, [3 + 2 * POLICY.slack])  # beyond the slack: a new guess beside the stream
-    assert [s.hits for s in scope.streams if s.order == "key"] == [0, 3]
+    assert [s.hits for s in scope.streams if s.order == "id"] == [0, 3]
 
 
 def test_large_cached_and_damaged_chunks_are_not_prefetched():
     big = POLICY.whole_read_max + 1
     table = shard("a", list(range(12)), [CHUNK] * 4 + [big] + [CHUNK] * 7)
     target = Target([table], damaged=frozenset({6}))
-    target.kept.add(Extent(table.blob, int(table.starts[5]), CHUNK).key)  # key 5's payload is waiting already
+    target.kept.add(Extent(table.blob, int(table.starts[5]), CHUNK).key)  # id 5's payload is waiting already
     observe(ScanScope(target), [0, 1, 2])
     assert [int(np.searchsorted(table.starts, np.uint64(e.start))) for e in target.fetcher.prefetched] == \
         [3, 7, 8, 9, 10, 11]
 
 
 def test_sparse_keys_follow_the_listing_order():
-    keys = [7, 3, 11, 5, 42, 19, 23, 8]  # listing order of a sparse directory
-    table = ChunkTable(shard("a", sorted(keys)).blob, np.array(keys, np.uint64),
-                       np.arange(len(keys), dtype=np.uint64) * CHUNK, np.full(len(keys), CHUNK, np.uint64))
-    target = Target([shard("a", sorted(keys))], dense=False)
+    ids = [7, 3, 11, 5, 42, 19, 23, 8]  # listing order of a sparse directory
+    table = ChunkTable(shard("a", sorted(ids)).blob, np.array(ids, np.uint64),
+                       np.arange(len(ids), dtype=np.uint64) * CHUNK, np.full(len(ids), CHUNK, np.uint64))
+    target = Target([shard("a", sorted(ids))], dense=False)
     scope = ScanScope(target)
     scope.listed(table)
     observe(scope, [7, 3, 11])
     # the rest of the listing, in its order
-    wanted = {k: int(target.tables[0].starts[target.tables[0].find(k)]) // CHUNK for k in keys}
+    wanted = {k: int(target.tables[0].starts[target.tables[0].find(k)]) // CHUNK for k in ids}
     assert prefetched(target) == [("a", wanted[k]) for k in [5, 42, 19, 23, 8]]

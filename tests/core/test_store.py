@@ -1,5 +1,5 @@
 """The core's final `locate` and `tables`, in-process over the shipped in-memory source: bad
-entries are DataErrors with their reason, keys of other shards are dropped from listings, index
+entries are DataErrors with their reason, ids of other shards are dropped from listings, index
 reads are cached per object version, shared by concurrent askers and bounded."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from unshardfs.testing.memory import MemorySource
 
 
 def shard_bytes(entries: list[tuple[int, int, int]], data_size: int) -> bytes:
-    """Payload bytes, then (key, offset, length) triples, then the count."""
+    """Payload bytes, then (id, offset, length) triples, then the count."""
     return bytes(data_size) + np.array(entries, "<u8").tobytes() + struct.pack("<Q", len(entries))
 
 
@@ -28,8 +28,8 @@ class Store(ShardedStore[int, ChunkTable]):
         super().__init__(runtime, "d")
         self.index_reads = 0
 
-    def shard_of(self, key: int) -> int:
-        return key % 2
+    def shard_of(self, chunk_id: int) -> int:
+        return chunk_id % 2
 
     async def shards(self, within: object = None):
         for n in (0, 1):
@@ -77,9 +77,9 @@ def test_tables_drop_keys_of_other_shards():
     store, _ = store_over(FILES)
 
     async def main() -> None:
-        assert [t.keys.tolist() for t in await store.tables(0)] == [[0, 2]]  # 7 belongs to shard 1
+        assert [t.ids.tolist() for t in await store.tables(0)] == [[0, 2]]  # 7 belongs to shard 1
         assert await store.locate(7) is None  # ...where a lookup looks
-        assert [t.keys.tolist() for t in await store.tables(1)] == [[1, 3]]
+        assert [t.ids.tolist() for t in await store.tables(1)] == [[1, 3]]
 
     trio.run(main)
 
@@ -98,8 +98,8 @@ def test_concurrent_lookups_read_one_index_and_a_new_version_is_read_again():
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            for key in (0, 2, 0, 2, 4, 6):
-                nursery.start_soon(lambda k=key: _quiet(store.locate(k)))
+            for chunk_id in (0, 2, 0, 2, 4, 6):
+                nursery.start_soon(lambda k=chunk_id: _quiet(store.locate(k)))
         assert store.index_reads == 1
         source.put("0", shard_bytes([(8, 0, 1)], 10))
         table, i = await store.locate(8)
@@ -151,7 +151,7 @@ def test_the_type_checker_refuses_an_override_of_the_final_methods(tmp_path):
     (tmp_path / "fmt.py").write_text(
         "from unshardfs.abc import ChunkTable, ShardedStore\n\n\n"
         "class Mine(ShardedStore[int, ChunkTable]):\n"
-        "    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:\n"
+        "    async def locate(self, chunk_id: int) -> tuple[ChunkTable, int] | None:\n"
         "        return None\n")
     env = {**os.environ, "MYPYPATH": str(Path(unshardfs.__file__).parents[1])}
     result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--ignore-missing-imports",

@@ -12,21 +12,21 @@ BLOB = Blob.of("s.shard", ObjectStat(1000, 0, False, ("v",)))
 U64_MAX = (1 << 64) - 1
 
 
-def build(keys, starts, lengths, lo=100, hi=1000, **kw) -> ChunkTable:
-    return ChunkTable.build(BLOB, np.array(keys, dtype=np.uint64), np.array(starts, dtype=np.uint64),
+def build(ids, starts, lengths, lo=100, hi=1000, **kw) -> ChunkTable:
+    return ChunkTable.build(BLOB, np.array(ids, dtype=np.uint64), np.array(starts, dtype=np.uint64),
                             np.array(lengths, dtype=np.uint64), lo, hi, **kw)
 
 
 def test_entries_inside_the_data_area_are_kept_in_order():
     t = build([1, 5, 9], [100, 200, 990], [100, 50, 10])
-    assert t.keys.tolist() == [1, 5, 9] and not t.bad
+    assert t.ids.tolist() == [1, 5, 9] and not t.bad
     assert [t.row(i) for i in range(3)] == [(1, 100, 100), (5, 200, 50), (9, 990, 10)]
     assert t.find(5) == 1 and t.find(4) is None
 
 
 def test_each_bad_range_is_kept_out_with_its_reason():
     t = build([1, 2, 3, 4], [99, 995, 500, U64_MAX - 5], [1, 10, 10, 10])
-    assert t.keys.tolist() == [3]
+    assert t.ids.tolist() == [3]
     assert t.bad == {
         1: "byte range [99, +1) lies outside the data area [100, 1000) of s.shard",
         2: "byte range [995, +10) lies outside the data area [100, 1000) of s.shard",
@@ -37,12 +37,12 @@ def test_each_bad_range_is_kept_out_with_its_reason():
 
 def test_unsorted_keys_are_sorted_and_the_first_of_duplicates_wins():
     t = build([9, 3, 9, 1], [100, 200, 300, 400], [1, 2, 3, 4])
-    assert t.keys.tolist() == [1, 3, 9] and t.row(2) == (9, 100, 1)
+    assert t.ids.tolist() == [1, 3, 9] and t.row(2) == (9, 100, 1)
 
 
 def test_a_bad_first_duplicate_is_bad_even_if_a_later_one_is_fine():
     t = build([7, 3, 7], [5000, 200, 300], [1, 2, 3])
-    assert t.keys.tolist() == [3] and set(t.bad) == {7}
+    assert t.ids.tolist() == [3] and set(t.bad) == {7}
 
 
 def test_reasons_given_by_the_format_are_kept_and_bounded():
@@ -62,5 +62,5 @@ def test_find_refuses_keys_no_uint64_can_be():
 def test_where_and_part_and_extra_follow_the_selection():
     t = build([1, 2, 3], [100, 200, 300], [1, 1, 1], extra=np.array([7, 8, 9]), part=5)
     picked = t.where(np.array([True, False, True]))
-    assert picked.keys.tolist() == [1, 3] and picked.extra.tolist() == [7, 9] and picked.part == 5
+    assert picked.ids.tolist() == [1, 3] and picked.extra.tolist() == [7, 9] and picked.part == 5
     assert not picked.bad and picked.blob is BLOB

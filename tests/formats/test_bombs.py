@@ -60,12 +60,12 @@ def chunk_name(i: int) -> str:
     return f"{4 * i}-{4 * i + 4}_0-4_0-4"
 
 
-def scale(key: str, chunks: int, minishard_bits: int, index: str = "raw", chunk: int = 4) -> dict:
+def scale(path: str, chunks: int, minishard_bits: int, index: str = "raw", chunk: int = 4) -> dict:
     """A scale of `chunks` chunks of `chunk`^3 voxels in a row along x."""
     spec = {"@type": "neuroglancer_uint64_sharded_v1", "hash": "identity", "preshift_bits": 0,
             "minishard_bits": minishard_bits, "shard_bits": 0, "minishard_index_encoding": index,
             "data_encoding": "gzip"}
-    return {"key": key, "size": [chunk * chunks, chunk, chunk], "chunk_sizes": [[chunk] * 3], "encoding": "raw",
+    return {"key": path, "size": [chunk * chunks, chunk, chunk], "chunk_sizes": [[chunk] * 3], "encoding": "raw",
             "resolution": [1, 1, 1], "voxel_offset": [0, 0, 0], "sharding": spec}
 
 

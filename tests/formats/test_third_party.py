@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 PLUGIN = '''
-"""A shard is `<n>.pack`: payloads, then (key, offset, length) u64 triples, then the u64 entry
+"""A shard is `<n>.pack`: payloads, then (id, offset, length) u64 triples, then the u64 entry
 count; chunk k lives in shard k % S and shows as `<k>.chunk`, its bytes stored XOR 0x5a."""
 
 import struct
@@ -38,8 +38,8 @@ class PackStore(ShardedStore[int, ChunkTable]):
         super().__init__(runtime, "")
         self.count = shards
 
-    def shard_of(self, key):
-        return key % self.count
+    def shard_of(self, id):
+        return id % self.count
 
     def is_shard_file(self, name):
         return name.endswith(".pack")
@@ -81,7 +81,7 @@ class PackFormat(FormatPlugin):
         meta = Fields(json.loads(await runtime.source.read(MARKER, 0, st.size)), MARKER)
         shards, size = meta.int("shards", lo=1, hi=64), meta.int("chunk_size", lo=1, hi=1 << 20)
         ctx = ChunkContext(PackStore(runtime, shards), DecimalNaming(".chunk"), codec("xor5a"), FixedSize(size))
-        part = ChunkInventory("pack chunks", "", ctx, f"key % {shards}", shards)
+        part = ChunkInventory("pack chunks", "", ctx, f"id % {shards}", shards)
 
         async def inventory():
             yield part
@@ -166,7 +166,7 @@ class TestMemorySource(SourceConformance):
 
     @pytest.fixture
     def change(self, source):
-        return lambda key, data: source.remove(key) if data is None else source.put(key, data)
+        return lambda id, data: source.remove(id) if data is None else source.put(id, data)
 '''
 
 

@@ -47,7 +47,7 @@ class TestMemory(SourceConformance):
 
     @pytest.fixture
     def change(self, source: MemorySource) -> Change:
-        return lambda key, data: source.remove(key) if data is None else source.put(key, data)
+        return lambda path, data: source.remove(path) if data is None else source.put(path, data)
 
 
 class TestCounting(SourceConformance):
@@ -116,10 +116,10 @@ class TestS3(SourceConformance):
     def change(self, bucket: str, moto: tuple[str, Any]) -> Change:
         client = moto[1]
 
-        def change(key: str, data: bytes | None) -> None:
+        def change(path: str, data: bytes | None) -> None:
             if data is None:
-                client.delete_object(Bucket=bucket, Key=f"data/{key}")
+                client.delete_object(Bucket=bucket, Key=f"data/{path}")
             else:
-                client.put_object(Bucket=bucket, Key=f"data/{key}", Body=data)
+                client.put_object(Bucket=bucket, Key=f"data/{path}", Body=data)
 
         return change

@@ -111,13 +111,13 @@ def test_keys_are_requested_exactly_or_not_at_all(hostile):
             "...": "/ds/...", "x:y": "/ds/x%3Ay"}
 
     async def main(source: HttpSource) -> None:
-        for key in ("../x", "a/../../y", "a//z", "./w", "a/.", "x/", "a\0b", "bad\udcff"):
-            assert await source.stat(key) is None, key
+        for path in ("../x", "a/../../y", "a//z", "./w", "a/.", "x/", "a\0b", "bad\udcff"):
+            assert await source.stat(path) is None, path
             with pytest.raises(SourceError, match="not requested"):
-                await source.read(key, 0, 10)
+                await source.read(path, 0, 10)
         assert hostile.arrived == []
-        for key in wire:
-            assert await source.stat(key) is None  # 404
+        for path in wire:
+            assert await source.stat(path) is None  # 404
     run(HttpSource(f"{hostile.url}/ds", PATIENT), main)
     assert hostile.arrived == list(wire.values())
 

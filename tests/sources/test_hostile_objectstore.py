@@ -61,18 +61,18 @@ def endpoint(volume):
             server.stop()
 
 
-def listing(source: S3Source, key: str) -> dict[str, bool]:
+def listing(source: S3Source, path: str) -> dict[str, bool]:
     async def main() -> dict[str, bool]:
         try:
-            return {name: st.is_dir async for name, st in source.list(key)}
+            return {name: st.is_dir async for name, st in source.list(path)}
         finally:
             await source.aclose()
     return trio.run(main)
 
 
 def test_listings_yield_no_hostile_names(endpoint):
-    def ls(key: str) -> dict[str, bool]:
-        return listing(S3Source("bkt", "ds", endpoint=endpoint), key)
+    def ls(path: str) -> dict[str, bool]:
+        return listing(S3Source("bkt", "ds", endpoint=endpoint), path)
 
     # 'a' is a real prefix (of ds/a/../../y); '..', '.', '' and NUL never appear.
     assert ls("") == {"info": False, "1_1_1": True, "a": True}
@@ -86,10 +86,10 @@ def test_hostile_keys_are_never_requested(endpoint):
 
     async def main() -> None:
         try:
-            for key in ("../x", "a/../../y", "/z", "./w", "1_1_1/../../../up"):
-                assert await source.stat(key) is None
+            for path in ("../x", "a/../../y", "/z", "./w", "1_1_1/../../../up"):
+                assert await source.stat(path) is None
                 with pytest.raises(SourceError, match="not requested"):
-                    await source.read(key, 0, 100)
+                    await source.read(path, 0, 100)
         finally:
             await source.aclose()
     trio.run(main)

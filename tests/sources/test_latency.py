@@ -59,7 +59,7 @@ def igneous_layout(target: Path, tensorstore: Path, plain_dir: Path) -> None:
     """The chunks of `plain_dir` sharded by CloudVolume (minishard indexes together after the data)."""
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
 
-    chunks = {key: (plain_dir / name).read_bytes() for name, key in chunk_keys(plain_dir).items()}
+    chunks = {path: (plain_dir / name).read_bytes() for name, path in chunk_keys(plain_dir).items()}
     (target / KEY).mkdir(parents=True)
     shutil.copy(tensorstore / "info", target / "info")
     for name, data in synthesize_shard_files(ShardingSpecification.from_dict(dict(SPEC)), chunks).items():
@@ -259,24 +259,24 @@ def scattered(site: Path, n: int, seed: int) -> list[str]:
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
 
     spec = ShardingSpecification.from_dict(dict(SPEC))
-    key = chunk_keys(plain(site))
+    path = chunk_keys(plain(site))
     table: dict[tuple, list[int]] = {}
-    for k in sorted(key.values()):
+    for k in sorted(path.values()):
         loc = spec.compute_shard_location(k)
         table.setdefault((loc.shard_number, int(loc.minishard_number)), []).append(k)
-    near: dict[int, set[int]] = {k: {k - 1, k + 1} for k in key.values()}
+    near: dict[int, set[int]] = {k: {k - 1, k + 1} for k in path.values()}
     for keys in table.values():
         for a, b in zip(keys, keys[1:]):
             near[a].add(b)
             near[b].add(a)
-    names = sorted(key)
+    names = sorted(path)
     random.Random(seed).shuffle(names)
     picked: list[str] = []
     taken: set[int] = set()
     for name in names:
-        if len(picked) < n and not near[key[name]] & taken:
+        if len(picked) < n and not near[path[name]] & taken:
             picked.append(name)
-            taken.add(key[name])
+            taken.add(path[name])
     assert len(picked) == n
     return picked
 

@@ -22,9 +22,9 @@ def test_ordinary_names(name):
     assert name_problem(name) is None
 
 
-def _listing(source: LocalSource, key: str) -> list[str]:
+def _listing(source: LocalSource, path: str) -> list[str]:
     async def run() -> list[str]:
-        return [name async for name, _ in source.list(key)]
+        return [name async for name, _ in source.list(path)]
     return sorted(trio.run(run))
 
 

@@ -62,17 +62,17 @@ def test_reads_are_ranged_and_few(site, server, mount):
     m = mount(f"{server.url}/volume/sharded", "--no-read-ahead")
     spec = SCALES[0].sharding
     group = max(chunk_locations(spec, SCALES[0].size, SCALES[0].chunk).values(), key=len)
-    key = "1_1_1"
+    path = "1_1_1"
     server.reset_log()
     first, *rest = group
-    assert (m.path / key / first).read_bytes() == (volume["plain"] / key / first).read_bytes()
+    assert (m.path / path / first).read_bytes() == (volume["plain"] / path / first).read_bytes()
     log = server.requests()
     assert [r.method for r in log] == ["HEAD", "GET", "GET", "GET"], log
-    shard_size = max(p.stat().st_size for p in (volume["sharded"] / key).glob("*.shard"))
+    shard_size = max(p.stat().st_size for p in (volume["sharded"] / path).glob("*.shard"))
     assert all(r.status == 206 and r.sent < shard_size for r in log if r.method == "GET")
     for name in rest:
         server.reset_log()
-        assert (m.path / key / name).read_bytes() == (volume["plain"] / key / name).read_bytes()
+        assert (m.path / path / name).read_bytes() == (volume["plain"] / path / name).read_bytes()
         assert len(server.requests()) == 1 and server.requests()[0].status == 206, name
 
 
@@ -240,12 +240,12 @@ def test_whole_object_fallback_has_a_limit(site, server):
     root, volume, _ = site
     server.faults.no_range = True
     shard = sorted((volume["sharded"] / "1_1_1").glob("*.shard"))[0]
-    key = f"volume/sharded/1_1_1/{shard.name}"
+    path = f"volume/sharded/1_1_1/{shard.name}"
 
     async def read(limit: int) -> bytes:
         source = HttpSource(server.url, HttpOptions(whole_object_limit=limit))
         try:
-            return await source.read(key, 10, 20)
+            return await source.read(path, 10, 20)
         finally:
             await source.aclose()
 

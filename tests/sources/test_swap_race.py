@@ -109,14 +109,14 @@ def test_local_source_under_a_swap_loop(site, resolver):
         while time.monotonic() < deadline:
             listed = [name async for name, _ in local.list(PLAIN)]
             assert "secret-outside" not in listed and set(listed) <= set(names)
-            for key in [f"{PLAIN}/{names[0]}", NOTES]:
-                await local.stat(key)
+            for path in [f"{PLAIN}/{names[0]}", NOTES]:
+                await local.stat(path)
                 try:
-                    data = await local.read(key, 0, 1 << 20)
+                    data = await local.read(path, 0, 1 << 20)
                 except SourceError:
                     continue
                 assert OUTSIDE_MARK not in data
-                assert data == (reference / key).read_bytes()
+                assert data == (reference / path).read_bytes()
 
     with Swapper(targets(source), outside) as swapper:
         trio.run(run)

@@ -32,15 +32,15 @@ def _tree_zip(tmp_path: Path, method: int, under: str = "") -> Path:
     return zip_tree(tree, archives / "tree.zip", method, directories=(method == zipfile.ZIP_STORED), under=under)
 
 
-def _rezip(archive: Path, method: int, key: str, data: bytes | None, under: str = "") -> bytes:
+def _rezip(archive: Path, method: int, path: str, data: bytes | None, under: str = "") -> bytes:
     """The archive with one member replaced or removed (a new file, as writers produce)."""
     members = {k: v for k, v in TREE.items()}
     with zipfile.ZipFile(archive) as z:
         members = {i.filename.removeprefix(under): z.read(i) for i in z.infolist() if not i.is_dir()}
     if data is None:
-        members.pop(key)
+        members.pop(path)
     else:
-        members[key] = data
+        members[path] = data
     tmp = archive.with_suffix(".new")
     with zipfile.ZipFile(tmp, "w", method) as z:
         for name, body in members.items():
@@ -65,7 +65,7 @@ class ZipCase(SourceConformance):
 
     @pytest.fixture
     def change(self, archive: Path) -> Change:
-        return lambda key, data: _rezip(archive, self.method, key, data, self.under) and None
+        return lambda path, data: _rezip(archive, self.method, path, data, self.under) and None
 
 
 class TestZipLocal(ZipCase):
@@ -135,8 +135,8 @@ class TestZipS3(ZipCase):
 
     @pytest.fixture
     def change(self, archive: Path, bucket: str, moto: tuple[str, Any]) -> Change:  # noqa: F811
-        def change(key: str, data: bytes | None) -> None:
-            moto[1].put_object(Bucket=bucket, Key="d/tree.zip", Body=_rezip(archive, self.method, key, data))
+        def change(path: str, data: bytes | None) -> None:
+            moto[1].put_object(Bucket=bucket, Key="d/tree.zip", Body=_rezip(archive, self.method, path, data))
 
         return change
 
@@ -156,9 +156,9 @@ def test_archive_reads_per_member(tmp_path: Path) -> None:
         source = await ZipSource(inner, archive.name).open()
         assert inner.counters.reads == 1  # tail: end record and central directory at once
 
-        async def reads(key: str, offset: int, size: int, want: bytes) -> int:
+        async def reads(path: str, offset: int, size: int, want: bytes) -> int:
             before = inner.counters.reads
-            assert await source.read(key, offset, size) == want
+            assert await source.read(path, offset, size) == want
             return inner.counters.reads - before
 
         assert await reads("small", 100, 50, TREE["a.bin"][100:150]) == 1
@@ -186,13 +186,13 @@ def test_remote_first_read_of_a_large_member_is_one_round_trip(tmp_path: Path) -
 
     async def main(server: DatasetServer) -> None:
         source = await ZipSource(HttpSource(server.url, FAST), archive.name).open()
-        for key in ("big", "odd"):
+        for path in ("big", "odd"):
             server.reset_log()
-            assert await source.read(key, 70_000, 5000) == big[70_000:75_000]
-            assert (len(server.requests()), server.round_trips()) == ((2, 1) if key == "big" else (3, 2)), \
-                (key, server.requests())
+            assert await source.read(path, 70_000, 5000) == big[70_000:75_000]
+            assert (len(server.requests()), server.round_trips()) == ((2, 1) if path == "big" else (3, 2)), \
+                (path, server.requests())
             server.reset_log()
-            assert await source.read(key, 1000, 10) == big[1000:1010]
+            assert await source.read(path, 1000, 10) == big[1000:1010]
             assert len(server.requests()) == 1
         await source.aclose()
 

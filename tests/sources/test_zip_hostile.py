@@ -1,4 +1,4 @@
-"""Hostile zip archives: unsafe and ambiguous names never become keys, lying headers and overlaps fail
+"""Hostile zip archives: unsafe and ambiguous names never become paths, lying headers and overlaps fail
 their members only, claimed counts and sizes cost nothing, bombs are capped, and garbled central
 directories (property-tested) end in a one-line error or a tree whose every read is exact or an error,
 with bounded memory (tracemalloc) -- also through a real mount, with the daemon's RSS bounded."""
@@ -36,14 +36,14 @@ def _write(tmp_path: Path, blob: bytes, name: str = "x.zip") -> Path:
     return path
 
 
-async def _keys(source: ZipSource, key: str = "") -> dict[str, int | None]:
-    """Every key under `key`, walking the listing: path -> size (None for directories)."""
+async def _paths(source: ZipSource, path: str = "") -> dict[str, int | None]:
+    """Every path under `path`, walking the listing: path -> size (None for directories)."""
     out: dict[str, int | None] = {}
-    async for name, st in source.list(key):
-        path = f"{key}/{name}" if key else name
-        out[path] = None if st.is_dir else st.size
+    async for name, st in source.list(path):
+        child = f"{path}/{name}" if path else name
+        out[child] = None if st.is_dir else st.size
         if st.is_dir:
-            out.update(await _keys(source, path))
+            out.update(await _paths(source, child))
     return out
 
 
@@ -73,11 +73,11 @@ def test_unsafe_and_ambiguous_names_are_never_keys(tmp_path, caplog):
 
     async def main() -> None:
         source = await _open(path).open()
-        keys = await _keys(source)
-        assert keys == {"ok": None, "ok/a.bin": 1000, "ok/b.json": 8, "top": 9, "both": None, "both/inner": 1}
-        for key in ("../evil", "dup", "both", "shared", "shared-too", "etc/abs", "win\\path"):
-            st = await source.stat(key)
-            assert st is None or st.is_dir, key
+        members = await _paths(source)
+        assert members == {"ok": None, "ok/a.bin": 1000, "ok/b.json": 8, "top": 9, "both": None, "both/inner": 1}
+        for member in ("../evil", "dup", "both", "shared", "shared-too", "etc/abs", "win\\path"):
+            st = await source.stat(member)
+            assert st is None or st.is_dir, member
         assert source.summary is not None and source.summary.skipped == 13
         assert await source.read("ok/a.bin", 0, 5000) == GOOD[b"ok/a.bin"]
         await source.aclose()
@@ -104,10 +104,10 @@ def test_local_header_disagreeing_or_overlapping_fails_that_member(tmp_path):
 
     async def main() -> None:
         source = await _open(path).open()
-        for key, words in (("renamed", "names another file"), ("resized", "disagrees"), ("overlaps", "overlaps")):
-            assert (await source.stat(key)).size == 100  # the central directory's word, until read
+        for member, words in (("renamed", "names another file"), ("resized", "disagrees"), ("overlaps", "overlaps")):
+            assert (await source.stat(member)).size == 100  # the central directory's word, until read
             with pytest.raises(DataError, match=words):
-                await source.read(key, 0, 10)
+                await source.read(member, 0, 10)
         for name, data in GOOD.items():
             assert await source.read(name.decode(), 0, 1 << 20) == data
         await source.aclose()
@@ -125,7 +125,7 @@ def test_claimed_counts_and_sizes_cost_nothing(tmp_path):
 
     async def main() -> None:
         source = await _open(claimed).open()
-        assert set(await _keys(source)) == {"ok", "ok/a.bin", "ok/b.json", "top"}
+        assert set(await _paths(source)) == {"ok", "ok/a.bin", "ok/b.json", "top"}
         await source.aclose()
         with pytest.raises(ConfigError, match="lies beyond the end record"):
             await _open(huge).open()
@@ -188,7 +188,7 @@ def test_long_comment_with_fake_end_records(tmp_path):
 
     async def main() -> None:
         source = await _open(path).open()
-        assert set(await _keys(source)) == {"ok", "ok/a.bin", "ok/b.json", "top"}
+        assert set(await _paths(source)) == {"ok", "ok/a.bin", "ok/b.json", "top"}
         assert source.summary.comment and source.summary.ome is None
         await source.aclose()
 
@@ -237,7 +237,7 @@ def test_index_memory_per_entry(tmp_path):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_garbled_central_directory(tmp_path, data):
-    """Any garbling of the central directory and end records: a one-line ConfigError, or keys whose
+    """Any garbling of the central directory and end records: a one-line ConfigError, or paths whose
     reads give exactly the central directory's size or fail with DataError/SourceError."""
     members = _good() + [Member(b"d/deflated", b"z" * 3000, zipfile.ZIP_DEFLATED), Member(b"d/64", b"q", zip64=True)]
     blob = bytearray(build(members, comment=b'{"ome": {"version": "0.5"}}', zip64_end=data.draw(st.booleans())))
@@ -257,14 +257,14 @@ def test_garbled_central_directory(tmp_path, data):
             assert "\n" not in str(e)
             return
         try:
-            for key, size in (await _keys(source)).items():
+            for member, size in (await _paths(source)).items():
                 if size is None:
                     continue
                 try:
-                    got = await source.read(key, 0, size + 10)
+                    got = await source.read(member, 0, size + 10)
                 except (DataError, SourceError):
                     continue
-                assert len(got) == size, key
+                assert len(got) == size, member
         finally:
             await source.aclose()
 

@@ -21,7 +21,7 @@ Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob
 class Blob:
     """The logical concatenation of one or more objects (usually one)."""
 
-    parts: tuple[tuple[str, int, Version], ...]  # (source key, size, version)
+    parts: tuple[tuple[str, int, Version], ...]  # (source path, size, version)
     size: int
     mtime_ns: int
     # Derived once: every lookup and read of a chunk asks for them (cache keys, messages).
@@ -34,7 +34,7 @@ class Blob:
             label, _, one = self.parts[0]
             version: tuple[Version, ...] = (one,)
         else:
-            label = "+".join(key for key, _, _ in self.parts)
+            label = "+".join(path for path, _, _ in self.parts)
             version = tuple(version for _, _, version in self.parts)
         object.__setattr__(self, "label", label)
         object.__setattr__(self, "version", version)
@@ -42,8 +42,8 @@ class Blob:
         object.__setattr__(self, "ident", (label, version))
 
     @classmethod
-    def of(cls, key: str, st: ObjectStat) -> "Blob":
-        return cls(((key, st.size, st.version),), st.size, st.mtime_ns)
+    def of(cls, path: str, st: ObjectStat) -> "Blob":
+        return cls(((path, st.size, st.version),), st.size, st.mtime_ns)
 
     @property
     def versioned(self) -> bool:
@@ -58,9 +58,9 @@ class Blob:
         reader = source.read_index if index else source.read
         if len(self.parts) == 1 and 0 <= offset and offset + size <= self.size:
             # One object (the usual case): one call, no pieces to join.
-            key, _, version = self.parts[0]
+            path, _, version = self.parts[0]
             try:
-                data = await reader(key, offset, size, version)
+                data = await reader(path, offset, size, version)
             except SourceError as e:
                 raise DataError(self.label, str(e)) from e
             if len(data) != size:
@@ -69,11 +69,11 @@ class Blob:
         out = []
         base = 0
         want_end = offset + size
-        for key, part_size, version in self.parts:
+        for path, part_size, version in self.parts:
             lo, hi = max(offset, base), min(want_end, base + part_size)
             if lo < hi:
                 try:
-                    data = await reader(key, lo - base, hi - lo, version)
+                    data = await reader(path, lo - base, hi - lo, version)
                 except SourceError as e:
                     raise DataError(self.label, str(e)) from e
                 if len(data) != hi - lo:

@@ -3,7 +3,7 @@
 A `ChunkContext` holds what every chunk file of a directory shares: the
 format's store and naming, the payload codec, the mount's fetcher and
 caches, and the read-ahead scope. A `ChunkFile` is then just an extent, a
-key and a size. Lookups locate one key; listings stream the store's tables
+id and a size. Lookups locate one id; listings stream the store's tables
 shard by shard (reading upcoming shards' indexes concurrently) with one
 damage policy: a damaged shard or entry is logged once and skipped, the
 rest is listed.
@@ -42,9 +42,9 @@ LIST_BATCH = POLICY.list_batch
 class ChunkFile(FileNode):
     """Bytes of one stored chunk, decoded by its directory's codec."""
 
-    __slots__ = ("ctx", "blob", "start", "length", "key", "extra")
+    __slots__ = ("ctx", "blob", "start", "length", "chunk_id", "extra")
 
-    def __init__(self, ctx: "ChunkContext", blob: Blob, start: int, length: int, key: int, size: int,
+    def __init__(self, ctx: "ChunkContext", blob: Blob, start: int, length: int, chunk_id: int, size: int,
                  ident: int | None, extra: int = 0) -> None:
         # Slots set directly (no super().__init__ chain): listings may build
         # millions of these.
@@ -55,7 +55,7 @@ class ChunkFile(FileNode):
         self.blob = blob
         self.start = start
         self.length = length
-        self.key = key
+        self.chunk_id = chunk_id
         self.extra = extra
 
     @property
@@ -64,7 +64,7 @@ class ChunkFile(FileNode):
 
     @property
     def where(self) -> str:
-        return f"{self.blob.label} {self.ctx.store.describe(self.key)}"
+        return f"{self.blob.label} {self.ctx.store.describe(self.chunk_id)}"
 
     async def read(self, offset: int, size: int) -> bytes:
         size = self.span(offset, size)
@@ -75,7 +75,7 @@ class ChunkFile(FileNode):
             # Local shards, stored bytes: one pread (no extent, batch or read-ahead).
             return await ctx.fetcher.read_direct(self.blob, self.start + offset, size)
         if offset == 0 and ctx.scope is not None:
-            ctx.scope.note(self.key)
+            ctx.scope.note(self.chunk_id)
         if ctx.codec.transparent:
             if ctx.whole_reads and self.length <= WHOLE_READ_MAX:
                 return (await ctx.payload(self))[offset:offset + size]
@@ -88,7 +88,7 @@ class ChunkFile(FileNode):
             "user.unshardfs.offset": str(self.start).encode(),
             "user.unshardfs.length": str(self.length).encode(),
             "user.unshardfs.encoding": self.ctx.codec.label.encode(),
-            "user.unshardfs.chunk_id": str(self.key).encode(),
+            "user.unshardfs.chunk_id": str(self.chunk_id).encode(),
         }
 
 
@@ -123,8 +123,8 @@ class ChunkContext:
     def dense(self) -> bool:
         return self.naming.dense
 
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        return await self.store.locate(key)
+    async def locate(self, chunk_id: int) -> tuple[ChunkTable, int] | None:
+        return await self.store.locate(chunk_id)
 
     def has_payload(self, ext: Extent) -> bool:
         return ext.key in self.caches.encoded_chunk
@@ -142,28 +142,28 @@ class ChunkContext:
         """The chunk file called `name`: Verdict.PASS if the name is not of the computed form."""
         if not self.naming.claims(name):
             return Verdict.PASS
-        key = self.naming.parse(name)
-        return None if key is None else await self.file(key)
+        chunk_id = self.naming.parse(name)
+        return None if chunk_id is None else await self.file(chunk_id)
 
     def make(self, table: ChunkTable, i: int, size: int, ident: int | None) -> ChunkFile:
         extra = 0 if table.extra is None else int(table.extra[i])
-        return ChunkFile(self, table.blob, int(table.starts[i]), int(table.lengths[i]), int(table.keys[i]), size,
+        return ChunkFile(self, table.blob, int(table.starts[i]), int(table.lengths[i]), int(table.ids[i]), size,
                          ident, extra)
 
-    async def file(self, key: int, prefetch: bool = True) -> ChunkFile | None:
-        """The file of chunk `key`, or None if the chunk is absent (DataError if damaged).
+    async def file(self, chunk_id: int, prefetch: bool = True) -> ChunkFile | None:
+        """The file of chunk `chunk_id`, or None if the chunk is absent (DataError if damaged).
 
         With `prefetch` (a lookup by name, likely followed by a read), a
         small payload whose size needs its trailer is fetched whole, so the
         read that follows costs no further request.
         """
-        found = await self.store.locate(key)
+        found = await self.store.locate(chunk_id)
         if found is None:
             return None
         table, i = found
-        where = f"{table.blob.label} {self.store.describe(key)}"
+        where = f"{table.blob.label} {self.store.describe(chunk_id)}"
         length = int(table.lengths[i])
-        exact, cap = self.geometry.sizes_one(key)
+        exact, cap = self.geometry.sizes_one(chunk_id)
         size = self.codec.size(length, exact, cap, where)
         if size is None:
             ext = Extent(table.blob, int(table.starts[i]), length)
@@ -173,7 +173,7 @@ class ChunkContext:
             else:
                 trailer = await self.fetcher.read(Extent(table.blob, ext.end - self.codec.trailer, self.codec.trailer))
             size = self.codec.size_from_trailer(trailer, cap, where)
-        return self.make(table, i, size, self.naming.ident(key))
+        return self.make(table, i, size, self.naming.ident(chunk_id))
 
     async def payload_of(self, ext: Extent) -> bytes:
         """A payload fetched whole (once, however many ask) and kept in the encoded-chunk cache."""
@@ -209,9 +209,9 @@ class ChunkContext:
             return await off_loop(lambda: self.codec.decode(payload, f, prepared), len(payload))
 
         # Several chunks may share one stored extent (rows of one Arrow record
-        # batch): the key and row are part of what identifies the bytes.
+        # batch): the id and row are part of what identifies the bytes.
         return await self.fetcher.flights.cached(
-            self.caches.decoded_chunk, (ext.key, f.key, f.extra, self.codec.label, f.size), decode)
+            self.caches.decoded_chunk, (ext.key, f.chunk_id, f.extra, self.codec.label, f.size), decode)
 
     # -- listings ----------------------------------------------------------------------
 
@@ -267,7 +267,7 @@ class ChunkContext:
                       within: object = None) -> AsyncIterator[EntryBatch]:
         """The directory's chunk files in batches of about LIST_BATCH, shard by shard.
 
-        `select(keys) -> mask` keeps a subset of the shards `within` gives
+        `select(ids) -> mask` keeps a subset of the shards `within` gives
         (nested Zarr chunk directories).
         """
         pending: list[ChunkTable] = []
@@ -275,7 +275,7 @@ class ChunkContext:
         async for _shard, tables in self.shard_tables(within):
             for table in tables:
                 if select is not None and len(table):
-                    table = table.where(select(table.keys))
+                    table = table.where(select(table.ids))
                 if not len(table):
                     continue
                 pending.append(table)
@@ -302,7 +302,7 @@ class ChunkContext:
     async def _build_batch(self, tables: list[ChunkTable]) -> EntryBatch | None:
         table = tables[0] if len(tables) == 1 else _concat(tables)
         where = f"listing {self.store.label}"
-        names = self.naming.names(table.keys)
+        names = self.naming.names(table.ids)
         keep = np.array([n is not None for n in names], dtype=bool)
         sizes, ok = await self._sizes(table, where)
         keep &= ok
@@ -316,12 +316,12 @@ class ChunkContext:
         if self.scope is not None:
             self.scope.listed(table)
         # Entries without a name were dropped above.
-        return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.idents(table.keys))
+        return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.idents(table.ids))
 
     async def _sizes(self, table: ChunkTable, where: str) -> tuple[np.ndarray, np.ndarray]:
         """File sizes of a table's entries and which entries can be listed at all."""
         codec = self.codec
-        exact, cap = self.geometry.exact(table.keys), self.geometry.cap(table.keys)
+        exact, cap = self.geometry.exact(table.ids), self.geometry.cap(table.ids)
         sizes, ok = codec.sizes(table.lengths, exact, cap)
         if not ok.all():
             for i in np.nonzero(~ok)[0][:20].tolist():
@@ -348,7 +348,7 @@ class ChunkContext:
         return sizes, ok
 
     def _where(self, table: ChunkTable, i: int) -> str:
-        return f"{table.blob.label} {self.store.describe(int(table.keys[i]))}"
+        return f"{table.blob.label} {self.store.describe(int(table.ids[i]))}"
 
 
 class ChunkBatch(EntryBatch):
@@ -369,6 +369,6 @@ class ChunkBatch(EntryBatch):
 def _concat(tables: list[ChunkTable]) -> ChunkTable:
     """Tables of one shard as one (listing order kept; not for lookups)."""
     extra = None if tables[0].extra is None else np.concatenate([t.extra for t in tables if t.extra is not None])
-    return ChunkTable(tables[0].blob, np.concatenate([t.keys for t in tables]),
+    return ChunkTable(tables[0].blob, np.concatenate([t.ids for t in tables]),
                       np.concatenate([t.starts for t in tables]), np.concatenate([t.lengths for t in tables]),
                       {}, extra)

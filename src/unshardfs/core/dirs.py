@@ -19,9 +19,9 @@ from .chunks import ChunkContext
 class ShardedDir(OverlayDir):
     __slots__ = ("chunks",)
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, chunks: ChunkContext,
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, chunks: ChunkContext,
                  fixed: dict[str, Node] | None = None) -> None:
-        super().__init__(source, key, st, fixed or {}, f"sharded:{key}")
+        super().__init__(source, path, st, fixed or {}, f"sharded:{path}")
         self.chunks = chunks
 
     def claims(self, name: str) -> bool:

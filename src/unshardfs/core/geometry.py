@@ -1,4 +1,4 @@
-"""What a format's geometry says about a chunk's decoded size, per key.
+"""What a format's geometry says about a chunk's decoded size, per id.
 
 A raw volume chunk has exactly voxels x bytes per voxel x channels bytes;
 that is the only valid size of its file, known before any byte is read
@@ -19,30 +19,30 @@ class Geometry:
     def __init__(self, cap: int) -> None:
         self._cap = cap
 
-    def exact(self, keys: np.ndarray) -> np.ndarray | None:
-        """Exact decoded size of each key's file, or None when the format does not fix it."""
+    def exact(self, ids: np.ndarray) -> np.ndarray | None:
+        """Exact decoded size of each id's file, or None when the format does not fix it."""
         return None
 
-    def cap(self, keys: np.ndarray) -> np.ndarray:
-        """Largest decoded size each key's file may have."""
-        return np.full(len(keys), self._cap, dtype=np.int64)
+    def cap(self, ids: np.ndarray) -> np.ndarray:
+        """Largest decoded size each id's file may have."""
+        return np.full(len(ids), self._cap, dtype=np.int64)
 
-    # One key at a time (every lookup asks): the array versions by default;
+    # One id at a time (every lookup asks): the array versions by default;
     # a geometry with a cheaper scalar form overrides these too.
-    def exact_one(self, key: int) -> int | None:
+    def exact_one(self, chunk_id: int) -> int | None:
         if type(self).exact is Geometry.exact:
             return None
-        sizes = self.exact(np.array([key], dtype=np.uint64))
+        sizes = self.exact(np.array([chunk_id], dtype=np.uint64))
         return None if sizes is None else int(sizes[0])
 
-    def cap_one(self, key: int) -> int:
+    def cap_one(self, chunk_id: int) -> int:
         if type(self).cap is Geometry.cap:
             return self._cap
-        return int(self.cap(np.array([key], dtype=np.uint64))[0])
+        return int(self.cap(np.array([chunk_id], dtype=np.uint64))[0])
 
-    def sizes_one(self, key: int) -> tuple[int | None, int]:
-        """(`exact_one`, `cap_one`) of a key: what a lookup asks."""
-        return self.exact_one(key), self.cap_one(key)
+    def sizes_one(self, chunk_id: int) -> tuple[int | None, int]:
+        """(`exact_one`, `cap_one`) of an id: what a lookup asks."""
+        return self.exact_one(chunk_id), self.cap_one(chunk_id)
 
 
 class FixedSize(Geometry):
@@ -52,5 +52,5 @@ class FixedSize(Geometry):
         super().__init__(size)
         self.size = size
 
-    def exact(self, keys: np.ndarray) -> np.ndarray:
-        return np.full(len(keys), self.size, dtype=np.int64)
+    def exact(self, ids: np.ndarray) -> np.ndarray:
+        return np.full(len(ids), self.size, dtype=np.int64)

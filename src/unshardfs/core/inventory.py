@@ -49,7 +49,7 @@ class InventoryPart(ABC):
     """One sharded directory (or array) as `inspect` describes it."""
 
     kind: str
-    key: str
+    path: str
 
     @abstractmethod
     async def report(self, progress: Progress | None = None) -> dict[str, Any]:
@@ -61,7 +61,7 @@ class ChunkInventory(InventoryPart):
     """Any sharded directory built on the core: shards present, chunks, stored sizes."""
 
     kind: str
-    key: str
+    path: str
     chunks: ChunkContext
     layout: str
     shards_expected: int | None
@@ -77,6 +77,6 @@ class ChunkInventory(InventoryPart):
                 stats.add(table.lengths)
                 if progress is not None:
                     progress(len(table))
-        return {"kind": self.kind, "key": self.key or ".", "layout": self.layout,
+        return {"kind": self.kind, "key": self.path or ".", "layout": self.layout,
                 "shards_expected": self.shards_expected, "shards_present": present, **stats.report(),
                 **self.details}

@@ -1,8 +1,8 @@
-"""How a sharded directory names its chunk files: key <-> file name, and inode idents.
+"""How a sharded directory names its chunk files: id <-> file name, and inode idents.
 
 A format gives each sharded directory a `Naming`: canonical names only (the
 exact spelling an unsharded writer produces), parsed without any listing.
-Idents (the low 56 bits of computed inode numbers) default to the key.
+Idents (the low 56 bits of computed inode numbers) default to the id.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ IDENT_LIMIT = 1 << CHILD_ID_BITS
 
 
 class Naming(ABC):
-    """Key <-> file name for the chunk files of one sharded directory (no I/O, no listing).
+    """Id <-> file name for the chunk files of one sharded directory (no I/O, no listing).
 
     `claims` says which names the directory computes (a source entry of that
     form is shadowed, never passed through); `parse` accepts only the
     canonical spelling (anything else: None, an absent file); `names` is its
-    inverse over a listing batch. Idents (inode numbers) default to the key.
+    inverse over a listing batch. Idents (inode numbers) default to the id.
     """
 
-    # Keys fill a range (grid cells): the key after k is k+1. Sparse keys
+    # Ids fill a range (grid cells): the id after k is k+1. Sparse ids
     # (segment ids) are not dense.
     dense: bool = False
 
@@ -35,23 +35,23 @@ class Naming(ABC):
 
     @abstractmethod
     def parse(self, name: str) -> int | None:
-        """The key of a canonical name, or None (no such chunk can exist)."""
+        """The id of a canonical name, or None (no such chunk can exist)."""
 
     @abstractmethod
-    def names(self, keys: np.ndarray) -> list[str | None]:
-        """Names of the keys of one listing batch (None: not listable here)."""
+    def names(self, ids: np.ndarray) -> list[str | None]:
+        """Names of the ids of one listing batch (None: not listable here)."""
 
-    def name(self, key: int) -> str | None:
-        return self.names(np.array([key], dtype=np.uint64))[0]
+    def name(self, chunk_id: int) -> str | None:
+        return self.names(np.array([chunk_id], dtype=np.uint64))[0]
 
-    def ident(self, key: int) -> int | None:
-        return key if key < IDENT_LIMIT else None
+    def ident(self, chunk_id: int) -> int | None:
+        return chunk_id if chunk_id < IDENT_LIMIT else None
 
-    def idents(self, keys: np.ndarray) -> list[int | None]:
-        if not len(keys) or int(keys.max()) < IDENT_LIMIT:
-            idents: list[int | None] = keys.tolist()
+    def idents(self, ids: np.ndarray) -> list[int | None]:
+        if not len(ids) or int(ids.max()) < IDENT_LIMIT:
+            idents: list[int | None] = ids.tolist()
             return idents
-        return [self.ident(k) for k in keys.tolist()]
+        return [self.ident(k) for k in ids.tolist()]
 
     def name_of_ident(self, ident: int) -> str:
         """The name of the file whose ident is given (KeyError if none)."""
@@ -96,18 +96,18 @@ class DecimalNaming(Naming):
             return None
         return parse_decimal(name[:len(name) - len(self.suffix)] if self.suffix else name)
 
-    def names(self, keys: np.ndarray) -> list[str | None]:
+    def names(self, ids: np.ndarray) -> list[str | None]:
         suffix = self.suffix
-        return [f"{k}{suffix}" for k in keys.tolist()]
+        return [f"{k}{suffix}" for k in ids.tolist()]
 
-    def ident(self, key: int) -> int | None:
-        ident = (key << self.ident_bits) + self.ident_add
+    def ident(self, chunk_id: int) -> int | None:
+        ident = (chunk_id << self.ident_bits) + self.ident_add
         return ident if ident < IDENT_LIMIT else None
 
-    def idents(self, keys: np.ndarray) -> list[int | None]:
+    def idents(self, ids: np.ndarray) -> list[int | None]:
         if not self.ident_bits:
-            return super().idents(keys)
-        return [self.ident(k) for k in keys.tolist()]
+            return super().idents(ids)
+        return [self.ident(k) for k in ids.tolist()]
 
     def name_of_ident(self, ident: int) -> str:
         if self.ident_bits:

@@ -19,9 +19,9 @@ class CorePolicy:
     max_window: int = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
     slack: int = 8  # a read may skip this many predicted chunks and still continue a confirmed stream
     confirm: int = 2  # matches before a guess starts prefetching
-    # Listed entries remembered (listing order; key order over sparse keys; the chunks in a
+    # Listed entries remembered (listing order; id order over sparse ids; the chunks in a
     # prefetch's gaps): about 50 bytes each at most.
-    listed_keys_max: int = 1 << 20
+    listed_ids_max: int = 1 << 20
 
 
 POLICY = CorePolicy()

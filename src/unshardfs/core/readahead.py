@@ -5,9 +5,9 @@ each read a round trip to an object store. A `ScanScope` watches the order
 in which a directory's chunk files are first read and recognises two kinds
 of scan:
 
-- key order: ascending chunk keys, which is inode order (`cp -r` sorts a
+- id order: ascending chunk ids, which is inode order (`cp -r` sorts a
   directory by inode number before copying, and our computed inodes are the
-  keys) and, for grids, a walk over neighbouring cells;
+  ids) and, for grids, a walk over neighbouring cells;
 - listing order: the order of the directory's listing (`tar`, `find`,
   `ls -f | xargs`), which is the order of the index tables, shard by shard;
   before any listing, consecutive entries of one index table.
@@ -40,7 +40,7 @@ FIRST_WINDOW = POLICY.first_window
 MAX_WINDOW = POLICY.max_window
 SLACK = POLICY.slack
 CONFIRM = POLICY.confirm
-LISTED_KEYS_MAX = POLICY.listed_keys_max
+LISTED_IDS_MAX = POLICY.listed_ids_max
 WHOLE_READ_MAX = POLICY.whole_read_max
 
 Picked = tuple[int, Extent, ChunkTable]  # a stream position, its chunk's extent, and the chunk's table
@@ -54,10 +54,10 @@ class ScanTarget(Protocol):
 
     @property
     def dense(self) -> bool:
-        """Whether keys fill a range (the key after k is k+1)."""
+        """Whether ids fill a range (the id after k is k+1)."""
 
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        """The table holding chunk `key` and its position (None: absent; DataError: damaged)."""
+    async def locate(self, chunk_id: int) -> tuple[ChunkTable, int] | None:
+        """The table holding chunk `chunk_id` and its position (None: absent; DataError: damaged)."""
 
     def has_payload(self, ext: Extent) -> bool:
         """Whether the payload at `ext` is already kept for its reader."""
@@ -65,20 +65,20 @@ class ScanTarget(Protocol):
 
 @dataclass(eq=False)
 class _Stream:
-    order: str  # "key" or "table"
-    upcoming: list[int]  # predicted keys, in order
-    cursor: int = 0  # index in `upcoming` of the next expected key
-    frontier: int = 0  # keys before this index have been prefetched
+    order: str  # "id" or "listing"
+    upcoming: list[int]  # predicted ids, in order
+    cursor: int = 0  # index in `upcoming` of the next expected id
+    frontier: int = 0  # ids before this index have been prefetched
     hits: int = 0
     window: int = FIRST_WINDOW
 
-    def match(self, key: int) -> bool:
+    def match(self, chunk_id: int) -> bool:
         # A guess must be followed exactly: scattered reads (a viewer) would
         # otherwise land within the slack of some guess often enough to look
         # like a scan on a small directory. A confirmed stream tolerates skips.
         reach = SLACK if self.hits >= CONFIRM else 1
         try:
-            i = self.upcoming.index(key, self.cursor, self.cursor + reach)
+            i = self.upcoming.index(chunk_id, self.cursor, self.cursor + reach)
         except ValueError:
             return False
         self.cursor = i + 1
@@ -87,7 +87,7 @@ class _Stream:
 
 
 class Listings:
-    """What a directory's listing batches said: keys in listing order, to continue a scan where
+    """What a directory's listing batches said: ids in listing order, to continue a scan where
     the listing goes next (the next table, the next shard), and each blob's chunk extents, to
     name the chunks a prefetch reads in its gaps. Bounded by LISTED_KEYS_MAX entries; a
     listing read again adds nothing."""
@@ -96,26 +96,26 @@ class Listings:
         self.batches: list[np.ndarray] = []
         self.count = 0
         self._seen: set[tuple[Ident, int, int]] = set()
-        self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its keys (on demand)
+        self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its ids (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
         self._tables: dict[Ident, list[ChunkTable]] = {}  # blob ident -> its listed tables
-        # ... as (starts, lengths, keys) sorted by start
+        # ... as (starts, lengths, ids) sorted by start
         self._spans: dict[Ident, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def add(self, table: ChunkTable) -> None:
-        mark = (table.blob.ident, int(table.keys[0]), len(table))
-        if mark in self._seen or self.count >= LISTED_KEYS_MAX:
+        mark = (table.blob.ident, int(table.ids[0]), len(table))
+        if mark in self._seen or self.count >= LISTED_IDS_MAX:
             return
         self._seen.add(mark)
-        self.batches.append(table.keys)
-        self.count += len(table.keys)
+        self.batches.append(table.ids)
+        self.count += len(table.ids)
         self._sorted = None
         self._tables.setdefault(table.blob.ident, []).append(table)
         self._spans.pop(table.blob.ident, None)
 
     def within(self, blob: Blob, start: int, end: int, after: int | None = None) -> list[Extent]:
-        """Listed chunk extents of `blob` lying inside [start, end) (of keys above `after`, if given)."""
+        """Listed chunk extents of `blob` lying inside [start, end) (of ids above `after`, if given)."""
         spans = self._spans.get(blob.ident)
         if spans is None:
             tables = self._tables.get(blob.ident)
@@ -124,21 +124,21 @@ class Listings:
             starts = np.concatenate([t.starts for t in tables])
             order = np.argsort(starts, kind="stable")
             spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order],
-                                               np.concatenate([t.keys for t in tables])[order])
-        starts, lengths, keys = spans
+                                               np.concatenate([t.ids for t in tables])[order])
+        starts, lengths, ids = spans
         lo, hi = np.searchsorted(starts, [np.uint64(start), np.uint64(end)])
         if after is not None:
-            ahead = keys[lo:hi] > np.uint64(after)
+            ahead = ids[lo:hi] > np.uint64(after)
             pairs = zip(starts[lo:hi][ahead].tolist(), lengths[lo:hi][ahead].tolist())
         else:
             pairs = zip(starts[lo:hi].tolist(), lengths[lo:hi].tolist())
         return [Extent(blob, s, n) for s, n in pairs if s + n <= end]
 
-    def after(self, key: int, n: int) -> list[int] | None:
-        """Up to `n` keys listed after `key`; None if `key` was not listed."""
+    def after(self, chunk_id: int, n: int) -> list[int] | None:
+        """Up to `n` ids listed after `chunk_id`; None if `chunk_id` was not listed."""
         count = len(self.batches)
         for b in [self._last, *range(self._last + 1, count), *range(self._last)] if count else []:
-            i = self._position(b, key)
+            i = self._position(b, chunk_id)
             if i is not None:
                 self._last = b
                 out = int_list(self.batches[b][i + 1:i + 1 + n])
@@ -149,15 +149,15 @@ class Listings:
                 return out
         return None
 
-    def _position(self, b: int, key: int) -> int | None:
-        keys = self.batches[b]
+    def _position(self, b: int, chunk_id: int) -> int | None:
+        ids = self.batches[b]
         order = self._orders.get(b)
         if order is None:
-            order = self._orders[b] = np.argsort(keys, kind="stable")
-        j = int(np.searchsorted(keys, np.uint64(key), sorter=order))
-        return int(order[j]) if j < len(keys) and int(keys[order[j]]) == key else None
+            order = self._orders[b] = np.argsort(ids, kind="stable")
+        j = int(np.searchsorted(ids, np.uint64(chunk_id), sorter=order))
+        return int(order[j]) if j < len(ids) and int(ids[order[j]]) == chunk_id else None
 
-    def sorted_keys(self) -> np.ndarray | None:
+    def sorted_ids(self) -> np.ndarray | None:
         if not self.batches:
             return None
         if self._sorted is None:
@@ -175,17 +175,17 @@ class ScanScope:
 
     # -- fed by the chunk files and listings --------------------------------------------
 
-    def note(self, key: int) -> None:
-        """Chunk `key`'s file is being read from its start (cheap: the work happens in the background)."""
+    def note(self, chunk_id: int) -> None:
+        """Chunk `chunk_id`'s file is being read from its start (cheap: the work happens in the background)."""
         fetcher = self.ctx.fetcher
         if not fetcher.can_prefetch:
             return
-        self.pending.append(key)
+        self.pending.append(chunk_id)
         if not self.working:
             self.working = fetcher.spawn(self._work)
 
     def listed(self, table: ChunkTable) -> None:
-        """Keys of a listing batch, in listing order."""
+        """Ids of a listing batch, in listing order."""
         if len(table):
             self.listings.add(table)
 
@@ -198,20 +198,20 @@ class ScanScope:
         finally:
             self.working = False
 
-    async def _observe(self, key: int) -> None:
-        # Every stream that predicted the key moves on, not only the first; the first
+    async def _observe(self, chunk_id: int) -> None:
+        # Every stream that predicted the id moves on, not only the first; the first
         # confirmed one reads ahead, or the next where it has nothing more ahead: a
-        # listing stream ends with its directory, and the key stream beside it then
+        # listing stream ends with its directory, and the id stream beside it then
         # carries the scan into the next one (`cp -r` of nested Zarr chunk directories).
-        matched = [stream for stream in self.streams if stream.match(key)]
+        matched = [stream for stream in self.streams if stream.match(chunk_id)]
         if matched:
             self.streams = matched + [stream for stream in self.streams if stream not in matched]
             for stream in matched:
                 if stream.hits >= CONFIRM and await self._extend(stream):
                     break
             return
-        for order in ("key", "listing"):
-            upcoming = await self._successors(order, key, FIRST_WINDOW + SLACK)
+        for order in ("id", "listing"):
+            upcoming = await self._successors(order, chunk_id, FIRST_WINDOW + SLACK)
             if upcoming:
                 self.streams.insert(0, _Stream(order, upcoming))
         del self.streams[MAX_STREAMS:]
@@ -230,10 +230,10 @@ class ScanScope:
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
 
-        # A scan in key order over hashed shards wants chunks scattered over each shard: the
-        # chunks between them come later in the same scan (those above the key just read), so a
+        # A scan in id order over hashed shards wants chunks scattered over each shard: the
+        # chunks between them come later in the same scan (those above the id just read), so a
         # request may span them (fewer, larger requests) and keep them rather than read them again.
-        after = stream.upcoming[stream.cursor - 1] if stream.order == "key" and stream.cursor else None
+        after = stream.upcoming[stream.cursor - 1] if stream.order == "id" and stream.cursor else None
 
         def fill(blob: Blob, start: int, end: int) -> list[Extent]:
             return self._fill(blob, start, end, tables.get(blob.ident, {}).values(), after)
@@ -246,10 +246,10 @@ class ScanScope:
         return stream.frontier > stream.cursor
 
     async def _window(self, stream: _Stream, start: int, want: int) -> tuple[list[Picked], int]:
-        """(position, extent, table) of the stream's upcoming keys from `start` on, and where they stop:
+        """(position, extent, table) of the stream's upcoming ids from `start` on, and where they stop:
         up to `want`, then on while they stay in the last one's blob (a window never splits
         a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW more
-        keys and a quarter of the prefetch budget in bytes."""
+        ids and a quarter of the prefetch budget in bytes."""
         picked: list[Picked] = []
         limit = want + MAX_WINDOW
         budget = self.ctx.fetcher.policy.prefetch_bytes // 4
@@ -270,10 +270,10 @@ class ScanScope:
             i += 1
         return picked, i
 
-    async def _extent(self, key: int) -> tuple[Extent, ChunkTable] | None:
+    async def _extent(self, chunk_id: int) -> tuple[Extent, ChunkTable] | None:
         """The chunk's extent and the table it is in, if it is worth prefetching."""
         try:
-            found = await self.ctx.locate(key)
+            found = await self.ctx.locate(chunk_id)
         except DataError:
             return None
         if found is None:
@@ -289,37 +289,37 @@ class ScanScope:
     def _fill(self, blob: Blob, start: int, end: int, tables: Iterable[ChunkTable],
               after: int | None = None) -> list[Extent]:
         """The chunks a prefetch of [start, end) of `blob` reads anyway, known from the listing
-        and from `tables` (a scan in key order wants them later: keep them rather than read them
-        again); with `after`, only those of keys above it (the scan has read the others)."""
+        and from `tables` (a scan in id order wants them later: keep them rather than read them
+        again); with `after`, only those of ids above it (the scan has read the others)."""
         found = {ext.key: ext for ext in self.listings.within(blob, start, end, after)}
         for table in tables:
             ends = table.starts + table.lengths
             inside = (table.starts >= np.uint64(start)) & (ends <= np.uint64(end))
             if after is not None:
-                inside &= table.keys > np.uint64(after)
+                inside &= table.ids > np.uint64(after)
             for i in np.nonzero(inside)[0].tolist():
                 ext = Extent(blob, int(table.starts[i]), int(table.lengths[i]))
                 found.setdefault(ext.key, ext)
         return [ext for ext in found.values() if self._wanted(ext)]
 
-    async def _successors(self, order: str, key: int, n: int) -> list[int]:
-        """Up to `n` keys expected after `key` in a scan of the given order."""
-        if order == "key":
+    async def _successors(self, order: str, chunk_id: int, n: int) -> list[int]:
+        """Up to `n` ids expected after `chunk_id` in a scan of the given order."""
+        if order == "id":
             if self.ctx.dense:
-                return list(range(key + 1, key + 1 + n))
-            listed = self.listings.sorted_keys()
+                return list(range(chunk_id + 1, chunk_id + 1 + n))
+            listed = self.listings.sorted_ids()
             if listed is None:
                 return []
-            i = int(np.searchsorted(listed, np.uint64(key), side="right"))
+            i = int(np.searchsorted(listed, np.uint64(chunk_id), side="right"))
             return int_list(listed[i:i + n])
-        listed_after = self.listings.after(key, n)
+        listed_after = self.listings.after(chunk_id, n)
         if listed_after is not None:
             return listed_after
         try:  # not listed: the entries after it in its index table
-            found = await self.ctx.locate(key)
+            found = await self.ctx.locate(chunk_id)
         except DataError:
             return []
         if found is None:
             return []
         table, i = found
-        return int_list(table.keys[i + 1:i + 1 + n])
+        return int_list(table.ids[i + 1:i + 1 + n])

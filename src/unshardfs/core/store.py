@@ -6,10 +6,10 @@ index entry into a DataError, drop entries that belong to another shard
 index once per version of its object, however many ask at once, within the
 index limit and the budget of the cache that keeps it.
 
-A format implements only what is its own: which shard a key lives in
+A format implements only what is its own: which shard an id lives in
 (`shard_of`), which shards exist (`shards`), how to open a shard
 (`open_shard`), how to read and decode its index (`read_index`, into
-`ChunkTable`s), and, for multi-level indexes, which table holds a key
+`ChunkTable`s), and, for multi-level indexes, which table holds an id
 (`table_for`, `index_tables`). Index levels are declared (`index_levels`),
 and each level's cache is made from its declaration.
 """
@@ -72,14 +72,14 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         self.fetcher = runtime.fetcher
         self.caches = runtime.caches
         self.limits = runtime.limits
-        self.label = label or "."  # for messages: the directory key
+        self.label = label or "."  # for messages: the directory's path
         self.flights = runtime.fetcher.flights
 
     # -- the format's own ----------------------------------------------------------------
 
     @abstractmethod
-    def shard_of(self, key: int) -> ShardT | None:
-        """The shard chunk `key` lives in; None if no chunk can have this key (outside the grid).
+    def shard_of(self, chunk_id: int) -> ShardT | None:
+        """The shard chunk `chunk_id` lives in; None if no chunk can have this id (outside the grid).
 
         Pure computation (no I/O): a lookup by name must not list anything.
         """
@@ -110,9 +110,9 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         damaged index as a whole is a DataError.
         """
 
-    async def table_for(self, shard: ShardT, blob: Blob, index: IndexT, key: int) -> ChunkTable | None:
-        """The table of the shard's index that would hold `key` (reading further levels as needed);
-        None when the index says the key's table is empty. Default: the index is the table."""
+    async def table_for(self, shard: ShardT, blob: Blob, index: IndexT, chunk_id: int) -> ChunkTable | None:
+        """The table of the shard's index that would hold `chunk_id` (reading further levels as needed);
+        None when the index says the id's table is empty. Default: the index is the table."""
         return cast(ChunkTable, index)
 
     async def index_tables(self, shard: ShardT, blob: Blob, index: IndexT) -> list[ChunkTable]:
@@ -121,9 +121,9 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         return [cast(ChunkTable, index)]
 
     def placed(self, shard: ShardT, table: ChunkTable) -> np.ndarray:
-        """Mask of the table's keys a lookup would find in this very table (the rest belong to
-        another shard, or another table of it). Default: `shard_of` of each key."""
-        return np.fromiter((self.shard_of(k) == shard for k in table.keys.tolist()), dtype=bool,
+        """Mask of the table's ids a lookup would find in this very table (the rest belong to
+        another shard, or another table of it). Default: `shard_of` of each id."""
+        return np.fromiter((self.shard_of(k) == shard for k in table.ids.tolist()), dtype=bool,
                            count=len(table))
 
     def token(self, shard: ShardT) -> str:
@@ -134,9 +134,9 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         """Whether `name` in the directory is one of the store's shard files (hidden from the view)."""
         return False
 
-    def describe(self, key: int) -> str:
+    def describe(self, chunk_id: int) -> str:
         """How log lines name a chunk."""
-        return f"chunk {key}"
+        return f"chunk {chunk_id}"
 
     # -- the core's: final (the type checker refuses an override) -------------------------
 
@@ -153,32 +153,32 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         return blob, index
 
     @final
-    async def locate(self, key: int) -> tuple[ChunkTable, int] | None:
-        """The table holding chunk `key` and its position there; None if the chunk is absent.
+    async def locate(self, chunk_id: int) -> tuple[ChunkTable, int] | None:
+        """The table holding chunk `chunk_id` and its position there; None if the chunk is absent.
 
         DataError when the chunk's shard or index is damaged, or the chunk's
         own index entry is (a `bad` entry of its table).
         """
-        shard = self.shard_of(key)
+        shard = self.shard_of(chunk_id)
         if shard is None:
             return None
         opened = await self.index(shard)
         if opened is None:
             return None
-        table = await self.table_for(shard, opened[0], opened[1], key)
+        table = await self.table_for(shard, opened[0], opened[1], chunk_id)
         if table is None:
             return None
-        reason = table.bad.get(key)
+        reason = table.bad.get(chunk_id)
         if reason is not None:
-            raise DataError(f"{table.blob.label} {self.describe(key)}", reason)
-        i = table.find(key)
+            raise DataError(f"{table.blob.label} {self.describe(chunk_id)}", reason)
+        i = table.find(chunk_id)
         return None if i is None else (table, i)
 
     @final
     async def tables(self, shard: ShardT) -> list[ChunkTable]:
         """The listable entries of one shard, in listing order; [] if the shard is absent.
 
-        Entries a lookup could not find there (keys of another shard or
+        Entries a lookup could not find there (ids of another shard or
         table) are left out and logged. DataError if the shard is damaged.
         """
         opened = await self.index(shard)

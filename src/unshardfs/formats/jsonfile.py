@@ -17,14 +17,14 @@ def _as_read(parsed: object, st: ObjectStat) -> tuple[object, ObjectStat]:
     return parsed, st
 
 
-async def read_json(source: ByteSource, key: str,
+async def read_json(source: ByteSource, path: str,
                     limits: Limits = DEFAULT_LIMITS) -> tuple[object, ObjectStat] | None:
     """The parsed file and its stat; None if it does not exist; ConfigError if unreadable or beyond
     `limits` (see `read_built`)."""
-    return await read_built(source, key, limits, _as_read)
+    return await read_built(source, path, limits, _as_read)
 
 
-async def read_built(source: ByteSource, key: str, limits: Limits,
+async def read_built(source: ByteSource, path: str, limits: Limits,
                      build: Callable[[object, ObjectStat], T]) -> T | None:
     """`build(parsed, stat)` of the file; None if it does not exist; ConfigError if unreadable or
     beyond `limits`.
@@ -34,23 +34,23 @@ async def read_built(source: ByteSource, key: str, limits: Limits,
     touch the event loop): the loop keeps answering, and several big files at
     once cost the memory of one.
     """
-    st = await source.stat(key)
+    st = await source.stat(path)
     if st is None or st.is_dir:
         return None
-    check_size(st.size, key, limits)
+    check_size(st.size, path, limits)
     async with one_big_document(st.size):
         try:
-            raw = await source.read(key, 0, st.size)
+            raw = await source.read(path, 0, st.size)
         except SourceError as e:
-            raise ConfigError(f"cannot read {key}: {e}") from e
+            raise ConfigError(f"cannot read {path}: {e}") from e
         held = [raw]  # handed over, so the bytes are freed once parsed, while the tree is built on
         del raw
-        return await off_loop(st.size, _parse_and_build, held, key, limits, st, build)
+        return await off_loop(st.size, _parse_and_build, held, path, limits, st, build)
 
 
-def _parse_and_build(held: list[bytes], key: str, limits: Limits, st: ObjectStat,
+def _parse_and_build(held: list[bytes], path: str, limits: Limits, st: ObjectStat,
                      build: Callable[[object, ObjectStat], T]) -> T:
-    return build(load_json(held.pop(), key, limits), st)
+    return build(load_json(held.pop(), path, limits), st)
 
 
 def encode_json(obj: object, indent: int | None = None) -> bytes:

@@ -55,8 +55,8 @@ class RecentNodes(OrderedDict):
         super().__init__()
         self.maxsize = maxsize
 
-    def put(self, key: int, node: Node) -> None:
-        self[key] = node
+    def put(self, ino: int, node: Node) -> None:
+        self[ino] = node
         if len(self) > self.maxsize:
             self.popitem(last=False)
 

@@ -1,4 +1,4 @@
-"""Byte sources: objects addressed by '/'-separated keys, read by byte range.
+"""Byte sources: objects addressed by '/'-separated paths, read by byte range.
 
 Formats only ever talk to a `ByteSource`; they never open files or sockets
 themselves, so every format works over every backend.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import ByteSource, ObjectStat, join_key
+from .base import ByteSource, ObjectStat, join_path
 from .counting import CountingSource, SourceCounters
 from .http import HttpOptions
 from .local import LocalSource

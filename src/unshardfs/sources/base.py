@@ -33,9 +33,9 @@ class IndexCache(Protocol):
 
 
 class ByteSource(Protocol):
-    """Bytes by key. Keys are relative, '/'-separated, '' is the root.
+    """Bytes by path. Paths are relative, '/'-separated, '' is the root.
 
-    `listable` is False for stores that cannot enumerate keys (a plain HTTP
+    `listable` is False for stores that cannot enumerate paths (a plain HTTP
     server): formats then work from their metadata alone. `remote` says each
     request costs a network round trip, so formats fetch small payloads
     whole rather than in the kernel's 128 KiB pieces.
@@ -49,23 +49,23 @@ class ByteSource(Protocol):
     def index_cache(self) -> IndexCache | None:
         """Where index reads may be kept across mounts (`--cache-dir`); None without one."""
 
-    async def stat(self, key: str) -> ObjectStat | None:
+    async def stat(self, path: str) -> ObjectStat | None:
         """None when the object does not exist."""
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         """Up to `size` bytes at `offset`; shorter only at end of object.
 
         With `version` (from an earlier `stat`), raise `StaleError` rather
         than read an object that has since been replaced or modified.
         """
 
-    def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
-        """Direct children of a directory-like key, as (name, stat)."""
+    def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+        """Direct children of a directory-like path, as (name, stat)."""
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
-        """A directory (object-store prefix) at `key`, or None when there is none or it cannot be known."""
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        """A directory (object-store prefix) at `path`, or None when there is none or it cannot be known."""
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         """`read`, for index structures: a disk cache may keep these across mounts."""
 
     async def aclose(self) -> None:
@@ -87,20 +87,20 @@ class SourceLayer:
         self.remote = inner.remote
         self.index_cache: IndexCache | None = inner.index_cache
 
-    async def stat(self, key: str) -> ObjectStat | None:
-        return await self.inner.stat(key)
+    async def stat(self, path: str) -> ObjectStat | None:
+        return await self.inner.stat(path)
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        return await self.inner.read(key, offset, size, version)
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.inner.read(path, offset, size, version)
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        return await self.inner.read_index(key, offset, size, version)
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.inner.read_index(path, offset, size, version)
 
-    def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
-        return self.inner.list(key)
+    def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+        return self.inner.list(path)
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
-        return await self.inner.stat_dir(key)
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        return await self.inner.stat_dir(path)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -114,7 +114,7 @@ class SourceLayer:
 
 
 def name_problem(name: str) -> str | None:
-    """Why `name` cannot be one path segment of a key, or None when it can.
+    """Why `name` cannot be one segment of a path, or None when it can.
 
     Names come from listings, probes and metadata written by others: `..`
     would climb out of the dataset (and, put into a URL, into another prefix
@@ -132,22 +132,22 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def join_key(parent: str, name: str) -> str:
+def join_path(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
-def normalize_key(key: str) -> str:
+def normalize_path(path: str) -> str:
     """Resolve '.', '..' and redundant slashes; refuse anything escaping the root.
 
     Scale keys in an info file may hold '..' components; they are allowed only
     while they stay inside the mounted source, so a crafted info file cannot
     expose other files of the machine.
     """
-    if key.startswith("/"):
-        raise ConfigError(f"absolute key {key!r} is not allowed")
-    norm = posixpath.normpath(key) if key else ""
+    if path.startswith("/"):
+        raise ConfigError(f"absolute path {path!r} is not allowed")
+    norm = posixpath.normpath(path) if path else ""
     if norm in (".", ""):
         return ""
     if norm == ".." or norm.startswith("../"):
-        raise ConfigError(f"key {key!r} points outside the source")
+        raise ConfigError(f"path {path!r} points outside the source")
     return norm

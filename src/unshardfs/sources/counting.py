@@ -29,29 +29,29 @@ class CountingSource(SourceLayer):
         super().__init__(inner)
         self.counters = SourceCounters()
 
-    async def stat(self, key: str) -> ObjectStat | None:
+    async def stat(self, path: str) -> ObjectStat | None:
         self.counters.stats += 1
-        return await self.inner.stat(key)
+        return await self.inner.stat(path)
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        data = await self.inner.read(key, offset, size, version)
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        data = await self.inner.read(path, offset, size, version)
         self.counters.reads += 1
         self.counters.read_bytes += len(data)
         return data
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        data = await self.inner.read_index(key, offset, size, version)
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        data = await self.inner.read_index(path, offset, size, version)
         self.counters.reads += 1
         self.counters.read_bytes += len(data)
         return data
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
+    async def stat_dir(self, path: str) -> ObjectStat | None:
         self.counters.stats += 1
-        return await self.inner.stat_dir(key)
+        return await self.inner.stat_dir(path)
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         self.counters.lists += 1
-        async for item in self.inner.list(key):
+        async for item in self.inner.list(path):
             yield item
 
     def own_stats(self) -> dict[str, object]:

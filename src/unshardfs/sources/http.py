@@ -18,8 +18,8 @@ and any other `Content-Encoding` is refused) up to a cap chosen per status
 (exactly the requested length for a 206, whose `Content-Range` must match),
 each request has one deadline over all its attempts, redirects and body, and
 redirects stay on the origin we were given, so neither requests nor
-credentials ever go to another host or down from https to http. Keys become
-URL paths segment by segment, percent-quoted, and keys a server (or httpx)
+credentials ever go to another host or down from https to http. Paths become
+URL paths segment by segment, percent-quoted, and paths a server (or httpx)
 would normalise into another path are never requested.
 """
 
@@ -122,26 +122,26 @@ def _mtime_ns(headers: httpx.Headers) -> int:
     return 0
 
 
-def key_problem(key: str) -> str | None:
-    """Why `key` cannot be requested as it is, or None.
+def path_problem(path: str) -> str | None:
+    """Why `path` cannot be requested as it is, or None.
 
     '' , '.' and '..' segments would be resolved away by httpx or the server
     (`ds/../x` is requested as `x`: another prefix, even another bucket), and
-    NUL or non-UTF-8 cannot be sent faithfully; such keys are never requested.
+    NUL or non-UTF-8 cannot be sent faithfully; such paths are never requested.
     """
-    for segment in key.split("/"):
+    for segment in path.split("/"):
         problem = name_problem(segment)
         if problem is not None:
-            return f"key {key!r}: {problem}"
+            return f"path {path!r}: {problem}"
     return None
 
 
-def quote_key(key: str) -> str:
-    """`key` as a URL path: each segment percent-quoted, so none of it is read as URL syntax."""
-    problem = key_problem(key)
+def quote_path(path: str) -> str:
+    """`path` as a URL path: each segment percent-quoted, so none of it is read as URL syntax."""
+    problem = path_problem(path)
     if problem is not None:
         raise SourceError(f"{problem}: not requested")
-    return "/".join(quote(segment, safe="") for segment in key.split("/"))
+    return "/".join(quote(segment, safe="") for segment in path.split("/"))
 
 
 def origin(url: httpx.URL) -> tuple[str, str, int | None]:
@@ -212,7 +212,7 @@ def _content_range_total(value: str) -> int | None:
 
 
 class HttpSource:
-    """Objects under a base URL: `<base>/<key>`."""
+    """Objects under a base URL: `<base>/<path>`."""
 
     listable = False
     remote = True
@@ -230,7 +230,7 @@ class HttpSource:
         except httpx.InvalidURL as e:
             raise ConfigError(f"invalid URL {base_url!r}: {e}") from None
         if url.scheme not in ("http", "https") or not url.host or url.query or url.fragment:
-            # Keys are appended to the path: a query or fragment would swallow them.
+            # Paths are appended to the path: a query or fragment would swallow them.
             raise ConfigError(f"invalid URL {base_url!r}: need http(s)://host/path, without '?' or '#'")
         # Credentials (`authorize`) go to this origin only: the endpoint the user configured.
         self.credential_origin = origin(url)
@@ -240,8 +240,8 @@ class HttpSource:
 
     # -- plumbing ---------------------------------------------------------------
 
-    def object_url(self, key: str) -> str:
-        return f"{self.base_url}/{quote_key(key)}" if key else self.base_url + "/"
+    def object_url(self, path: str) -> str:
+        return f"{self.base_url}/{quote_path(path)}" if path else self.base_url + "/"
 
     async def authorize(self, request: httpx.Request) -> None:
         """Add credentials to a request (none for plain HTTP)."""
@@ -350,24 +350,24 @@ class HttpSource:
         tag = reply.headers.get("etag") or reply.headers.get("last-modified") or ""
         return ObjectStat(size=size, mtime_ns=_mtime_ns(reply.headers), is_dir=False, version=(tag, size))
 
-    async def stat(self, key: str) -> ObjectStat | None:
-        if not key:
+    async def stat(self, path: str) -> ObjectStat | None:
+        if not path:
             return ObjectStat(0, 0, True)
-        problem = key_problem(key)
+        problem = path_problem(path)
         if problem is not None:
             # Absent: a name no request can reach exactly has no object behind it for us.
             log_once(log, f"key:{self.description}:{problem}", "%s: %s: treated as absent", self.description,
                      problem)
             return None
-        cached = self._stats.get(key, _MISSING)
+        cached = self._stats.get(path, _MISSING)
         if cached is not _MISSING:
             return cached
-        result = await self._head(key)
-        self._stats[key] = result
+        result = await self._head(path)
+        self._stats[path] = result
         return result
 
-    async def _head(self, key: str) -> ObjectStat | None:
-        url = self.object_url(key)
+    async def _head(self, path: str) -> ObjectStat | None:
+        url = self.object_url(path)
         reply = await self.request("HEAD", url)
         if self.is_absent(reply.status):
             return None
@@ -386,10 +386,10 @@ class HttpSource:
     def is_absent(self, status: int) -> bool:
         return status in ABSENT_STATUS
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         if size <= 0:
             return b""
-        url = self.object_url(key)
+        url = self.object_url(path)
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         if version and version[0] and version[0].startswith(('"', 'W/"')):
             headers["If-Match"] = version[0]
@@ -412,19 +412,19 @@ class HttpSource:
         if status == 416:
             return b""  # the range starts at or past the end
         if status == 412 or (version and self.is_absent(status)):
-            self._stats.pop(key, None)
-            raise StaleError(key, f"object changed on the server (HTTP {status})")
+            self._stats.pop(path, None)
+            raise StaleError(path, f"object changed on the server (HTTP {status})")
         raise SourceError(f"GET {url}: HTTP {status}")
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        return await self.read(key, offset, size, version)
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.read(path, offset, size, version)
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         return
         yield
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
-        return ObjectStat(0, 0, True) if not key else None
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        return ObjectStat(0, 0, True) if not path else None
 
     def stats(self) -> dict[str, object]:
         return {"http": self.counters.as_dict()}

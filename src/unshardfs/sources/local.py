@@ -14,7 +14,7 @@ from cachetools import LRUCache
 from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
 from ..fdpath import Beneath, regular_file
-from .base import ObjectStat, join_key, name_problem
+from .base import ObjectStat, join_path, name_problem
 
 log = logging.getLogger(__name__)
 
@@ -98,42 +98,42 @@ class LocalSource:
         self._nowait = bool(_RWF_NOWAIT) and hasattr(os, "preadv")
         self.slow_reads = 0  # reads that had to wait on the disk (done on a worker thread)
 
-    def path(self, key: str) -> str:
+    def os_path(self, path: str) -> str:
         """For messages only: nothing is ever opened by this string."""
-        return os.path.join(self.root, key) if key else self.root
+        return os.path.join(self.root, path) if path else self.root
 
-    def _object_stat(self, key: str) -> ObjectStat | None:
-        """`key` resolved beneath the root (links followed while inside), or None if absent, outside,
+    def _object_stat(self, path: str) -> ObjectStat | None:
+        """`path` resolved beneath the root (links followed while inside), or None if absent, outside,
         or neither a regular file nor a directory."""
         try:
-            st = self._beneath.stat(key)
+            st = self._beneath.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
             if e.errno in (errno.EXDEV, errno.ELOOP):
-                log.warning("ignoring %s: a symlink on its way leads outside the source (or loops)", self.path(key))
+                log.warning("ignoring %s: a symlink on its way leads outside the source (or loops)", self.os_path(path))
                 return None
-            raise SourceError(f"stat {self.path(key)}: {e.strerror}") from e
+            raise SourceError(f"stat {self.os_path(path)}: {e.strerror}") from e
         return _to_stat(st)
 
-    async def stat(self, key: str) -> ObjectStat | None:
-        result = self._object_stat(key)
+    async def stat(self, path: str) -> ObjectStat | None:
+        result = self._object_stat(path)
         if result is None:
-            self._drop_fd(key)
+            self._drop_fd(path)
             return None
-        cached = self._fds.get(key)
+        cached = self._fds.get(path)
         if cached is not None and cached[1] != result.version[:2]:
             # The file was replaced since we opened it: never read the old inode.
-            self._drop_fd(key)
+            self._drop_fd(path)
         return result
 
-    def _drop_fd(self, key: str) -> None:
-        cached = self._fds.pop(key, None)
+    def _drop_fd(self, path: str) -> None:
+        cached = self._fds.pop(path, None)
         if cached is not None:
             os.close(cached[0])
 
-    def _fd(self, key: str, version: tuple | None) -> int:
-        cached = self._fds.get(key)
+    def _fd(self, path: str, version: tuple | None) -> int:
+        cached = self._fds.get(path)
         if cached is not None:
             fd, ident = cached
             if version is None:
@@ -144,40 +144,40 @@ class LocalSource:
                 # replaced meanwhile -- unless the file was rewritten in place
                 # (one fstat per read: far cheaper than serving other bytes).
                 if _version(os.fstat(fd)) != version:
-                    raise StaleError(key, "file was modified in place after its index was read")
+                    raise StaleError(path, "file was modified in place after its index was read")
                 return fd
-            self._drop_fd(key)
-        path = self.path(key)
+            self._drop_fd(path)
+        os_path = self.os_path(path)
         try:
             # O_NONBLOCK: a FIFO swapped in opens at once (and is refused below) instead of
             # blocking the daemon's only thread.
-            fd = self._beneath.open(key, os.O_RDONLY | os.O_NONBLOCK)
-            st = regular_file(fd, path)
+            fd = self._beneath.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            st = regular_file(fd, os_path)
         except FileNotFoundError as e:
             if version is not None:
-                raise StaleError(key, "file was removed after its index was read") from e
-            raise SourceError(f"open {path}: {e.strerror}") from e
+                raise StaleError(path, "file was removed after its index was read") from e
+            raise SourceError(f"open {os_path}: {e.strerror}") from e
         except OSError as e:
             if e.errno in (errno.EXDEV, errno.ELOOP):
-                raise SourceError(f"{path} resolves outside the source") from e
-            raise SourceError(f"open {path}: {e.strerror}") from e
+                raise SourceError(f"{os_path} resolves outside the source") from e
+            raise SourceError(f"open {os_path}: {e.strerror}") from e
         if version is not None and _version(st) != version:
             os.close(fd)
-            raise StaleError(key, "file changed after its index was read")
-        self._fds[key] = (fd, (st.st_dev, st.st_ino))
+            raise StaleError(path, "file changed after its index was read")
+        self._fds[path] = (fd, (st.st_dev, st.st_ino))
         return fd
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         if size <= 0:
             return b""
-        fd = self._fd(key, version)
+        fd = self._fd(path, version)
         try:
             if self._nowait and size <= NOWAIT_MAX:
                 return await self._read_nowait(fd, offset, size)
             return _pread_all(fd, offset, size)
         except OSError as e:
-            self._drop_fd(key)
-            raise SourceError(f"read {self.path(key)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
+            self._drop_fd(path)
+            raise SourceError(f"read {self.os_path(path)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
 
     async def _read_nowait(self, fd: int, offset: int, size: int) -> bytes:
         """The bytes in the page cache are read here, on the event loop, without waiting
@@ -214,16 +214,16 @@ class LocalSource:
         self.slow_reads += 1
         return bytes(buffer[:got]) + rest if got else rest
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
-        path = self.path(key)
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+        os_path = self.os_path(path)
         try:
-            fd = self._beneath.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+            fd = self._beneath.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError as e:
             if e.errno in (errno.EXDEV, errno.ELOOP):
                 return
-            raise SourceError(f"list {path}: {e.strerror}") from e
+            raise SourceError(f"list {os_path}: {e.strerror}") from e
         try:
             # Names and lstats relative to the opened directory (DirEntry.stat uses fd itself,
             # so it stays open until the listing ends).
@@ -231,15 +231,15 @@ class LocalSource:
                 for entry in it:
                     problem = name_problem(entry.name)
                     if problem is not None:
-                        log_once(log, f"name:{path}:{problem}", "%s: skipping %s", path, problem)
+                        log_once(log, f"name:{os_path}:{problem}", "%s: skipping %s", os_path, problem)
                         continue
                     try:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
                     if statmod.S_ISLNK(st.st_mode):
-                        # Resolved beneath the root like any key: followed only while it stays inside.
-                        found = self._object_stat(join_key(key, entry.name))
+                        # Resolved beneath the root like any path: followed only while it stays inside.
+                        found = self._object_stat(join_path(path, entry.name))
                     else:
                         found = _to_stat(st)
                     if found is not None:
@@ -247,12 +247,12 @@ class LocalSource:
         finally:
             os.close(fd)
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
-        st = await self.stat(key)
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        st = await self.stat(path)
         return st if st is not None and st.is_dir else None
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        return await self.read(key, offset, size, version)
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.read(path, offset, size, version)
 
     async def aclose(self) -> None:
         self.close()

@@ -15,7 +15,7 @@ Bucket names are checked against the stores' naming rules before anything
 connects, and names in listings are untrusted: a name that is not exactly one
 usable path segment below the listed prefix ('', '.', '..', '/', NUL,
 non-UTF-8, or outside the prefix) is skipped and logged once, never turned
-into a key. Listings end with an error when a page is too large, a page token
+into a path. Listings end with an error when a page is too large, a page token
 repeats or there are too many pages, instead of running forever.
 """
 
@@ -36,8 +36,8 @@ import trio
 from ..core.fields import Fields, as_str, load_json
 from ..errors import ConfigError, SourceError
 from ..logonce import log_once
-from .base import ObjectStat, join_key, name_problem
-from .http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, key_problem, quote_key
+from .base import ObjectStat, join_path, name_problem
+from .http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, path_problem, quote_path
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +117,18 @@ class _PrefixListing(HttpSource):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         super().__init__(base_url, options, f"{self.scheme}://{bucket}/{self.prefix}".rstrip("/"))
-        problem = key_problem(self.prefix) if self.prefix else None
+        problem = path_problem(self.prefix) if self.prefix else None
         if problem is not None:
             raise ConfigError(f"{self.description}: prefix {problem}")
 
     def where(self, listed: str) -> str:
         return f"listing {self.scheme}://{self.bucket}/{listed}"
 
-    def full_key(self, key: str) -> str:
-        return "/".join(p for p in (self.prefix, key) if p)
+    def full_path(self, path: str) -> str:
+        return "/".join(p for p in (self.prefix, path) if p)
 
-    def object_url(self, key: str) -> str:
-        return f"{self.base_url}/{quote_key(self.full_key(key))}"
+    def object_url(self, path: str) -> str:
+        return f"{self.base_url}/{quote_path(self.full_path(path))}"
 
     async def page(self, prefix: str, limit: int | None, token: str | None
                    ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
@@ -176,10 +176,10 @@ class _PrefixListing(HttpSource):
         log_once(log, f"{where}:{problem}", "%s: skipping %s", where, problem)
         return None
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
-        if key and key_problem(key):
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+        if path and path_problem(path):
             return
-        full = self.full_key(key)
+        full = self.full_path(path)
         listed = f"{full}/" if full else ""
         async for objects, prefixes in self.pages(listed, None):
             for name in prefixes:
@@ -189,16 +189,16 @@ class _PrefixListing(HttpSource):
             for name, st in objects:
                 child = self._child(listed, name, directory=False)
                 if child is not None:
-                    self._stats[join_key(key, child)] = st
+                    self._stats[join_path(path, child)] = st
                     yield child, st
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
-        if not key:
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        if not path:
             return DIRECTORY
-        if key_problem(key):
+        if path_problem(path):
             return None
         # Anything under the prefix makes it a directory; `list` vets the names of its children.
-        async for objects, prefixes in self.pages(f"{self.full_key(key)}/", 1):
+        async for objects, prefixes in self.pages(f"{self.full_path(path)}/", 1):
             return DIRECTORY if objects or prefixes else None
         return None
 

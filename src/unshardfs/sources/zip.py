@@ -20,7 +20,7 @@ sorted names and numpy columns, nothing per entry.
 
 Hostile archives: names that are absolute, contain `\\`, NUL or a `.`/`..`
 segment, are not decodable, or occur twice (also a file that is also a
-directory) never become keys (logged once, skipped); entries whose data
+directory) never become paths (logged once, skipped); entries whose data
 would overlap another's local header or the central directory, that share a
 local header, are encrypted or use an unknown method are skipped the same
 way; a local header that disagrees with the central directory (signature,
@@ -99,7 +99,7 @@ class ZipSummary:
 
     archive: str
     entries: int  # members shown (files)
-    skipped: int  # entries that never became keys
+    skipped: int  # entries that never became paths
     methods: dict[str, int]  # members per compression method
     zip64: bool
     comment: str
@@ -243,7 +243,7 @@ class CentralDirectory:
                     listed.add(name)
                     keep.append(i)
                 continue
-            # Ambiguous names are never keys: which of two members would a reader get?
+            # Ambiguous names are never paths: which of two members would a reader get?
             reason = ("the name occurs more than once" if counts[name] > 1 else
                       "the name is also a directory" if name in dirs else
                       "its local header is shared with another entry (overlapping members)" if shared[header[i]] > 1
@@ -320,7 +320,7 @@ def _zip64(extra: bytes, usize: bool, csize: bool, header: bool, disk: bool) -> 
 
 
 def _name_problem(name: str) -> str | None:
-    """Why an entry name can never be a key (a directory entry ends in '/')."""
+    """Why an entry name can never be a path (a directory entry ends in '/')."""
     if "\0" in name:
         return "the name contains NUL"
     if "\\" in name:
@@ -379,7 +379,7 @@ def _decode(method: int, data: bytes, size: int, where: str) -> bytes:
 
 
 class ZipSource:
-    """Members of the archive `archive` of `inner` (under `root`, the pipeline's `zip:PATH`) as keys.
+    """Members of the archive `archive` of `inner` (under `root`, the pipeline's `zip:PATH`) as paths.
 
     Call `open()` once before use (a bad archive is then a one-line
     ConfigError); the index is read again whenever the archive changes.
@@ -524,29 +524,29 @@ class ZipSource:
     def _member_stat(self, index: ZipIndex, st: ObjectStat, i: int) -> ObjectStat:
         return ObjectStat(int(index.usize[i]), st.mtime_ns, False, ("zip", st.version, int(index.header[i])))
 
-    async def stat(self, key: str) -> ObjectStat | None:
+    async def stat(self, path: str) -> ObjectStat | None:
         current = await self._current(fresh=True)
         if current is None:
             return None
         index, st = current
-        if not key:
+        if not path:
             return ObjectStat(0, st.mtime_ns, True, ())
-        name = key.encode()
+        name = path.encode()
         i = index.find(name)
         if i >= 0:
             return self._member_stat(index, st, i)
         return ObjectStat(0, st.mtime_ns, True, ()) if index.is_dir(name + b"/") else None
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
-        st = await self.stat(key)
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        st = await self.stat(path)
         return st if st is not None and st.is_dir else None
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         current = await self._current(fresh=True)
         if current is None:
             return
         index, st = current
-        prefix = key.encode() + b"/" if key else b""
+        prefix = path.encode() + b"/" if path else b""
         names = index.names
         i = bisect.bisect_left(names, prefix)
         directory = ObjectStat(0, st.mtime_ns, True, ())
@@ -569,24 +569,24 @@ class ZipSource:
             if i % 4096 == 0:
                 await trio.lowlevel.checkpoint()
 
-    async def _member(self, key: str, version: tuple | None) -> tuple[ZipIndex, ObjectStat, int]:
+    async def _member(self, path: str, version: tuple | None) -> tuple[ZipIndex, ObjectStat, int]:
         if version is not None:
             if self._index is None or self._stat is None or version[1] != self._stat.version:
-                raise StaleError(key, "the archive changed after this member was resolved")
+                raise StaleError(path, "the archive changed after this member was resolved")
             current = (self._index, self._stat)
         else:
             current = await self._current(fresh=False)  # type: ignore[assignment]
             if current is None:
                 raise SourceError(f"{self.description}: the archive is gone")
         index, st = current
-        i = index.find(key.encode())
+        i = index.find(path.encode())
         if i < 0 or (version is not None and version[2] != int(index.header[i])):
             if version is not None:
-                raise StaleError(key, "the archive changed after this member was resolved")
-            raise SourceError(f"{self.description}: no member {key!r}")
+                raise StaleError(path, "the archive changed after this member was resolved")
+            raise SourceError(f"{self.description}: no member {path!r}")
         return index, st, i
 
-    async def _data_offset(self, index: ZipIndex, st: ObjectStat, i: int, key: str, along: int = 0
+    async def _data_offset(self, index: ZipIndex, st: ObjectStat, i: int, path: str, along: int = 0
                            ) -> tuple[int, bytes]:
         """Where member i's data starts, from its local header, checked against the central directory;
         on the first call also the bytes after it that came with the header (up to `along` more)."""
@@ -598,7 +598,7 @@ class ZipSource:
         full = self.root.encode() + name
         raw = await self._read(header, LOCAL.size + len(full) + along, st.version)
         self.counters["local_headers"] += 1
-        where = f"{self.description}!{key}"
+        where = f"{self.description}!{path}"
         if len(raw) < LOCAL.size or raw[:4] != SIG_LOCAL:
             raise DataError(where, f"no local header at offset {header:,}")
         fields = LOCAL.unpack_from(raw)
@@ -620,8 +620,8 @@ class ZipSource:
         index.data[i] = offset
         return offset, raw[LOCAL.size + n + m:]
 
-    async def _read_member(self, key: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
-        index, st, i = await self._member(key, version)
+    async def _read_member(self, path: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
+        index, st, i = await self._member(path, version)
         total = int(index.usize[i])
         if size <= 0 or offset >= total:
             return b""
@@ -629,7 +629,7 @@ class ZipSource:
         method = int(index.method[i])
         if method != zipfile.ZIP_STORED and total > self.limits.payload_bytes:
             # Before any read: a bomb's claimed size alone refuses it.
-            raise DataError(f"{self.description}!{key}", f"{METHODS[method]} member of {total:,} bytes exceeds the "
+            raise DataError(f"{self.description}!{path}", f"{METHODS[method]} member of {total:,} bytes exceeds the "
                                                          f"{self.limits.payload_bytes >> 20} MiB limit "
                                                          f"(--max-payload-size)")
         csize = int(index.csize[i])
@@ -644,13 +644,13 @@ class ZipSource:
             guessed_at = int(index.header[i]) + LOCAL.size + len(self.root.encode()) + len(index.names[i]) + int(
                 index.extra[i])
             (start, came), guessed = await _together(
-                lambda: self._data_offset(index, st, i, key),
+                lambda: self._data_offset(index, st, i, path),
                 lambda: self._read(guessed_at + offset, size, st.version, idx))
         else:
-            start, came = await self._data_offset(index, st, i, key, EXTRA_SLACK + csize if whole else 0)
+            start, came = await self._data_offset(index, st, i, path, EXTRA_SLACK + csize if whole else 0)
         came = came[:csize] if len(came) >= csize else b""
         if method != zipfile.ZIP_STORED:
-            data = await self._decoded_member(index, st, i, start, key, came or None)
+            data = await self._decoded_member(index, st, i, start, path, came or None)
             return data[offset:offset + size]
         if came:
             data = came[offset:offset + size]
@@ -661,12 +661,12 @@ class ZipSource:
         else:
             data = await self._read(start + offset, size, st.version, idx)
         if len(data) != size:
-            raise SourceError(f"{self.description}!{key}: archive ends inside the member (truncated)")
+            raise SourceError(f"{self.description}!{path}: archive ends inside the member (truncated)")
         if offset == 0 and size == total and zlib.crc32(data) != int(index.crc[i]):
-            raise DataError(f"{self.description}!{key}", "CRC-32 mismatch")
+            raise DataError(f"{self.description}!{path}", "CRC-32 mismatch")
         return data
 
-    async def _decoded_member(self, index: ZipIndex, st: ObjectStat, i: int, start: int, key: str,
+    async def _decoded_member(self, index: ZipIndex, st: ObjectStat, i: int, start: int, path: str,
                               raw: bytes | None = None) -> bytes:
         ident = (st.version, int(index.header[i]))
         hit = self._decoded.get(ident)
@@ -674,9 +674,9 @@ class ZipSource:
             # No archive read on a hit: a stat keeps a replaced archive from being served from memory.
             now = await self.inner.stat(self.archive)
             if now is None or now.version != st.version:
-                raise StaleError(key, "the archive changed after this member was read")
+                raise StaleError(path, "the archive changed after this member was read")
             return hit
-        where = f"{self.description}!{key}"
+        where = f"{self.description}!{path}"
         size, csize, method, crc = int(index.usize[i]), int(index.csize[i]), int(index.method[i]), int(index.crc[i])
 
         async def work() -> bytes:
@@ -695,20 +695,20 @@ class ZipSource:
 
         return await self._flights.run(ident, work)
 
-    async def _guarded_read(self, key: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
+    async def _guarded_read(self, path: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
         try:
-            return await self._read_member(key, offset, size, version, idx)
+            return await self._read_member(path, offset, size, version, idx)
         except StaleError:
             self._dirty = True  # the next stat (or unversioned read) reads the directory again
             if version is not None:
                 raise
-        return await self._read_member(key, offset, size, None, idx)
+        return await self._read_member(path, offset, size, None, idx)
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        return await self._guarded_read(key, offset, size, version, False)
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self._guarded_read(path, offset, size, version, False)
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        return await self._guarded_read(key, offset, size, version, True)
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self._guarded_read(path, offset, size, version, True)
 
     async def aclose(self) -> None:
         self._decoded.clear()

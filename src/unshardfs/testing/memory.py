@@ -1,6 +1,6 @@
 """A byte source over a dict of bytes, for unit tests of formats and of the core (no files, no server).
 
-Directories are implied by keys ("a/b" makes "a" a directory). Every `put`
+Directories are implied by paths ("a/b" makes "a" a directory). Every `put`
 or `remove` gives the object a new version, so reads made with the version
 of an earlier `stat` fail with `StaleError`, as the real sources do.
 """
@@ -17,7 +17,7 @@ _DIR = ObjectStat(0, 0, True, ())
 
 
 class MemorySource:
-    """A listable, local, versioned `ByteSource` over `files` (key -> bytes); counts its requests."""
+    """A listable, local, versioned `ByteSource` over `files` (path -> bytes); counts its requests."""
 
     listable = True
     remote = False
@@ -28,65 +28,65 @@ class MemorySource:
         self._versions = itertools.count(1)
         self._files: dict[str, tuple[bytes, int]] = {}
         self.requests = {"stat": 0, "read": 0, "list": 0}
-        for key, data in (files or {}).items():
-            self.put(key, data)
+        for path, data in (files or {}).items():
+            self.put(path, data)
 
     # -- changing it (behind a reader's back) ------------------------------------------
 
-    def put(self, key: str, data: bytes) -> None:
-        """Create or replace the object at `key` (a new version)."""
-        if not key or any(name_problem(part) for part in key.split("/")):
-            raise ValueError(f"{key!r} is not a key")
-        self._files[key] = (bytes(data), next(self._versions))
+    def put(self, path: str, data: bytes) -> None:
+        """Create or replace the object at `path` (a new version)."""
+        if not path or any(name_problem(part) for part in path.split("/")):
+            raise ValueError(f"{path!r} is not a path")
+        self._files[path] = (bytes(data), next(self._versions))
 
-    def remove(self, key: str) -> None:
-        del self._files[key]
+    def remove(self, path: str) -> None:
+        del self._files[path]
 
     # -- the ByteSource contract ----------------------------------------------------------
 
-    def _is_dir(self, key: str) -> bool:
-        prefix = f"{key}/" if key else ""
-        return key == "" or any(k.startswith(prefix) for k in self._files)
+    def _is_dir(self, path: str) -> bool:
+        prefix = f"{path}/" if path else ""
+        return path == "" or any(k.startswith(prefix) for k in self._files)
 
-    async def stat(self, key: str) -> ObjectStat | None:
+    async def stat(self, path: str) -> ObjectStat | None:
         self.requests["stat"] += 1
-        found = self._files.get(key)
+        found = self._files.get(path)
         if found is not None:
             return ObjectStat(len(found[0]), found[1], False, (found[1],))
-        return _DIR if self._is_dir(key) else None
+        return _DIR if self._is_dir(path) else None
 
-    async def stat_dir(self, key: str) -> ObjectStat | None:
-        return _DIR if key not in self._files and self._is_dir(key) else None
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        return _DIR if path not in self._files and self._is_dir(path) else None
 
-    async def read(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         self.requests["read"] += 1
-        found = self._files.get(key)
+        found = self._files.get(path)
         if found is None or (version is not None and version != (found[1],)):
             if version is not None:
-                raise StaleError(key, "object changed or removed since it was opened")
-            raise SourceError(f"{self.description}: no object {key!r}")
+                raise StaleError(path, "object changed or removed since it was opened")
+            raise SourceError(f"{self.description}: no object {path!r}")
         return found[0][offset:offset + size]
 
-    async def read_index(self, key: str, offset: int, size: int, version: tuple | None = None) -> bytes:
-        return await self.read(key, offset, size, version)
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self.read(path, offset, size, version)
 
-    async def list(self, key: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         self.requests["list"] += 1
-        if key in self._files:
+        if path in self._files:
             return
-        prefix = f"{key}/" if key else ""
+        prefix = f"{path}/" if path else ""
         seen: set[str] = set()
-        for path in sorted(self._files):
-            if not path.startswith(prefix):
+        for stored in sorted(self._files):
+            if not stored.startswith(prefix):
                 continue
-            name, sep, _ = path[len(prefix):].partition("/")
+            name, sep, _ = stored[len(prefix):].partition("/")
             if name in seen:
                 continue
             seen.add(name)
             if sep:
                 yield name, _DIR
             else:
-                data, version = self._files[path]
+                data, version = self._files[stored]
                 yield name, ObjectStat(len(data), version, False, (version,))
 
     async def aclose(self) -> None:

@@ -24,7 +24,7 @@ from unshardfs.sources.base import ByteSource
 
 T = TypeVar("T")
 MakeSource = Callable[[], ByteSource]
-# Replace the object at a key with new bytes, or remove it (None).
+# Replace the object at a path with new bytes, or remove it (None).
 Change = Callable[[str, "bytes | None"], None]
 
 _rng = np.random.default_rng(7)
@@ -37,10 +37,10 @@ TREE: dict[str, bytes] = {
 }
 
 
-def children(key: str) -> dict[str, int | None]:
-    """Direct children of directory `key` in TREE: name -> size (None for directories)."""
+def children(directory: str) -> dict[str, int | None]:
+    """Direct children of `directory` in TREE: name -> size (None for directories)."""
     out: dict[str, int | None] = {}
-    prefix = f"{key}/" if key else ""
+    prefix = f"{directory}/" if directory else ""
     for path, data in TREE.items():
         if path.startswith(prefix):
             name, sep, _ = path[len(prefix):].partition("/")
@@ -49,9 +49,9 @@ def children(key: str) -> dict[str, int | None]:
 
 
 def write_tree(root: Path) -> Path:
-    for key, data in TREE.items():
-        (root / key).parent.mkdir(parents=True, exist_ok=True)
-        (root / key).write_bytes(data)
+    for path, data in TREE.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
     return root
 
 
@@ -83,11 +83,11 @@ class SourceConformance:
 
     @pytest.fixture
     def change(self, tree: Path) -> Change:
-        def change(key: str, data: bytes | None) -> None:
+        def change(path: str, data: bytes | None) -> None:
             if data is None:
-                (tree / key).unlink()
+                (tree / path).unlink()
             else:
-                (tree / key).write_bytes(data)
+                (tree / path).write_bytes(data)
 
         return change
 
@@ -103,16 +103,16 @@ class SourceConformance:
 
     def test_stat(self, make: MakeSource) -> None:
         async def work(source: ByteSource) -> None:
-            for key, data in TREE.items():
-                st = await source.stat(key)
-                assert st is not None and not st.is_dir and st.size == len(data), key
+            for path, data in TREE.items():
+                st = await source.stat(path)
+                assert st is not None and not st.is_dir and st.size == len(data), path
             root = await source.stat("")
             assert root is not None and root.is_dir
-            for key in ("dir", "dir/sub"):  # directories: a directory stat, or unknown to `stat`
-                st = await source.stat(key)
-                assert st is None or st.is_dir, key
-            for key in ("missing", "dir/missing.bin", "a.bin/below", "dir/su"):
-                assert await source.stat(key) is None, key
+            for path in ("dir", "dir/sub"):  # directories: a directory stat, or unknown to `stat`
+                st = await source.stat(path)
+                assert st is None or st.is_dir, path
+            for path in ("missing", "dir/missing.bin", "a.bin/below", "dir/su"):
+                assert await source.stat(path) is None, path
 
         run(make, work)
 
@@ -120,12 +120,12 @@ class SourceConformance:
         async def work(source: ByteSource) -> None:
             root = await source.stat_dir("")
             assert root is not None and root.is_dir
-            for key in ("dir", "dir/sub"):
-                st = await source.stat_dir(key)
+            for path in ("dir", "dir/sub"):
+                st = await source.stat_dir(path)
                 # A source that cannot list cannot know its directories either.
-                assert (st is not None and st.is_dir) if self.listable else st is None, key
-            for key in ("a.bin", "missing", "dir/su", "dir/b.bin"):
-                assert await source.stat_dir(key) is None, key
+                assert (st is not None and st.is_dir) if self.listable else st is None, path
+            for path in ("a.bin", "missing", "dir/su", "dir/b.bin"):
+                assert await source.stat_dir(path) is None, path
 
         run(make, work)
 
@@ -143,8 +143,8 @@ class SourceConformance:
                 want = data[offset:offset + size]  # shorter only at the end, empty at or after it
                 assert await read("a.bin", offset, size) == want, (offset, size)
                 assert await read("a.bin", offset, size, st.version) == want, (offset, size)
-            for key in ("empty.bin", "dir/odd name%20+.bin", "dir/sub/c.bin"):
-                assert await read(key, 0, 1 << 20) == TREE[key], key
+            for path in ("empty.bin", "dir/odd name%20+.bin", "dir/sub/c.bin"):
+                assert await read(path, 0, 1 << 20) == TREE[path], path
 
         run(make, work)
 
@@ -168,17 +168,17 @@ class SourceConformance:
 
     def test_list(self, make: MakeSource) -> None:
         async def work(source: ByteSource) -> None:
-            for key in ("", "dir", "dir/sub", "missing", "a.bin"):
+            for path in ("", "dir", "dir/sub", "missing", "a.bin"):
                 listed: dict[str, int | None] = {}
-                async for name, st in source.list(key):
-                    assert name not in listed and "/" not in name, (key, name)
+                async for name, st in source.list(path):
+                    assert name not in listed and "/" not in name, (path, name)
                     listed[name] = None if st.is_dir else st.size
                 if not self.listable:
-                    assert listed == {}, key  # an honest `listable = False`: nothing to enumerate
-                elif posixpath.basename(key) in ("missing", "a.bin"):
-                    assert listed == {}, key
+                    assert listed == {}, path  # an honest `listable = False`: nothing to enumerate
+                elif posixpath.basename(path) in ("missing", "a.bin"):
+                    assert listed == {}, path
                 else:
-                    assert listed == children(key), key
+                    assert listed == children(path), path
 
         run(make, work)
 

@@ -40,7 +40,7 @@ async def _inspect(args: argparse.Namespace) -> int:
     reports = []
     with _bar(args, "chunk") as bar:
         async for part in session.dataset.inventory():
-            bar.set_description(part.key or ".")
+            bar.set_description(part.path or ".")
             reports.append(await part.report(bar.update))
     await session.aclose()
     archive = session.archive

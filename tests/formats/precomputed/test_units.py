@@ -20,7 +20,7 @@ from unshardfs.core.blob import Blob
 from unshardfs.core.bounded import gunzip
 from unshardfs.formats.precomputed.shards import decode_minishard
 from unshardfs.formats.precomputed.sharding import ShardingSpec, murmurhash3_x86_128_low64
-from unshardfs.sources.base import normalize_key
+from unshardfs.sources.base import normalize_path
 
 
 def spec(**kw) -> ShardingSpec:
@@ -171,15 +171,15 @@ def test_segment_ids(text, value):
     assert parse_segment_id(text) == value
 
 
-@pytest.mark.parametrize("key,norm", [("a", "a"), ("a/./b", "a/b"), ("a/../b", "b"), ("a//b/", "a/b")])
-def test_normalize_key(key, norm):
-    assert normalize_key(key) == norm
+@pytest.mark.parametrize("path,norm", [("a", "a"), ("a/./b", "a/b"), ("a/../b", "b"), ("a//b/", "a/b")])
+def test_normalize_path(path, norm):
+    assert normalize_path(path) == norm
 
 
-@pytest.mark.parametrize("key", ["..", "../x", "a/../../x", "/etc"])
-def test_keys_cannot_escape(key):
+@pytest.mark.parametrize("path", ["..", "../x", "a/../../x", "/etc"])
+def test_paths_cannot_escape(path):
     with pytest.raises(ConfigError):
-        normalize_key(key)
+        normalize_path(path)
 
 
 def _scale_dir(size, chunk, offset):

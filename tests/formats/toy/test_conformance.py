@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 INHERITED = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # before `registered` runs
 SHARDS = 4
 CHUNK = 700
-# Sparse keys (and none in shard 3: an absent shard); shard 1 holds 8 chunks.
+# Sparse ids (and none in shard 3: an absent shard); shard 1 holds 8 chunks.
 KEYS = [0, 1, 4, 5, 8, 9, 12, 13, 17, 21, 26, 30, 33, 37, 41, 45, 10**12 + 1, 2**64 - 3]
 
 
@@ -47,7 +47,7 @@ def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def case(tmp_path_factory: pytest.TempPathFactory) -> FormatCase:
     rng = np.random.default_rng(3)
-    # Compressible chunks: gzip payloads shorter than the chunk, so offsets differ from keys * size.
+    # Compressible chunks: gzip payloads shorter than the chunk, so offsets differ from ids * size.
     chunks = {k: bytes(rng.integers(0, 4, CHUNK, dtype=np.uint8)) for k in KEYS}
     paths = write_toy(tmp_path_factory.mktemp("toy"), chunks, SHARDS)
 

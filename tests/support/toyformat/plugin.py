@@ -29,7 +29,7 @@ from unshardfs.vtree import BytesFile
 MARKER = "toy.json"
 SUFFIX = ".toyshard"
 HEADER = 8  # the entry count
-ENTRY = 24  # key, offset, length
+ENTRY = 24  # id, offset, length
 MAX_SHARDS = 1 << 16
 
 
@@ -40,8 +40,8 @@ class ToyStore(ShardedStore[int, ChunkTable]):
         super().__init__(runtime, "")
         self.shard_count = shard_count
 
-    def shard_of(self, key: int) -> int:
-        return key % self.shard_count
+    def shard_of(self, chunk_id: int) -> int:
+        return chunk_id % self.shard_count
 
     def shard_number(self, name: str) -> int | None:
         number = parse_decimal(name[:-len(SUFFIX)]) if name.endswith(SUFFIX) else None
@@ -96,7 +96,7 @@ class ToyFormat(FormatPlugin):
         encoding = meta.str("encoding", ("raw", "gzip"), default="raw")
         chunks = ChunkContext(ToyStore(runtime, shards), DecimalNaming(), codec(encoding), FixedSize(chunk_size))
         shown = BytesFile(encode_json({"chunk_size": chunk_size}), loaded[1].mtime_ns)
-        part = ChunkInventory("toy chunks", "", chunks, f"key % {shards}; {encoding}", shards)
+        part = ChunkInventory("toy chunks", "", chunks, f"id % {shards}; {encoding}", shards)
 
         async def inventory() -> AsyncIterator[InventoryPart]:
             yield part

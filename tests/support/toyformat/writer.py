@@ -13,11 +13,11 @@ from .plugin import ENTRY, HEADER, MARKER, SUFFIX
 
 
 def encode_shard(payloads: dict[int, bytes]) -> bytes:
-    keys = sorted(payloads)
-    lengths = [len(payloads[k]) for k in keys]
-    offsets = HEADER + ENTRY * len(keys) + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    index = np.array([keys, offsets, lengths], dtype="<u8").T.tobytes()
-    return struct.pack("<Q", len(keys)) + index + b"".join(payloads[k] for k in keys)
+    ids = sorted(payloads)
+    lengths = [len(payloads[k]) for k in ids]
+    offsets = HEADER + ENTRY * len(ids) + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    index = np.array([ids, offsets, lengths], dtype="<u8").T.tobytes()
+    return struct.pack("<Q", len(ids)) + index + b"".join(payloads[k] for k in ids)
 
 
 def write_toy(root: Path, chunks: dict[int, bytes], shards: int, encoding: str = "gzip") -> dict[str, Path]:
@@ -34,6 +34,6 @@ def write_toy(root: Path, chunks: dict[int, bytes], shards: int, encoding: str =
         mine = {k: gzip.compress(v, mtime=0) if encoding == "gzip" else v for k, v in chunks.items() if k % shards == n}
         if mine:
             (sharded / f"{n}{SUFFIX}").write_bytes(encode_shard(mine))
-    for key, data in chunks.items():
-        (plain / str(key)).write_bytes(data)
+    for chunk_id, data in chunks.items():
+        (plain / str(chunk_id)).write_bytes(data)
     return {"sharded": sharded, "plain": plain}

@@ -129,7 +129,7 @@ class ArrowShardReader:
     """Reads the index and records of shard files of one scale."""
 
     def __init__(self, source: ByteSource, read: Callable[[Blob, int, int], Awaitable[bytes]], chunk_size: Cell,
-                 owned: Callable[[np.ndarray, int], np.ndarray], keys: Callable[[np.ndarray], np.ndarray]) -> None:
+                 owned: Callable[[np.ndarray, int], np.ndarray], chunk_ids: Callable[[np.ndarray], np.ndarray]) -> None:
         self.source = source
         # read(blob, offset, size): index bytes, checked against the index limit first.
         self._read = read
@@ -137,7 +137,7 @@ class ArrowShardReader:
         # owned(cells, shard) -> bool mask: cell inside the grid and hashed to `shard`.
         self.owned = owned
         # keys(cells) -> uint64 chunk keys (Morton codes) of in-grid cells.
-        self.keys = keys
+        self.chunk_ids = chunk_ids
 
     async def load(self, blob: Blob, stem: str, shard: int) -> ShardIndex:
         where = blob.label
@@ -185,9 +185,9 @@ class ArrowShardReader:
         cells = np.array(list(good), dtype=np.int64).reshape(-1, 3)
         refs = list(good.values())
         bad_cells = [cell for cell, (_, origin) in records.items() if origin in problems][:MAX_BAD_REASONS]
-        reasons = dict(zip(self.keys(np.array(bad_cells, dtype=np.int64).reshape(-1, 3)).tolist(),
+        reasons = dict(zip(self.chunk_ids(np.array(bad_cells, dtype=np.int64).reshape(-1, 3)).tolist(),
                            (problems[records[cell][1]] for cell in bad_cells)))
-        table = ChunkTable.build(blob, self.keys(cells), np.array([r.offset for r in refs], dtype=np.uint64),
+        table = ChunkTable.build(blob, self.chunk_ids(cells), np.array([r.offset for r in refs], dtype=np.uint64),
                                  np.array([r.length for r in refs], dtype=np.uint64), 0, arrow_end,
                                  extra=np.array([r.row for r in refs], dtype=np.int64), reasons=reasons)
         return ShardIndex(table, schema, units)

@@ -3,7 +3,7 @@
 Scale N's shard files `s<N>/<ox>_<oy>_<oz>.arrow` are named by voxel
 origin; the volume spec's sharding tells which shard a chunk belongs to, so
 a chunk file is found with one index lookup and no listing beyond the
-scale directory's. Keys are the compressed Morton codes of chunk cells,
+scale directory's. Chunk ids are the compressed Morton codes of chunk cells,
 as for precomputed volumes.
 """
 
@@ -24,7 +24,7 @@ from ...core.store import ShardedStore
 from ...core.table import ChunkTable, int_list
 from ...errors import DataError
 from ...logonce import log_once
-from ...sources.base import join_key
+from ...sources.base import join_path
 from ..precomputed.grid import Cell, ChunkGrid, VolumeGeometry
 from ..precomputed.sharding import ShardingSpec
 from .block import decode_block, max_block_bytes
@@ -38,15 +38,15 @@ SHARD_FILE = re.compile(r"^(\d{1,15})_(\d{1,15})_(\d{1,15})\.arrow$")
 class DvidStore(ShardedStore[int, ShardIndex]):
     """A shard number (from the sharding spec) is one Arrow file, whose chunk index is one table."""
 
-    def __init__(self, runtime: Runtime, dir_key: str, grid: ChunkGrid, spec: ShardingSpec) -> None:
-        super().__init__(runtime, dir_key)
-        self.dir_key = dir_key
+    def __init__(self, runtime: Runtime, dir_path: str, grid: ChunkGrid, spec: ShardingSpec) -> None:
+        super().__init__(runtime, dir_path)
+        self.dir_path = dir_path
         self.grid = grid
         self.spec = spec
-        self.reader = ArrowShardReader(self.source, self.read_index_bytes, grid.chunk_size, self.owned, self.keys)
+        self.reader = ArrowShardReader(self.source, self.read_index_bytes, grid.chunk_size, self.owned, self.chunk_ids)
         self._files: dict[int, str] | None = None
 
-    def keys(self, cells: np.ndarray) -> np.ndarray:
+    def chunk_ids(self, cells: np.ndarray) -> np.ndarray:
         return np.array([self.grid.coder.encode(tuple(c)) for c in cells.tolist()], dtype=np.uint64)
 
     def owned(self, cells: np.ndarray, shard: int) -> np.ndarray:
@@ -58,29 +58,29 @@ class DvidStore(ShardedStore[int, ShardIndex]):
         mask: np.ndarray = inside & (shards == np.uint64(shard))
         return mask
 
-    def describe(self, key: int) -> str:
-        cells, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
-        return f"block {tuple(cells[0].tolist())}" if valid[0] else f"chunk {key}"
+    def describe(self, chunk_id: int) -> str:
+        cells, valid = self.grid.coder.decode_array(np.array([chunk_id], dtype=np.uint64))
+        return f"block {tuple(cells[0].tolist())}" if valid[0] else f"chunk {chunk_id}"
 
     async def files(self) -> dict[int, str]:
         """Shard number -> file name, from one listing of the scale directory."""
         if self._files is None:
             found: dict[int, str] = {}
-            async for name, st in self.source.list(self.dir_key):
+            async for name, st in self.source.list(self.dir_path):
                 m = None if st.is_dir else SHARD_FILE.match(name)
                 if m is None:
                     continue
                 origin = tuple(int(v) for v in m.groups())
                 if any(o % c for o, c in zip(origin, self.grid.chunk_size)):
-                    log_once(log, f"origin:{name}", "%s/%s: origin is not chunk-aligned; ignored", self.dir_key, name)
+                    log_once(log, f"origin:{name}", "%s/%s: origin is not chunk-aligned; ignored", self.dir_path, name)
                     continue
                 cell = tuple(o // c for o, c in zip(origin, self.grid.chunk_size))
                 if any(g >= s for g, s in zip(cell, self.grid.shape)):
-                    log_once(log, f"origin:{name}", "%s/%s: origin lies outside the volume; ignored", self.dir_key, name)
+                    log_once(log, f"origin:{name}", "%s/%s: origin lies outside the volume; ignored", self.dir_path, name)
                     continue
                 shard = self.spec.location(self.grid.coder.encode(cell))[0]
                 if shard in found:
-                    log_once(log, f"dup:{name}", "%s: %s and %s are the same shard; using %s", self.dir_key,
+                    log_once(log, f"dup:{name}", "%s: %s and %s are the same shard; using %s", self.dir_path,
                              found[shard], name, min(found[shard], name))
                     name = min(found[shard], name)
                 found[shard] = name
@@ -91,25 +91,25 @@ class DvidStore(ShardedStore[int, ShardIndex]):
         name = (await self.files()).get(shard)
         if name is None:
             return None
-        key = join_key(self.dir_key, name)
-        st = await self.source.stat(key)
-        return None if st is None or st.is_dir else Blob.of(key, st)
+        path = join_path(self.dir_path, name)
+        st = await self.source.stat(path)
+        return None if st is None or st.is_dir else Blob.of(path, st)
 
     async def read_index(self, shard: int, blob: Blob) -> ShardIndex:
         return await self.reader.load(blob, blob.label.removesuffix(".arrow"), shard)
 
     async def schema_of(self, f: PayloadRef) -> pa.Schema:
         """The Arrow schema of the shard file holding `f` (its index is cached)."""
-        opened = await self.index(self.spec.location(f.key)[0])
+        opened = await self.index(self.spec.location(f.chunk_id)[0])
         if opened is None or opened[0].ident != f.blob.ident:
             raise DataError(f.blob.label, "shard file changed while mounted")
         return opened[1].schema
 
     # -- the ShardedStore contract ----------------------------------------------------------
 
-    def shard_of(self, key: int) -> int | None:
-        _, valid = self.grid.coder.decode_array(np.array([key], dtype=np.uint64))
-        return self.spec.location(key)[0] if valid[0] else None
+    def shard_of(self, chunk_id: int) -> int | None:
+        _, valid = self.grid.coder.decode_array(np.array([chunk_id], dtype=np.uint64))
+        return self.spec.location(chunk_id)[0] if valid[0] else None
 
     def shards(self, within: object = None) -> AsyncIterator[int]:
         async def numbers() -> AsyncIterator[int]:
@@ -117,14 +117,14 @@ class DvidStore(ShardedStore[int, ShardIndex]):
                 yield shard
         return numbers()
 
-    async def table_for(self, shard: int, blob: Blob, index: ShardIndex, key: int) -> ChunkTable:
+    async def table_for(self, shard: int, blob: Blob, index: ShardIndex, chunk_id: int) -> ChunkTable:
         return index.table
 
     async def index_tables(self, shard: int, blob: Blob, index: ShardIndex) -> list[ChunkTable]:
         return [index.table]
 
     def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
-        mask: np.ndarray = self.spec.locations_array(table.keys)[0] == np.uint64(shard)
+        mask: np.ndarray = self.spec.locations_array(table.ids)[0] == np.uint64(shard)
         return mask
 
 
@@ -154,7 +154,7 @@ class DvidBlockCodec(GeometrySized):
     def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         where = f.where
         grid = self.store.grid
-        cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
+        cells, _ = grid.coder.decode_array(np.array([f.chunk_id], dtype=np.uint64))
         cell: Cell = tuple(cells[0].tolist())
         record = decode_record(payload, prepared, f.extra, where)
         voxels = tuple(g * c for g, c in zip(cell, self.chunk_size))

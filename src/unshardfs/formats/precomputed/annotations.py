@@ -3,9 +3,9 @@
 An annotation set has three kinds of index, each optionally sharded with
 `neuroglancer_uint64_sharded_v1` in the directory its `key` names:
 
-- `by_id`: chunk key = annotation id, unsharded file `<id>` (base 10);
-- `relationships[i]`: chunk key = related segment id, file `<segment id>`;
-- `spatial[l]`: chunk key = the compressed Morton code of a grid cell over
+- `by_id`: chunk id = annotation id, unsharded file `<id>` (base 10);
+- `relationships[i]`: chunk id = related segment id, file `<segment id>`;
+- `spatial[l]`: chunk id = the compressed Morton code of a grid cell over
   that level's `grid_shape`, in as many dimensions as the annotation space
   has; file `<i>_<j>_<k>...`.
 
@@ -50,8 +50,8 @@ class CellNaming(Naming):
             return None
         return self.coder.encode(cell)
 
-    def names(self, keys: np.ndarray) -> list[str | None]:
-        cells, valid = self.coder.decode_array(keys)
+    def names(self, ids: np.ndarray) -> list[str | None]:
+        cells, valid = self.coder.decode_array(ids)
         return ["_".join(map(str, cell)) if ok else None for cell, ok in zip(cells.tolist(), valid.tolist())]
 
 
@@ -63,8 +63,8 @@ def rank_of(info: Fields) -> int:
 
 
 def grid_of(level: Fields, rank: int) -> tuple[int, ...]:
-    """A spatial level's grid shape; its Morton codes must fit in a uint64 key."""
+    """A spatial level's grid shape; its Morton codes must fit in a uint64 chunk id."""
     shape = tuple(level.ints("grid_shape", rank, lo=1))
     if len(MortonCoder(shape).plan) > 64:
-        raise MetadataError(level.at("grid_shape"), f"a grid of {list(shape)} cells needs more than 64 bits of key")
+        raise MetadataError(level.at("grid_shape"), f"a grid of {list(shape)} cells needs more than 64 bits of chunk id")
     return shape

@@ -22,7 +22,7 @@ from ...core.limits import METADATA_LEVELS
 from ...core.runtime import Runtime
 from ...errors import ConfigError, quote
 from ...passthrough import PassthroughDir
-from ...sources.base import ObjectStat, join_key, normalize_key
+from ...sources.base import ObjectStat, join_path, normalize_path
 from ...vtree import BytesFile, DirNode, Node, Verdict
 from ..jsonfile import encode_json, read_json
 from ...core.naming import Naming
@@ -86,45 +86,45 @@ class PrecomputedDataset:
         self.dir_stat = ObjectStat(0, info_st.mtime_ns, True)
         return PassthroughDir(self.source, "", root_st, self._override, self._declared)
 
-    def _know(self, dir_key: str) -> None:
-        while dir_key:
-            self.known_dirs.add(dir_key)
-            dir_key = dir_key.rpartition("/")[0]
+    def _know(self, dir_path: str) -> None:
+        while dir_path:
+            self.known_dirs.add(dir_path)
+            dir_path = dir_path.rpartition("/")[0]
 
-    def _know_quietly(self, key: str) -> None:
+    def _know_quietly(self, path: str) -> None:
         """An unsharded part is not ours to validate: it passes through, or not."""
         try:
-            self._know(normalize_key(key))
+            self._know(normalize_path(path))
         except ConfigError:
             pass
 
-    def _declared(self, dir_key: str) -> list[str]:
-        names = {key.rpartition("/")[2] for key in self.known_dirs if key.rpartition("/")[0] == dir_key}
+    def _declared(self, dir_path: str) -> list[str]:
+        names = {path.rpartition("/")[2] for path in self.known_dirs if path.rpartition("/")[0] == dir_path}
         # `provenance` is the one standard file the info does not name.
-        return sorted(names) + (["info", "provenance"] if dir_key == "" else [])
+        return sorted(names) + (["info", "provenance"] if dir_path == "" else [])
 
-    async def _override(self, key: str, st: ObjectStat | None) -> Node | Verdict:
-        if key == "info" and self.root_info is not None:
+    async def _override(self, path: str, st: ObjectStat | None) -> Node | Verdict:
+        if path == "info" and self.root_info is not None:
             return self.root_info
-        factory = self.special.get(key)
+        factory = self.special.get(path)
         if factory is not None and (st is None or st.is_dir):
             return factory(st or self.dir_stat)
-        if st is None and key in self.known_dirs:
-            return PassthroughDir(self.source, key, self.dir_stat, self._override, self._declared)
+        if st is None and path in self.known_dirs:
+            return PassthroughDir(self.source, path, self.dir_stat, self._override, self._declared)
         return Verdict.PASS
 
-    def _dir_key(self, value: str, where: str) -> str:
+    def _dir_path(self, value: str, where: str) -> str:
         try:
-            dir_key = normalize_key(value)
+            dir_path = normalize_path(value)
         except ConfigError as e:
             raise MetadataError(where, str(e)) from None
-        if not dir_key:
+        if not dir_path:
             raise MetadataError(where, "must name a subdirectory")
-        return dir_key
+        return dir_path
 
     def _add_scale(self, info: Fields, scale: Fields) -> None:
         where = scale.where
-        dir_key = self._dir_key(scale.str("key"), scale.at("key"))
+        dir_path = self._dir_path(scale.str("key"), scale.at("key"))
         spec = ShardingSpec.from_json(scale.get("sharding"), scale.at("sharding"))
         chunk_sizes = scale.list("chunk_sizes")
         if len(chunk_sizes) != 1:
@@ -138,7 +138,7 @@ class PrecomputedDataset:
         if grid.coder.total_bits > MORTON_BITS:
             raise MetadataError(where, f"a grid of {cells} chunks needs more than 64 bits of chunk id")
         runtime = self.runtime
-        store = PrecomputedStore(runtime, dir_key, spec)
+        store = PrecomputedStore(runtime, dir_path, spec)
         encoding = scale.get("encoding")
         data_type = info.get("data_type")
         voxel = VOXEL_BYTES.get(data_type) if isinstance(data_type, str) else None  # a list is unhashable
@@ -152,42 +152,42 @@ class PrecomputedDataset:
         else:
             geometry = Geometry(runtime.limits.payload_bytes)
         ctx = ChunkContext(store, GridNaming(grid), codec(spec.data_encoding), geometry)
-        self._know(dir_key)
-        self.special[dir_key] = lambda st: ShardedDir(self.source, dir_key, st, ctx)
-        self.parts.append(ChunkInventory("volume scale", dir_key, ctx, layout(spec), 1 << spec.shard_bits, {
+        self._know(dir_path)
+        self.special[dir_path] = lambda st: ShardedDir(self.source, dir_path, st, ctx)
+        self.parts.append(ChunkInventory("volume scale", dir_path, ctx, layout(spec), 1 << spec.shard_bits, {
             "encoding": encoding, "size": list(size), "chunk_size": list(chunk),
             "grid_cells": cells[0] * cells[1] * cells[2]}))
 
     async def _add_object_dir(self, value: str, where: str) -> None:
-        dir_key = self._dir_key(value, where)
-        self._know(dir_key)
-        loaded = await read_json(self.source, join_key(dir_key, "info"), self.runtime.limits)
+        dir_path = self._dir_path(value, where)
+        self._know(dir_path)
+        loaded = await read_json(self.source, join_path(dir_path, "info"), self.runtime.limits)
         if loaded is None:
             return  # nothing to rewrite; the directory (if any) passes through
         raw, st = loaded
-        info = Fields(raw, f"{dir_key}/info")
+        info = Fields(raw, f"{dir_path}/info")
         if not info.has("sharding"):
             return
         spec = ShardingSpec.from_json(info.get("sharding"), info.at("sharding"))
         info_file = BytesFile(encode_json({k: v for k, v in info.raw.items() if k != "sharding"}), st.mtime_ns)
-        store = PrecomputedStore(self.runtime, dir_key, spec)
+        store = PrecomputedStore(self.runtime, dir_path, spec)
         payloads = codec(spec.data_encoding)
         kind = info.get("@type")
         if kind == "neuroglancer_multilod_draco":
             manifests = ChunkContext(store, SegmentNaming(".index", 1, 1), payloads)
-            self.special[dir_key] = lambda dst: MultiLodMeshDir(self.source, dir_key, dst, manifests,
+            self.special[dir_path] = lambda dst: MultiLodMeshDir(self.source, dir_path, dst, manifests,
                                                                 {"info": info_file})
             ctx = manifests
         elif kind == "neuroglancer_skeletons":
             ctx = ChunkContext(store, SegmentNaming(), payloads)
-            self.special[dir_key] = lambda dst: ShardedDir(self.source, dir_key, dst, ctx, {"info": info_file})
+            self.special[dir_path] = lambda dst: ShardedDir(self.source, dir_path, dst, ctx, {"info": info_file})
         else:
             # e.g. sharded legacy single-resolution meshes: there is no
             # standard unsharded form to show, so the directory passes through.
             log.warning("%s: sharded %s of @type %r has no unsharded form here; shown unchanged", info.where,
                         where, kind)
             return
-        self.parts.append(ChunkInventory(str(kind), dir_key, ctx, layout(spec), 1 << spec.shard_bits))
+        self.parts.append(ChunkInventory(str(kind), dir_path, ctx, layout(spec), 1 << spec.shard_bits))
 
     def _add_annotations(self, info: Fields, shown: ShallowEdit) -> None:
         """Each sharded index of an annotation set (by_id, relationships, spatial levels) as a
@@ -205,13 +205,13 @@ class PrecomputedDataset:
                 if isinstance(index.get("key"), str):
                     self._know_quietly(index.get("key"))
                 continue
-            dir_key = self._dir_key(index.str("key"), index.at("key"))
+            dir_path = self._dir_path(index.str("key"), index.at("key"))
             spec = ShardingSpec.from_json(index.get("sharding"), index.at("sharding"))
             naming: Naming = CellNaming(grid_of(index, rank)) if "spatial" in kind else SegmentNaming()
-            ctx = ChunkContext(PrecomputedStore(self.runtime, dir_key, spec), naming, codec(spec.data_encoding))
-            self._know(dir_key)
-            self.special[dir_key] = functools.partial(ShardedDir, self.source, dir_key, chunks=ctx)
-            self.parts.append(ChunkInventory(kind, dir_key, ctx, layout(spec), 1 << spec.shard_bits))
+            ctx = ChunkContext(PrecomputedStore(self.runtime, dir_path, spec), naming, codec(spec.data_encoding))
+            self._know(dir_path)
+            self.special[dir_path] = functools.partial(ShardedDir, self.source, dir_path, chunks=ctx)
+            self.parts.append(ChunkInventory(kind, dir_path, ctx, layout(spec), 1 << spec.shard_bits))
             del shown.at(*path)["sharding"]
 
     async def inventory(self) -> AsyncIterator[InventoryPart]:

@@ -68,9 +68,9 @@ def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
 class MultiLodMeshDir(ShardedDir):
     __slots__ = ("fragments_ctx",)
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, manifests: ChunkContext,
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, manifests: ChunkContext,
                  fixed: dict[str, Node]) -> None:
-        super().__init__(source, key, st, manifests, fixed)
+        super().__init__(source, path, st, manifests, fixed)
         store = manifests.store
         self.fragments_ctx = ChunkContext(store, SegmentNaming("", 1, 0), Stored(), read_ahead=False)
 
@@ -81,9 +81,9 @@ class MultiLodMeshDir(ShardedDir):
         assert isinstance(store, PrecomputedStore)
         if start < store.index_size:
             raise DataError(manifest.where, f"fragment data of {total:,} bytes would start before the shard data")
-        key = manifest.key
-        return ChunkFile(self.fragments_ctx, manifest.blob, start, total, key, total,
-                         self.fragments_ctx.naming.ident(key))
+        chunk_id = manifest.chunk_id
+        return ChunkFile(self.fragments_ctx, manifest.blob, start, total, chunk_id, total,
+                         self.fragments_ctx.naming.ident(chunk_id))
 
     async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         stem = name.removesuffix(".index")
@@ -109,7 +109,7 @@ class MultiLodMeshDir(ShardedDir):
                 try:
                     fragments = await self.fragments(cast(ChunkFile, manifest))
                 except DataError as e:
-                    log_once(log, f"list:{e}", "listing %s: skipping %s", self.key, e)
+                    log_once(log, f"list:{e}", "listing %s: skipping %s", self.path, e)
                     continue
                 batch.append((name.removesuffix(".index"), fragments))
                 batch.append((name, manifest))

@@ -109,12 +109,12 @@ class GridNaming(Naming):
         cell = self.grid.parse_chunk_name(name)
         return None if cell is None else self.grid.coder.encode(cell)
 
-    def name(self, key: int) -> str | None:
-        cell = self.grid.coder.decode(key)
+    def name(self, chunk_id: int) -> str | None:
+        cell = self.grid.coder.decode(chunk_id)
         return None if cell is None else self.grid.chunk_name(cell)  # type: ignore[arg-type]
 
-    def names(self, keys: np.ndarray) -> list[str | None]:
-        cells, valid = self.grid.coder.decode_array(keys)
+    def names(self, ids: np.ndarray) -> list[str | None]:
+        cells, valid = self.grid.coder.decode_array(ids)
         if valid.all():
             every: list[str | None] = list(self.grid.names(cells))
             return every
@@ -136,15 +136,15 @@ class VolumeGeometry(Geometry):
         self.voxel_bytes = voxel_bytes
         self.raw = raw
 
-    def _raw_sizes(self, keys: np.ndarray) -> np.ndarray:
-        cells, valid = self.grid.coder.decode_array(keys)
+    def _raw_sizes(self, ids: np.ndarray) -> np.ndarray:
+        cells, valid = self.grid.coder.decode_array(ids)
         extents = np.minimum(self.grid.chunk_array, self.grid.size_array - cells * self.grid.chunk_array)
         sizes = np.prod(np.maximum(extents, 0), axis=1) * self.voxel_bytes
         return np.where(valid, sizes, 0)
 
-    def _raw_size(self, key: int) -> int:
-        """`_raw_sizes` of one key, without arrays (every lookup asks)."""
-        cell = self.grid.coder.decode(key)
+    def _raw_size(self, chunk_id: int) -> int:
+        """`_raw_sizes` of one id, without arrays (every lookup asks)."""
+        cell = self.grid.coder.decode(chunk_id)
         if cell is None:
             return 0
         size = self.voxel_bytes
@@ -152,22 +152,22 @@ class VolumeGeometry(Geometry):
             size *= max(min(c, s - g * c), 0)
         return size
 
-    def exact(self, keys: np.ndarray) -> np.ndarray | None:
-        return self._raw_sizes(keys) if self.raw else None
+    def exact(self, ids: np.ndarray) -> np.ndarray | None:
+        return self._raw_sizes(ids) if self.raw else None
 
-    def cap(self, keys: np.ndarray) -> np.ndarray:
-        raw = self._raw_sizes(keys)
+    def cap(self, ids: np.ndarray) -> np.ndarray:
+        raw = self._raw_sizes(ids)
         caps: np.ndarray = np.minimum(raw if self.raw else raw * self.SLACK + self.EXTRA, self._cap)
         return caps
 
-    def exact_one(self, key: int) -> int | None:
-        return self._raw_size(key) if self.raw else None
+    def exact_one(self, chunk_id: int) -> int | None:
+        return self._raw_size(chunk_id) if self.raw else None
 
-    def cap_one(self, key: int) -> int:
-        return self.sizes_one(key)[1]
+    def cap_one(self, chunk_id: int) -> int:
+        return self.sizes_one(chunk_id)[1]
 
-    def sizes_one(self, key: int) -> tuple[int | None, int]:
-        raw = self._raw_size(key)
+    def sizes_one(self, chunk_id: int) -> tuple[int | None, int]:
+        raw = self._raw_size(chunk_id)
         if self.raw:
             return raw, min(raw, self._cap)
         return None, min(raw * self.SLACK + self.EXTRA, self._cap)

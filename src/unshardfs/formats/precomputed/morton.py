@@ -4,7 +4,7 @@ Volume chunks use 3-D grids; annotation spatial indexes use one dimension
 per axis of their coordinate space. Bits that are zero for every cell of the
 grid are skipped, so the code depends on the grid shape. Encoding is scalar (one lookup at a time); decoding is
 vectorised because listings turn whole minishard indexes into names, and
-scalar for a lookup's one key.
+scalar for a lookup's one id.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
-from ...sources.base import join_key
+from ...sources.base import join_path
 from .sharding import MINISHARD_INDEX, ShardingSpec
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,9 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     index_levels = (SHARD_INDEX, MINISHARD_INDEX)
 
-    def __init__(self, runtime: Runtime, dir_key: str, spec: ShardingSpec) -> None:
-        super().__init__(runtime, dir_key)
-        self.dir_key = dir_key
+    def __init__(self, runtime: Runtime, dir_path: str, spec: ShardingSpec) -> None:
+        super().__init__(runtime, dir_path)
+        self.dir_path = dir_path
         self.spec = spec
         self.index_size = spec.shard_index_size
         # Minishard indexes that failed to decode, by (blob ident, number) -> (where, reason): a gzip
@@ -81,7 +81,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     async def open_shard(self, number: int) -> Blob | None:
         """The shard's current backing files, or None if the shard does not exist."""
-        stem = join_key(self.dir_key, self.spec.shard_name(number))
+        stem = join_path(self.dir_path, self.spec.shard_name(number))
         st = await self.source.stat(stem + ".shard")
         if st is not None and not st.is_dir:
             return Blob.of(stem + ".shard", st)
@@ -114,7 +114,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         if not self.source.listable:
             total = 1 << self.spec.shard_bits
             if total > PROBE_MAX:
-                log_once(log, f"probe:{self.dir_key}", "listing %s: %d possible shards on a source that cannot "
+                log_once(log, f"probe:{self.dir_path}", "listing %s: %d possible shards on a source that cannot "
                          "list; not listed (lookups by name work)", self.label, total)
                 return
             for at in range(0, total, PROBE_BATCH):
@@ -125,7 +125,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
                         yield n
             return
         listed: set[int] = set()
-        async for name, st in self.source.list(self.dir_key):
+        async for name, st in self.source.list(self.dir_path):
             parsed = None if st.is_dir else self.shard_file(name)
             if parsed is not None and parsed[1] != "data":  # a .data alone is not a shard
                 listed.add(parsed[0])
@@ -234,11 +234,11 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     # -- the ShardedStore contract -----------------------------------------------------------
 
-    def shard_of(self, key: int) -> int:
-        return self.spec.location(key)[0]
+    def shard_of(self, chunk_id: int) -> int:
+        return self.spec.location(chunk_id)[0]
 
-    async def table_for(self, shard: int, blob: Blob, index: np.ndarray, key: int) -> ChunkTable | None:
-        m = self.spec.location(key)[1]
+    async def table_for(self, shard: int, blob: Blob, index: np.ndarray, chunk_id: int) -> ChunkTable | None:
+        m = self.spec.location(chunk_id)[1]
         if index[m, 0] == index[m, 1]:
             return None
         return await self.minishard(blob, index, m)
@@ -261,7 +261,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     def placed(self, shard: int, table: ChunkTable) -> np.ndarray:
         """Ids that hash to another shard or minishard can never be looked up."""
-        shards, minis = self.spec.locations_array(table.keys)
+        shards, minis = self.spec.locations_array(table.ids)
         mask: np.ndarray = (shards == U64(shard)) & (minis == U64(table.part))
         return mask
 

@@ -22,7 +22,7 @@ from ...core.inventory import ChunkInventory, InventoryPart
 from ...core.runtime import Runtime
 from ...errors import ConfigError, SourceError
 from ...overlay import OverlayDir
-from ...sources.base import ByteSource, ObjectStat, join_key
+from ...sources.base import ByteSource, ObjectStat, join_path
 from ...vtree import BytesFile, DirNode, Node
 from ..jsonfile import encode_json, read_json
 from ..precomputed.grid import ChunkGrid, GridNaming
@@ -42,9 +42,9 @@ class LayerDir(OverlayDir):
 
     __slots__ = ("hidden",)
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node],
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, fixed: dict[str, Node],
                  hidden: frozenset[str]) -> None:
-        super().__init__(source, key, st, fixed, f"wkw:{key}")
+        super().__init__(source, path, st, fixed, f"wkw:{path}")
         self.hidden = hidden
 
     def hides(self, name: str) -> bool:
@@ -86,44 +86,44 @@ class WkwDataset:
         if not shown:
             raise ConfigError(f"{self.source.description}: {PROPERTIES} lists no WKW layer that can be shown")
         # Where the source cannot list (plain HTTP), the properties are still listed.
-        return OverlayDir(self.source, "", root_st, shown, "wkw-root", lambda key: [PROPERTIES] if key == "" else [])
+        return OverlayDir(self.source, "", root_st, shown, "wkw-root", lambda path: [PROPERTIES] if path == "" else [])
 
-    async def mags(self, key: str, layer: Layer) -> list[ShownMag]:
+    async def mags(self, path: str, layer: Layer) -> list[ShownMag]:
         """The layer's mags whose header.wkw can be read (the others are logged and left out)."""
         found = []
         for mag in layer.mags:
-            names = [mag.path.rpartition("/")[2]] if mag.path and mag.path.rpartition("/")[0] == key else []
+            names = [mag.path.rpartition("/")[2]] if mag.path and mag.path.rpartition("/")[0] == path else []
             names += [mag.name, mag.long_name]
             for name in dict.fromkeys(names):
-                header = await read_header(self.source, join_key(join_key(key, name), "header.wkw"))
+                header = await read_header(self.source, join_path(join_path(path, name), "header.wkw"))
                 if header is not None:
                     found.append(ShownMag(mag, name, header))
                     break
             else:
-                log.warning("%s: mag %s has no readable header.wkw; not shown", key or ".", mag.long_name)
+                log.warning("%s: mag %s has no readable header.wkw; not shown", path or ".", mag.long_name)
         return found
 
-    async def layer_view(self, key: str, layer: Layer, voxel_size: tuple[float, float, float],
+    async def layer_view(self, path: str, layer: Layer, voxel_size: tuple[float, float, float],
                          mtime_ns: int) -> tuple[dict[str, Node], frozenset[str]]:
         """`info` and one chunk directory per mag; the source mag directories to hide."""
         fixed: dict[str, Node] = {}
         scales = []
         kinds: set[tuple[str, int]] = set()
-        mags = await self.mags(key, layer)
+        mags = await self.mags(path, layer)
         for shown in mags:
             header, mag = shown.header, shown.mag
             dtype = header.dtype.name
             if dtype not in PRECOMPUTED_TYPES:
-                log.warning("%s mag %s: %s voxels cannot be shown as precomputed; not shown", key or ".",
+                log.warning("%s mag %s: %s voxels cannot be shown as precomputed; not shown", path or ".",
                             mag.long_name, dtype)
                 continue
             if header.block_bytes > self.runtime.limits.payload_bytes:
-                log.warning("%s mag %s: blocks of %s bytes exceed the payload limit; not shown", key or ".",
+                log.warning("%s mag %s: blocks of %s bytes exceed the payload limit; not shown", path or ".",
                             mag.long_name, f"{header.block_bytes:,}")
                 continue
             kind = (dtype, header.channels)
             if kinds and kind not in kinds:
-                log.warning("%s mag %s: %s x %s differs from the other mags; not shown", key or ".",
+                log.warning("%s mag %s: %s x %s differs from the other mags; not shown", path or ".",
                             mag.long_name, header.channels, dtype)
                 continue
             kinds.add(kind)
@@ -135,19 +135,19 @@ class WkwDataset:
             offset = tuple(v - v % edge for v in lo)
             size = tuple(h - o for h, o in zip(hi, offset))
             if min(size) <= 0 or any(h <= v for h, v in zip(hi, lo)):
-                log.warning("%s mag %s: empty bounding box; not shown", key or ".", mag.long_name)
+                log.warning("%s mag %s: empty bounding box; not shown", path or ".", mag.long_name)
                 continue
             grid = ChunkGrid(size, (edge,) * 3, offset)
-            view = MagView(join_key(key, shown.dir_name), header, grid)
+            view = MagView(join_path(path, shown.dir_name), header, grid)
             store = WkwStore(self.runtime, view)
             ctx = ChunkContext(store, GridNaming(grid), WkwBlockCodec(view),
                                wkw_geometry(view, self.runtime.limits.payload_bytes))
             scale_key = mag.name
-            fixed[scale_key] = ChunksDir(ctx, mtime_ns, f"wkw:{view.dir_key}")
+            fixed[scale_key] = ChunksDir(ctx, mtime_ns, f"wkw:{view.dir_path}")
             lo_f, hi_f = view.file_range()
             self.parts.append(ChunkInventory(
-                "wkw mag", join_key(key, scale_key), ctx,
-                f"WKW files {view.dir_key}/z*/y*/x*.wkw, {header.file_edge}^3 blocks of {edge}^3 voxels each",
+                "wkw mag", join_path(path, scale_key), ctx,
+                f"WKW files {view.dir_path}/z*/y*/x*.wkw, {header.file_edge}^3 blocks of {edge}^3 voxels each",
                 int(math.prod((hi_f - lo_f + 1).tolist())),
                 {"compression": BLOCK_TYPES[header.block_type], "data_type": dtype, "channels": header.channels,
                  "size": list(size), "chunk_size": [edge] * 3, "grid_cells": math.prod(grid.shape)}))
@@ -171,18 +171,18 @@ class WkwDataset:
             yield part
 
 
-async def read_header(source: ByteSource, key: str) -> WkwHeader | None:
+async def read_header(source: ByteSource, path: str) -> WkwHeader | None:
     """A mag's header.wkw; None if absent; ConfigError if it is not a WKW header."""
-    st = await source.stat(key)
+    st = await source.stat(path)
     if st is None or st.is_dir:
         return None
     try:
-        raw = await source.read(key, 0, min(st.size, HEADER_BYTES))
+        raw = await source.read(path, 0, min(st.size, HEADER_BYTES))
         return WkwHeader.parse(raw)
     except SourceError as e:
-        raise ConfigError(f"cannot read {key}: {e}") from e
+        raise ConfigError(f"cannot read {path}: {e}") from e
     except HeaderError as e:
-        raise ConfigError(f"{key}: {e}") from None
+        raise ConfigError(f"{path}: {e}") from None
 
 
 async def mag_dirs(source: ByteSource) -> list[tuple[str, Mag]]:
@@ -196,7 +196,7 @@ async def mag_dirs(source: ByteSource) -> list[tuple[str, Mag]]:
                 factors = parse_mag(name, name)
             except ConfigError:
                 continue
-            if await source.stat(join_key(name, "header.wkw")) is not None:
+            if await source.stat(join_path(name, "header.wkw")) is not None:
                 found.append((name, Mag(factors)))
                 if len(found) > MAX_BARE_MAGS:
                     raise ConfigError(f"{source.description}: more than {MAX_BARE_MAGS} mag directories")
@@ -218,7 +218,7 @@ async def bare_layer(source: ByteSource) -> Layer:
     lo: list[int] | None = None
     hi: list[int] | None = None
     for name, mag in mags:
-        header = await read_header(source, join_key(name, "header.wkw"))
+        header = await read_header(source, join_path(name, "header.wkw"))
         assert header is not None
         span = header.file_edge * header.block_edge
         async for f in list_files(source, name, [0, 0, 0], [1 << 30] * 3):

@@ -1,10 +1,10 @@
 """One mag of a WKW layer as a core `ShardedStore`, and the codec that turns a block into a chunk file.
 
 Shards are the `.wkw` files `z<k>/y<j>/x<i>.wkw` of the mag directory; each
-holds a cube of `F^3` blocks in Morton order (x the lowest bit). Chunk keys
+holds a cube of `F^3` blocks in Morton order (x the lowest bit). Chunk ids
 are the compressed Morton codes of the *view's* grid cells (the precomputed
 grid, whose voxel offset is block-aligned), so a chunk file is one block:
-its file and position follow from the key alone, and a lookup reads that
+its file and position follow from the id alone, and a lookup reads that
 file's header and jump table once (cached) and then the block.
 """
 
@@ -25,7 +25,7 @@ from ...caches import SHARD_INDEX
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
-from ...sources.base import ByteSource, join_key
+from ...sources.base import ByteSource, join_path
 from ..precomputed.grid import ChunkGrid, VolumeGeometry
 from ..precomputed.morton import MortonCoder
 from .header import BLOCK_TYPES, HEADER_BYTES, RAW, HeaderError, WkwHeader
@@ -47,7 +47,7 @@ def encode_cells(coder: MortonCoder, cells: np.ndarray) -> np.ndarray:
 class MagView:
     """One mag as the view shows it: the mag header and the precomputed grid over its blocks."""
 
-    dir_key: str  # the mag directory in the source (`color/1`)
+    dir_path: str  # the mag directory in the source (`color/1`)
     header: WkwHeader  # from the mag's header.wkw: what every file must agree on
     grid: ChunkGrid  # chunk = block; voxel offset a multiple of the block edge
 
@@ -62,13 +62,13 @@ class MagView:
         last = first + np.array(self.grid.shape, dtype=np.int64) - 1
         return first // self.header.file_edge, last // self.header.file_edge
 
-    def file_key(self, f: FileCell) -> str:
-        return f"{self.dir_key}/z{f[2]}/y{f[1]}/x{f[0]}.wkw"
+    def file_path(self, f: FileCell) -> str:
+        return f"{self.dir_path}/z{f[2]}/y{f[1]}/x{f[0]}.wkw"
 
 
 class WkwStore(ShardedStore[FileCell, ChunkTable]):
     def __init__(self, runtime: Runtime, view: MagView) -> None:
-        super().__init__(runtime, view.dir_key)
+        super().__init__(runtime, view.dir_path)
         self.view = view
         self._local: np.ndarray | None = None
 
@@ -81,17 +81,17 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
             self._local = MortonCoder((self.view.header.file_edge,) * 3).decode_array(np.arange(n, dtype=np.uint64))[0]
         return self._local
 
-    def describe(self, key: int) -> str:
-        cells, valid = self.view.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+    def describe(self, chunk_id: int) -> str:
+        cells, valid = self.view.grid.coder.decode_array(np.array([chunk_id], dtype=np.uint64))
         if not valid[0]:
-            return f"chunk {key}"
+            return f"chunk {chunk_id}"
         block = cells[0] + self.view.first_block
         return f"block {tuple(int(b) % self.view.header.file_edge for b in block)}"
 
     # -- the ShardedStore contract ----------------------------------------------------------
 
-    def shard_of(self, key: int) -> FileCell | None:
-        cells, valid = self.view.grid.coder.decode_array(np.array([key], dtype=np.uint64))
+    def shard_of(self, chunk_id: int) -> FileCell | None:
+        cells, valid = self.view.grid.coder.decode_array(np.array([chunk_id], dtype=np.uint64))
         if not valid[0]:
             return None
         x, y, z = ((cells[0] + self.view.first_block) // self.view.header.file_edge).tolist()
@@ -109,18 +109,18 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
 
     def _listed(self) -> AsyncIterator[FileCell]:
         lo, hi = self.view.file_range()
-        return list_files(self.source, self.view.dir_key, lo.tolist(), hi.tolist())
+        return list_files(self.source, self.view.dir_path, lo.tolist(), hi.tolist())
 
     async def open_shard(self, shard: FileCell) -> Blob | None:
-        key = self.view.file_key(shard)
-        st = await self.source.stat(key)
-        return None if st is None or st.is_dir else Blob.of(key, st)
+        path = self.view.file_path(shard)
+        st = await self.source.stat(path)
+        return None if st is None or st.is_dir else Blob.of(path, st)
 
     async def read_index(self, shard: FileCell, blob: Blob) -> ChunkTable:
         """The blocks of the file inside the volume, from its header and (LZ4) jump table."""
         mag = self.view.header
         where = blob.label
-        # The decoded table holds 32 bytes per block (key, start, length, block type).
+        # The decoded table holds 32 bytes per block (id, start, length, block type).
         self.check_index(32 * mag.blocks, where, SHARD_INDEX)
         # Header and (if the mag is compressed) jump table in one read.
         raw = await self.fetcher.read(Extent(blob, 0, min(blob.size, HEADER_BYTES + mag.jump_table_bytes)),
@@ -155,32 +155,32 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
         # Blocks of this file that are cells of the view (the others can never be looked up).
         cells = np.array(shard, dtype=np.int64) * header.file_edge + self.local - self.view.first_block
         inside = ((cells >= 0) & (cells < np.array(self.view.grid.shape, dtype=np.int64))).all(axis=1)
-        keys = encode_cells(self.view.grid.coder, cells[inside])
+        ids = encode_cells(self.view.grid.coder, cells[inside])
         kinds = np.full(int(inside.sum()), header.block_type, dtype=np.int64)
-        return ChunkTable.build(blob, keys, starts[inside], lengths[inside], header.data_offset, blob.size, kinds)
+        return ChunkTable.build(blob, ids, starts[inside], lengths[inside], header.data_offset, blob.size, kinds)
 
     def placed(self, shard: FileCell, table: ChunkTable) -> np.ndarray:
-        # Keys are computed from the file's own blocks: every one is placed here.
+        # Ids are computed from the file's own blocks: every one is placed here.
         return np.ones(len(table), dtype=bool)
 
 
-async def _numbers(source: ByteSource, key: str, pattern: re.Pattern[str], want_dir: bool, lo: int, hi: int
+async def _numbers(source: ByteSource, path: str, pattern: re.Pattern[str], want_dir: bool, lo: int, hi: int
                    ) -> list[int]:
     found = []
-    async for name, st in source.list(key):
+    async for name, st in source.list(path):
         m = pattern.match(name)
         if m is not None and st.is_dir == want_dir and lo <= int(m.group(1)) <= hi:
             found.append(int(m.group(1)))
     return sorted(found)
 
 
-async def list_files(source: ByteSource, dir_key: str, lo: list[int], hi: list[int]) -> AsyncIterator[FileCell]:
+async def list_files(source: ByteSource, dir_path: str, lo: list[int], hi: list[int]) -> AsyncIterator[FileCell]:
     """The `.wkw` files of a mag directory within the inclusive file range [lo, hi], from
     listings of its z and y directories (x fastest)."""
-    for z in await _numbers(source, dir_key, _DIR["z"], True, lo[2], hi[2]):
-        zkey = join_key(dir_key, f"z{z}")
+    for z in await _numbers(source, dir_path, _DIR["z"], True, lo[2], hi[2]):
+        zkey = join_path(dir_path, f"z{z}")
         for y in await _numbers(source, zkey, _DIR["y"], True, lo[1], hi[1]):
-            for x in await _numbers(source, join_key(zkey, f"y{y}"), _FILE, False, lo[0], hi[0]):
+            for x in await _numbers(source, join_path(zkey, f"y{y}"), _FILE, False, lo[0], hi[0]):
                 yield x, y, z
 
 
@@ -237,7 +237,7 @@ class WkwBlockCodec(GeometrySized):
             data = block if channels == 1 else np.frombuffer(block, dtype=self.dtype).reshape(-1, channels).T.tobytes()
         else:
             grid = self.view.grid
-            cells, _ = grid.coder.decode_array(np.array([f.key], dtype=np.uint64))
+            cells, _ = grid.coder.decode_array(np.array([f.chunk_id], dtype=np.uint64))
             x, y, z = cells[0].tolist()
             ex, ey, ez = grid.extent((x, y, z))
             voxels = np.frombuffer(block, dtype=self.dtype).reshape(self.shape)[:ez, :ey, :ex]

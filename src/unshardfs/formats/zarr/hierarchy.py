@@ -24,7 +24,7 @@ from ...core.runtime import Runtime
 from ...errors import ConfigError
 from ...logonce import log_once
 from ...passthrough import PassthroughDir
-from ...sources.base import ObjectStat, join_key, name_problem
+from ...sources.base import ObjectStat, join_path, name_problem
 from ...vtree import BytesFile, DirNode, Node, Verdict
 from ..jsonfile import encode_json, read_built
 from .keys import KeyLayout
@@ -53,8 +53,8 @@ def _children(entries: dict[str, Any] | None) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def parent_key(key: str) -> str:
-    return key.rpartition("/")[0]
+def parent_path(path: str) -> str:
+    return path.rpartition("/")[0]
 
 
 def _is_ome(node: object) -> bool:
@@ -73,7 +73,7 @@ class ZarrHierarchy:
         self.runtime = runtime
         self.source = runtime.source
         self.view = view
-        # What `inspect` reports: the sharded arrays resolved so far, by key (a
+        # What `inspect` reports: the sharded arrays resolved so far, by path (a
         # dict: directories are resolved again whenever the kernel forgets them).
         self.sharded: dict[str, InventoryPart] = {}
         self.root: DirNode | None = None
@@ -88,24 +88,24 @@ class ZarrHierarchy:
         self.root = node if isinstance(node, DirNode) else PassthroughDir(self.source, "", root_st)
         return self.root
 
-    async def resolve(self, key: str, st: ObjectStat | None, strict: bool = False) -> Node | Verdict:
-        """The node for directory `key`: a zarr node, Verdict.PASS (plain directory, or nothing), or
+    async def resolve(self, path: str, st: ObjectStat | None, strict: bool = False) -> Node | Verdict:
+        """The node for directory `path`: a zarr node, Verdict.PASS (plain directory, or nothing), or
         Verdict.HIDE.
 
         `st` is None when the source cannot tell directories exist (plain
         HTTP): the directory is then shown if it holds a zarr.json.
         """
-        meta_key = join_key(key, "zarr.json")
+        meta_path = join_path(path, "zarr.json")
 
         def build(raw: object, meta_st: ObjectStat) -> Node | Verdict:
             # Off the event loop for a large zarr.json (see read_built): touches no trio state.
             dir_st = st or ObjectStat(0, meta_st.mtime_ns, True)
-            if node_type(raw, meta_key) == "group":
-                return self._group(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
-            return self._array(key, dir_st, raw, meta_st)  # type: ignore[arg-type]
+            if node_type(raw, meta_path) == "group":
+                return self._group(path, dir_st, raw, meta_st)  # type: ignore[arg-type]
+            return self._array(path, dir_st, raw, meta_st)  # type: ignore[arg-type]
 
         try:
-            node = await read_built(self.source, meta_key, self.runtime.limits, build)
+            node = await read_built(self.source, meta_path, self.runtime.limits, build)
             if node is None:
                 if strict:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
@@ -115,13 +115,13 @@ class ZarrHierarchy:
             if strict:
                 raise
             shown = "shown unchanged" if self.view == "zarr3" else "left out of the zarr2 view"
-            log_once(log, f"zarr:{meta_key}", "%s: %s", shown, e)
+            log_once(log, f"zarr:{meta_path}", "%s: %s", shown, e)
             return Verdict.PASS if self.view == "zarr3" else Verdict.HIDE
 
     # -- arrays ---------------------------------------------------------------
 
-    def _array(self, key: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node | Verdict:
-        where = join_key(key, "zarr.json")
+    def _array(self, path: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node | Verdict:
+        where = join_path(path, "zarr.json")
         meta = ArrayMeta.from_json(raw, where)
         try:
             flat = unshard(meta, where)
@@ -130,7 +130,7 @@ class ZarrHierarchy:
                 raise
             log_once(log, f"zarr:{where}", "shown unchanged: %s", e)
             return Verdict.PASS
-        store = ZarrStore(self.runtime, key, meta, flat)
+        store = ZarrStore(self.runtime, path, meta, flat)
         dtype = DTYPES.get(meta.data_type) if isinstance(meta.data_type, str) else None
         geometry = ChunkGeometry(store, None if dtype is None else int(dtype[1:]), self.runtime.limits.payload_bytes)
         if self.view == "zarr3":
@@ -138,30 +138,30 @@ class ZarrHierarchy:
                 return Verdict.PASS  # an unsharded array is already what we would show
             layout = store.source_keys
             chunks = ChunkContext(store, FlatNaming(store, layout), Stored(), geometry)
-            self._inventory(key, store, chunks)
-            view = ChunkView(chunks, layout, f"zarr3:{key}", st.mtime_ns)
+            self._inventory(path, store, chunks)
+            view = ChunkView(chunks, layout, f"zarr3:{path}", st.mtime_ns)
             fixed: dict[str, Node] = {"zarr.json": _json_file(meta.rewritten(flat.chunk_shape, flat.codecs),
                                                               meta_st.mtime_ns)}
-            return ArrayDir(self.source, key, st, fixed, view)
-        separator = "/" if parent_key(key) in self.ome_groups else meta.key_encoding.separator
+            return ArrayDir(self.source, path, st, fixed, view)
+        separator = "/" if parent_path(path) in self.ome_groups else meta.key_encoding.separator
         zarray, zattrs, checksum = array_v2(meta, flat, separator, where)
         layout = KeyLayout(None, separator, meta.ndim)
         chunks = ChunkContext(store, FlatNaming(store, layout), Crc32cSuffix() if checksum else Stored(), geometry)
-        self._inventory(key, store, chunks)
-        view = ChunkView(chunks, layout, f"zarr2:{key}", st.mtime_ns)
+        self._inventory(path, store, chunks)
+        view = ChunkView(chunks, layout, f"zarr2:{path}", st.mtime_ns)
         fixed = {".zarray": _json_file(zarray, meta_st.mtime_ns)}
         if zattrs:
             fixed[".zattrs"] = _json_file(zattrs, meta_st.mtime_ns)
-        return ArrayDir(self.source, key, st, fixed, view, frozenset({"zarr.json", ".zattrs", ".zarray"}))
+        return ArrayDir(self.source, path, st, fixed, view, frozenset({"zarr.json", ".zattrs", ".zarray"}))
 
-    def _inventory(self, key: str, store: ZarrStore, chunks: ChunkContext) -> None:
+    def _inventory(self, path: str, store: ZarrStore, chunks: ChunkContext) -> None:
         if not store.levels:
             return
         levels = " > ".join(f"{'x'.join(map(str, lvl.counts))} per shard (index at "
                             f"{'start' if lvl.at_start else 'end'}{', crc32c' if lvl.checksum else ''})"
                             for lvl in store.levels)
-        self.sharded[key] = ChunkInventory(
-            "zarr array", key, chunks, f"inner chunks {list(store.chunk_shape)}, {levels}",
+        self.sharded[path] = ChunkInventory(
+            "zarr array", path, chunks, f"inner chunks {list(store.chunk_shape)}, {levels}",
             math.prod(store.shard_grid), {"grid_cells": math.prod(store.grid), "data_type": store.meta.data_type,
                                           "shape": list(store.meta.shape)})
 
@@ -176,12 +176,12 @@ class ZarrHierarchy:
 
         if isinstance(self.root, GroupDir):
             await visit(self.root)
-        for key in sorted(self.sharded):
-            yield self.sharded[key]
+        for path in sorted(self.sharded):
+            yield self.sharded[path]
 
     # -- groups ---------------------------------------------------------------
 
-    def _group(self, key: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node:
+    def _group(self, group_path: str, st: ObjectStat, raw: dict[str, Any], meta_st: ObjectStat) -> Node:
         consolidated = raw.get("consolidated_metadata")
         if not isinstance(consolidated, dict):
             consolidated = {}
@@ -191,33 +191,33 @@ class ZarrHierarchy:
         fixed: dict[str, Node] = {}
         if self.view == "zarr3":
             if entries is not None:
-                rewritten = {path: self._consolidated_v3(join_key(key, path), node) for path, node in entries.items()}
+                rewritten = {path: self._consolidated_v3(join_path(group_path, path), node) for path, node in entries.items()}
                 shown = {**raw, "consolidated_metadata": {**consolidated, "metadata": rewritten}}
                 fixed["zarr.json"] = _json_file(shown, meta_st.mtime_ns)
-            return GroupDir(self.source, key, st, fixed, self.resolve, children=_children(entries))
+            return GroupDir(self.source, group_path, st, fixed, self.resolve, children=_children(entries))
         if _is_ome(raw):
-            self.ome_groups.add(key)
+            self.ome_groups.add(group_path)
         fixed[".zgroup"] = _json_file({"zarr_format": 2}, meta_st.mtime_ns)
         attrs = attrs_v2(raw)
         if attrs:
             fixed[".zattrs"] = _json_file(attrs, meta_st.mtime_ns)
         if entries is not None:
-            fixed[".zmetadata"] = _json_file(self._zmetadata(key, raw, entries), meta_st.mtime_ns)
-        return GroupDir(self.source, key, st, fixed, self.resolve,
+            fixed[".zmetadata"] = _json_file(self._zmetadata(group_path, raw, entries), meta_st.mtime_ns)
+        return GroupDir(self.source, group_path, st, fixed, self.resolve,
                         frozenset({"zarr.json", ".zgroup", ".zattrs", ".zmetadata"}), _children(entries))
 
-    def _consolidated_v3(self, key: str, node: object) -> object:
+    def _consolidated_v3(self, path: str, node: object) -> object:
         """A consolidated entry, rewritten like the array's own zarr.json would be."""
         if not isinstance(node, dict) or node.get("node_type") != "array":
             return node
         try:
-            meta = ArrayMeta.from_json(node, f"consolidated metadata of {key}")
-            flat: Unsharded = unshard(meta, f"consolidated metadata of {key}")
+            meta = ArrayMeta.from_json(node, f"consolidated metadata of {path}")
+            flat: Unsharded = unshard(meta, f"consolidated metadata of {path}")
         except ConfigError:
             return node  # logged when the array itself is looked up
         return meta.rewritten(flat.chunk_shape, flat.codecs) if flat.levels else node
 
-    def _zmetadata(self, key: str, raw: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
+    def _zmetadata(self, group_path: str, raw: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, object] = {".zgroup": {"zarr_format": 2}}
         attrs = attrs_v2(raw)
         if attrs:
@@ -229,8 +229,8 @@ class ZarrHierarchy:
             if node.get("node_type") == "group":
                 out[f"{path}/.zgroup"] = {"zarr_format": 2}
             else:
-                where = f"consolidated metadata of {join_key(key, path)}"
-                parent = entries.get(parent_key(path)) if parent_key(path) else raw
+                where = f"consolidated metadata of {join_path(group_path, path)}"
+                parent = entries.get(parent_path(path)) if parent_path(path) else raw
                 try:
                     meta = ArrayMeta.from_json(node, where)
                     separator = "/" if _is_ome(parent) else meta.key_encoding.separator

@@ -1,6 +1,6 @@
 """Inner chunks of one Zarr v3 array, as a core `ShardedStore`.
 
-Keys are linear (C-order) indexes in the grid of inner chunks. A shard is
+Chunk ids are linear (C-order) indexes in the grid of inner chunks. A shard is
 the object the array's key encoding names for an outer grid index; its
 (possibly nested) shard indexes are flattened into one `ChunkTable` of the
 shard's non-empty, in-bounds inner chunks. An unsharded array is the
@@ -29,7 +29,7 @@ from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
-from ...sources.base import join_key
+from ...sources.base import join_path
 from .keys import KeyLayout, parse_index
 from .metadata import ArrayMeta
 from .sharding import EMPTY, Unsharded
@@ -45,9 +45,9 @@ PROBE_MAX = 1 << 16
 class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
     """A shard is an outer grid index; its (nested) shard indexes are flattened into one table."""
 
-    def __init__(self, runtime: Runtime, key: str, meta: ArrayMeta, flat: Unsharded) -> None:
-        super().__init__(runtime, key)
-        self.key = key
+    def __init__(self, runtime: Runtime, path: str, meta: ArrayMeta, flat: Unsharded) -> None:
+        super().__init__(runtime, path)
+        self.path = path
         self.meta = meta
         self.levels = flat.levels
         if not self.levels:
@@ -61,39 +61,39 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         self.per_shard = tuple(s // c for s, c in zip(meta.chunk_shape, flat.chunk_shape))
         self._strides = np.array([math.prod(self.grid[d + 1:]) for d in range(len(self.grid))], dtype=np.int64)
 
-    # -- keys ---------------------------------------------------------------------------
+    # -- ids ----------------------------------------------------------------------------
 
-    def key_of(self, index: tuple[int, ...]) -> int:
+    def id_of(self, index: tuple[int, ...]) -> int:
         return int(np.ravel_multi_index(index, self.grid)) if index else 0
 
-    def index_of(self, key: int) -> tuple[int, ...]:
-        return tuple(int(i) for i in np.unravel_index(key, self.grid)) if self.grid else ()
+    def index_of(self, chunk_id: int) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.unravel_index(chunk_id, self.grid)) if self.grid else ()
 
-    def indices(self, keys: np.ndarray) -> np.ndarray:
-        """(n, ndim) grid indexes of linear keys."""
-        keys = keys.astype(np.int64)
-        return (keys[:, None] // self._strides) % np.array(self.grid, dtype=np.int64) if self.grid \
-            else np.zeros((len(keys), 0), dtype=np.int64)
+    def indices(self, ids: np.ndarray) -> np.ndarray:
+        """(n, ndim) grid indexes of linear chunk ids."""
+        ids = ids.astype(np.int64)
+        return (ids[:, None] // self._strides) % np.array(self.grid, dtype=np.int64) if self.grid \
+            else np.zeros((len(ids), 0), dtype=np.int64)
 
     def in_bounds(self, index: tuple[int, ...]) -> bool:
         return len(index) == len(self.grid) and all(0 <= i < g for i, g in zip(index, self.grid))
 
-    def describe(self, key: int) -> str:
-        return f"chunk {self.source_keys.key(self.index_of(key))}"
+    def describe(self, chunk_id: int) -> str:
+        return f"chunk {self.source_keys.key(self.index_of(chunk_id))}"
 
     # -- shards ---------------------------------------------------------------------------
 
-    def shard_of(self, key: int) -> tuple[int, ...] | None:
-        if not 0 <= key < math.prod(self.grid):
+    def shard_of(self, chunk_id: int) -> tuple[int, ...] | None:
+        if not 0 <= chunk_id < math.prod(self.grid):
             return None  # outside the grid: no such chunk (read-ahead may guess past the end)
-        return tuple(i // p for i, p in zip(self.index_of(key), self.per_shard))
+        return tuple(i // p for i, p in zip(self.index_of(chunk_id), self.per_shard))
 
     async def open_shard(self, outer: tuple[int, ...]) -> Blob | None:
-        key = join_key(self.key, self.source_keys.key(outer))
-        st = await self.source.stat(key)
+        path = join_path(self.path, self.source_keys.key(outer))
+        st = await self.source.stat(path)
         if st is None or st.is_dir:
             return None
-        return Blob.of(key, st)
+        return Blob.of(path, st)
 
     def is_shard_file(self, name: str) -> bool:
         return self.source_keys.claims(name)
@@ -108,7 +108,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
             # (a missing one reads as absent when its shard is looked up).
             ranges = [range(f, f + 1) for f in lead] + [range(g) for g in self.shard_grid[len(lead):]]
             if math.prod(len(r) for r in ranges) > PROBE_MAX:
-                log_once(log, f"probe:{self.key}", "listing %s: too many possible shards on a source that cannot "
+                log_once(log, f"probe:{self.path}", "listing %s: too many possible shards on a source that cannot "
                          "list; not listed (lookups by name work)", self.label)
                 return
             for outer in itertools.product(*ranges):
@@ -116,7 +116,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
             return
         if not layout.nested:
             found: list[tuple[int, ...]] = []
-            async for name, st in self.source.list(self.key):
+            async for name, st in self.source.list(self.path):
                 parsed = None if st.is_dir else layout.parse_flat(name)
                 if parsed is not None and parsed[:len(lead)] == lead and self._outer_ok(parsed):
                     found.append(parsed)
@@ -124,7 +124,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                 yield outer
             return
 
-        async def walk(prefix: tuple[int, ...], dir_key: str) -> AsyncIterator[tuple[int, ...]]:
+        async def walk(prefix: tuple[int, ...], dir_path: str) -> AsyncIterator[tuple[int, ...]]:
             depth = len(prefix)
             last = depth == ndim - 1
             names: list[tuple[str, int]]
@@ -132,7 +132,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                 names = [(str(lead[depth]), lead[depth])]
             else:
                 names = []
-                async for name, st in self.source.list(dir_key):
+                async for name, st in self.source.list(dir_path):
                     i = parse_index(name)
                     if i is not None and i < self.shard_grid[depth] and st.is_dir != last:
                         names.append((name, i))
@@ -141,10 +141,10 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                 if last:
                     yield prefix + (i,)
                 else:
-                    async for outer in walk(prefix + (i,), join_key(dir_key, name)):
+                    async for outer in walk(prefix + (i,), join_path(dir_path, name)):
                         yield outer
 
-        root = join_key(self.key, layout.lead) if layout.lead else self.key
+        root = join_path(self.path, layout.lead) if layout.lead else self.path
         async for outer in walk((), root):
             yield outer
 
@@ -215,26 +215,26 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         grid = np.array(self.grid, dtype=np.int64)
         indices = (origin + offsets) // chunk
         inside = (indices < grid).all(axis=1)
-        keys = (indices[inside] * self._strides).sum(axis=1).astype(U64) if ndim else np.zeros(int(inside.sum()), U64)
+        ids = (indices[inside] * self._strides).sum(axis=1).astype(U64) if ndim else np.zeros(int(inside.sum()), U64)
         reasons: dict[int, str] = {}
         for rel in bad_offsets:
             cells = (origin + rel) // chunk
             for cell in cells[(cells < grid).all(axis=1)][:1000].tolist():
-                reasons[self.key_of(tuple(cell))] = "shard index entry points outside the shard"
+                reasons[self.id_of(tuple(cell))] = "shard index entry points outside the shard"
         if reasons:
             log_once(log, f"bad:{blob.label}", "%s: %d shard index entries point outside the shard; those chunks "
                      "fail with EIO", blob.label, len(reasons))
-        # Ranges are validated per level above; `build` sorts by key.
-        return ChunkTable.build(blob, keys, starts[inside], lengths[inside], 0, blob.size, reasons=reasons)
+        # Ranges are validated per level above; `build` sorts by id.
+        return ChunkTable.build(blob, ids, starts[inside], lengths[inside], 0, blob.size, reasons=reasons)
 
     async def read_index(self, outer: tuple[int, ...], blob: Blob) -> ChunkTable:
         if not self.levels:  # unsharded: the object is the chunk
-            key = self.key_of(outer)
-            return ChunkTable(blob, np.array([key], dtype=U64), np.zeros(1, dtype=U64), np.array([blob.size], U64))
+            chunk_id = self.id_of(outer)
+            return ChunkTable(blob, np.array([chunk_id], dtype=U64), np.zeros(1, dtype=U64), np.array([blob.size], U64))
         return await self._flatten(outer, blob)
 
     def placed(self, shard: tuple[int, ...], table: ChunkTable) -> np.ndarray:
-        outer = self.indices(table.keys) // np.array(self.per_shard, dtype=np.int64)
+        outer = self.indices(table.ids) // np.array(self.per_shard, dtype=np.int64)
         mask: np.ndarray = (outer == np.array(shard, dtype=np.int64)).all(axis=1)
         return mask
 

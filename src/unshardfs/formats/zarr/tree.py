@@ -19,7 +19,7 @@ from ...core.geometry import Geometry
 from ...core.naming import Naming
 from ...core.table import int_list
 from ...overlay import OverlayDir
-from ...sources.base import ByteSource, ObjectStat, join_key
+from ...sources.base import ByteSource, ObjectStat, join_path
 from ...vtree import Batch, DirNode, Node, Verdict
 from .keys import KeyLayout, parse_index
 from .store import ZarrStore
@@ -41,11 +41,11 @@ class FlatNaming(Naming):
 
     def parse(self, name: str) -> int | None:
         index = self.layout.parse_flat(name)
-        return None if index is None or not self.store.in_bounds(index) else self.store.key_of(index)
+        return None if index is None or not self.store.in_bounds(index) else self.store.id_of(index)
 
-    def names(self, keys: np.ndarray) -> list[str | None]:
+    def names(self, ids: np.ndarray) -> list[str | None]:
         layout = self.layout
-        return [layout.parts(tuple(index))[-1] for index in self.store.indices(keys).tolist()]
+        return [layout.parts(tuple(index))[-1] for index in self.store.indices(ids).tolist()]
 
 
 class LeafNaming(Naming):
@@ -62,19 +62,19 @@ class LeafNaming(Naming):
 
     def parse(self, name: str) -> int | None:
         i = parse_index(name)
-        return None if i is None or i >= self.store.grid[-1] else self.store.key_of(self.prefix + (i,))
+        return None if i is None or i >= self.store.grid[-1] else self.store.id_of(self.prefix + (i,))
 
-    def names(self, keys: np.ndarray) -> list[str | None]:
-        return [str(i) for i in self.last(keys)]
+    def names(self, ids: np.ndarray) -> list[str | None]:
+        return [str(i) for i in self.last(ids)]
 
-    def last(self, keys: np.ndarray) -> list[int]:
-        return int_list(keys.astype(np.int64) % self.store.grid[-1])
+    def last(self, ids: np.ndarray) -> list[int]:
+        return int_list(ids.astype(np.int64) % self.store.grid[-1])
 
-    def ident(self, key: int) -> int | None:
-        return key % self.store.grid[-1]
+    def ident(self, chunk_id: int) -> int | None:
+        return chunk_id % self.store.grid[-1]
 
-    def idents(self, keys: np.ndarray) -> list[int | None]:
-        idents: list[int | None] = list(self.last(keys))
+    def idents(self, ids: np.ndarray) -> list[int | None]:
+        idents: list[int | None] = list(self.last(ids))
         return idents
 
     def name_of_ident(self, ident: int) -> str:
@@ -104,12 +104,12 @@ class ChunkView:
         return self.ctx.with_naming(LeafNaming(self.store, prefix))
 
     def _slab(self, prefix: tuple[int, ...]) -> tuple[Callable[[np.ndarray], np.ndarray], tuple[int, ...]]:
-        """(mask of keys starting with `prefix`, the shards that can hold them)."""
+        """(mask of ids starting with `prefix`, the shards that can hold them)."""
         store = self.store
         want = np.array(prefix, dtype=np.int64)
 
-        def select(keys: np.ndarray) -> np.ndarray:
-            mask: np.ndarray = (store.indices(keys)[:, :len(prefix)] == want).all(axis=1)
+        def select(ids: np.ndarray) -> np.ndarray:
+            mask: np.ndarray = (store.indices(ids)[:, :len(prefix)] == want).all(axis=1)
             return mask
 
         return select, tuple(i // p for i, p in zip(prefix, store.per_shard))
@@ -125,7 +125,7 @@ class ChunkView:
             # Present whenever it is inside the grid: proving that it holds a
             # chunk would cost reading every shard index of the slab.
             return ChunkDir(self, prefix + (i,), i)
-        return await self.leaf(prefix).file(self.store.key_of(prefix + (i,)))
+        return await self.leaf(prefix).file(self.store.id_of(prefix + (i,)))
 
     async def entries_at(self, prefix: tuple[int, ...]) -> AsyncIterator[Batch]:
         depth = len(prefix)
@@ -137,7 +137,7 @@ class ChunkView:
         values: set[int] = set()
         async for _shard, tables in self.ctx.shard_tables(within):
             for table in tables:
-                chosen = table.keys[select(table.keys)]
+                chosen = table.ids[select(table.ids)]
                 values.update(self.store.indices(chosen)[:, depth].tolist())
         ordered = sorted(values)
         for at in range(0, len(ordered), BATCH):
@@ -171,9 +171,9 @@ class ArrayDir(OverlayDir):
 
     __slots__ = ("view", "hidden")
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node], view: ChunkView,
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, fixed: dict[str, Node], view: ChunkView,
                  hidden: frozenset[str] = frozenset()) -> None:
-        super().__init__(source, key, st, fixed, view.stable_key)
+        super().__init__(source, path, st, fixed, view.stable_key)
         self.view = view
         self.hidden = hidden
 
@@ -189,8 +189,8 @@ class ArrayDir(OverlayDir):
         if not layout.claims(name):
             return Verdict.PASS
         if not layout.nested:
-            key = view.ctx.naming.parse(name)
-            return None if key is None else await view.ctx.file(key)
+            chunk_id = view.ctx.naming.parse(name)
+            return None if chunk_id is None else await view.ctx.file(chunk_id)
         if layout.lead:
             return ChunkDir(view, ()) if name == layout.lead else None
         return await view.lookup_at((), name)
@@ -203,7 +203,7 @@ class ArrayDir(OverlayDir):
         elif layout.lead:
             # Listed when the source has shards at all (an array never
             # written has no "c" directory, sharded or not).
-            if not self.source.listable or await self.source.stat_dir(join_key(self.key, layout.lead)):
+            if not self.source.listable or await self.source.stat_dir(join_path(self.path, layout.lead)):
                 yield [(layout.lead, ChunkDir(view, ()))]
         else:
             async for batch in view.entries_at(()):
@@ -220,18 +220,18 @@ class GroupDir(OverlayDir):
 
     __slots__ = ("resolve", "hidden")
 
-    def __init__(self, source: ByteSource, key: str, st: ObjectStat, fixed: dict[str, Node],
+    def __init__(self, source: ByteSource, path: str, st: ObjectStat, fixed: dict[str, Node],
                  resolve: Callable[[str, ObjectStat | None], Awaitable[Node | Verdict]],
                  hidden: frozenset[str] = frozenset(), children: tuple[str, ...] = ()) -> None:
         # `children`: names known from consolidated metadata, listed when the source cannot list.
-        super().__init__(source, key, st, fixed, f"zarr-group:{key}", lambda _key: children)
+        super().__init__(source, path, st, fixed, f"zarr-group:{path}", lambda _path: children)
         self.resolve = resolve
         self.hidden = hidden
 
     def hides(self, name: str) -> bool:
         return name in self.hidden
 
-    async def source_child(self, key: str, st: ObjectStat | None) -> Node | Verdict:
+    async def source_child(self, path: str, st: ObjectStat | None) -> Node | Verdict:
         if st is not None and not st.is_dir:
             return Verdict.PASS
-        return await self.resolve(key, st)
+        return await self.resolve(path, st)
