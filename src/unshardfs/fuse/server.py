@@ -5,14 +5,15 @@ kernel's protocol minor), keeps the bookkeeping of the protocol itself
 (INTERRUPT, DESTROY, unknown opcodes, write-type opcodes), and hands every
 other request to a `Dispatcher`, whose answer is either ready at once
 (bytes: replied inline) or a coroutine. A coroutine is run at once, in the
-reading task, under a cancel scope that an INTERRUPT of that request cancels
-(the request then answers EINTR): most finish without ever waiting (a lookup
+reading task: most finish without ever waiting (a lookup
 or read whose indexes are cached, on a local source whose reads are
-syscalls) and are answered there, with no task started and no trip through
-the scheduler. One that waits (its first yield to trio) keeps the task it
+syscalls) and are answered there, with no task started and no cancel
+scope entered (each request still passes the scheduler once, see `_read`).
+One that waits (its first yield to trio) keeps the task it
 started in, and a new task takes over reading requests (`_reader`): a
 request that waits never holds up the others, and one that does not costs
-no task.
+no task. The reading task's cancel scope becomes the waiting request's,
+which an INTERRUPT of that request cancels (it then answers EINTR).
 
 Notifications (cache invalidations) are queued and written by their own
 task, never from inside the request that found the change: the kernel may
@@ -210,26 +211,43 @@ class Session:
     async def _reader(self) -> None:
         """Read and answer requests until one has to wait: then a new reader task takes over and
         this one sees that request through. The reader that finds the connection ended ends the
-        session (every request still waiting, and the notifier, are cancelled)."""
-        while True:
-            data = await self._read()
-            if data is None:
-                break
-            self.requests += 1
-            try:
-                waiting = self._handle(data)
-            except Exception as e:  # noqa: BLE001 - one request never ends the session
-                log.exception("request dispatch failed: %s", e)
-                continue
-            if waiting is not None:
-                assert self._nursery is not None
-                self._nursery.start_soon(self._reader)
-                await self._finish(*waiting)
-                return
-        self.closed = True
-        self._notify_send.close()
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
+        session (every request still waiting, and the notifier, are cancelled).
+
+        Each reader runs under a cancel scope of its own, which becomes the waiting request's:
+        an INTERRUPT of that request cancels it (EINTR). Requests answered without waiting need
+        no scope (no INTERRUPT can reach them), so they cost none."""
+        scope = trio.CancelScope()
+        request: Request | None = None
+        with scope:
+            while True:
+                data = await self._read()
+                if data is None:
+                    break
+                self.requests += 1
+                try:
+                    waiting = self._handle(data)
+                except Exception as e:  # noqa: BLE001 - one request never ends the session
+                    log.exception("request dispatch failed: %s", e)
+                    continue
+                if waiting is not None:
+                    request = waiting[0]
+                    self.scopes[request.unique] = scope
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._reader)
+                    try:
+                        await self._finish(*waiting)
+                    finally:
+                        self.scopes.pop(request.unique, None)
+                    return
+            self.closed = True
+            self._notify_send.close()
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+            return
+        # Only reached when our scope caught its own cancellation: the request was interrupted.
+        if request is not None and scope.cancelled_caught:
+            self.on_interrupted(request)
+            self.error(request.unique, errno.EINTR)
 
     def _handle(self, data: bytes) -> "_Waiting | None":
         length, opcode, unique, nodeid, uid, gid, pid, _extlen, _pad = abi.IN_HEADER.unpack_from(data)
@@ -264,50 +282,27 @@ class Session:
     def _start(self, request: Request, coroutine: Coroutine[Any, Any, Any]) -> "_Waiting | None":
         """Run a handler's coroutine in this task until it finishes (answered here) or first waits
         (returned, to be seen through by `_finish` in this same task)."""
-        scope = trio.CancelScope()
-        scope.__enter__()
         try:
             trap = coroutine.send(None)
         except StopIteration as done:
-            scope.__exit__(None, None, None)
             if done.value is not None:
                 self.reply(request.unique, done.value)
             return None
         except (abi.FsError, Exception) as e:  # noqa: BLE001 - answered, never raised on
-            scope.__exit__(None, None, None)
             self._failed(request, e)
             return None
-        except BaseException as e:
-            if not scope.__exit__(type(e), e, e.__traceback__):
-                raise
-            return None
-        self.scopes[request.unique] = scope
-        return request, coroutine, trap, scope
+        return request, coroutine, trap
 
-    async def _finish(self, request: Request, coroutine: Coroutine[Any, Any, Any], trap: Any,
-                      scope: trio.CancelScope) -> None:
-        """A request whose handler waits, from its first wait on (the scope `_start` entered is
-        exited here); INTERRUPT cancels it (EINTR)."""
-        unique = request.unique
+    async def _finish(self, request: Request, coroutine: Coroutine[Any, Any, Any], trap: Any) -> None:
+        """A request whose handler waits, from its first wait on; a cancellation (INTERRUPT, or
+        the session ending) goes on up to the reader's scope."""
         try:
-            try:
-                answer = await _resume(coroutine, trap)
-            except (abi.FsError, Exception) as e:  # noqa: BLE001
-                scope.__exit__(None, None, None)
-                self._failed(request, e)
-                return
-            except BaseException as e:
-                if not scope.__exit__(type(e), e, e.__traceback__):
-                    raise
-                # Our own scope caught its cancellation: the request was interrupted.
-                self.on_interrupted(request)
-                self.error(unique, errno.EINTR)
-                return
-            scope.__exit__(None, None, None)
-            if answer is not None:
-                self.reply(unique, answer)
-        finally:
-            self.scopes.pop(unique, None)
+            answer = await _resume(coroutine, trap)
+        except (abi.FsError, Exception) as e:  # noqa: BLE001
+            self._failed(request, e)
+            return
+        if answer is not None:
+            self.reply(request.unique, answer)
 
     def _failed(self, request: Request, error: BaseException) -> None:
         """Answer a handler's exception: its own errno (FsError), else the dispatcher's for a bug."""
@@ -356,8 +351,8 @@ class Session:
             self.on_init(n)
 
 
-# A request whose handler waits: (request, its coroutine, what it first yielded, its cancel scope).
-_Waiting = tuple[Request, Coroutine[Any, Any, Any], Any, trio.CancelScope]
+# A request whose handler waits: (request, its coroutine, what it first yielded).
+_Waiting = tuple[Request, Coroutine[Any, Any, Any], Any]
 
 
 @types.coroutine
