@@ -25,15 +25,9 @@ from unshardfs.fuse.server import Session as FuseSession
 from unshardfs.session import Session
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
+from ..core.test_hot_path import Scheduling as Spawns
+
 KEY = "1_1_1"
-
-
-class Spawns(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.spawned = 0
-
-    def task_spawned(self, task) -> None:
-        self.spawned += 1
 
 
 @pytest.fixture(scope="module")
