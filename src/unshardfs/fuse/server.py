@@ -253,7 +253,8 @@ class Session:
         length, opcode, unique, nodeid, uid, gid, pid, _extlen, _pad = abi.IN_HEADER.unpack_from(data)
         body = data[abi.IN_HEADER.size:length]
         if opcode == abi.Op.INIT:
-            return self._init(unique, body)
+            self._init(unique, body)
+            return None
         if opcode == abi.Op.INTERRUPT:
             (target,) = abi.INTERRUPT_IN.unpack_from(body)
             scope = self.scopes.get(target)
@@ -264,14 +265,17 @@ class Session:
             self.reply(unique)
             return None
         if opcode in abi.WRITE_OPS:
-            return self.error(unique, errno.EROFS)
+            self.error(unique, errno.EROFS)
+            return None
         request = Request(opcode, unique, nodeid, uid, gid, pid, body)
         try:
             answer = self.dispatcher.dispatch(request)
         except abi.FsError as e:
-            return self.error(unique, e.errno)
+            self.error(unique, e.errno)
+            return None
         except Exception as e:  # noqa: BLE001
-            return self.error(unique, self.dispatcher.failed(request, e))
+            self.error(unique, self.dispatcher.failed(request, e))
+            return None
         if answer is None:
             return None
         if isinstance(answer, Coroutine):
