@@ -51,6 +51,6 @@ __all__ = [
     "SHARD_INDEX", "Blob", "ByteSource", "BytesFile", "ChunkContext", "ChunkFile", "ChunkInventory", "ChunkTable",
     "Codec", "ConfigError", "DataError", "Dataset", "DecimalNaming", "DirNode", "Extent", "Fetcher", "Fields",
     "FileNode", "FixedSize", "FormatPlugin", "Geometry", "GeometrySized", "IndexLevel", "InventoryPart", "Limits", "MetadataError",
-    "Naming", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_key", "parse_decimal",
+    "Naming", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_path", "parse_decimal",
     "register_codec", "register_format",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import logging
@@ -51,9 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"unshardfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    command = functools.partial(sub.add_parser, formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    m = sub.add_parser("mount", help="mount SOURCE on MOUNTPOINT", epilog=EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = command("mount", help="mount SOURCE on MOUNTPOINT", epilog=EXAMPLES)
     m.add_argument("source", metavar="SOURCE",
                    help="dataset directory or file://, http(s)://, gs://, s3:// URL, optionally prefixed precomputed://, "
                         "zarr3:// or zarr://; a zip archive as BASE|zip:[PATH]|FORMAT: (FORMAT: "
@@ -73,17 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
-    s = sub.add_parser("stats", help="print a mount's (or a server's) live statistics (JSON)",
+    s = command("stats", help="print a mount's (or a server's) live statistics (JSON)",
                        epilog="examples:\n  unshardfs stats /mnt/ds | jq .caches.minishard_index\n"
-                              "  unshardfs stats http://127.0.0.1:8080",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "  unshardfs stats http://127.0.0.1:8080")
     s.add_argument("mountpoint", metavar="MOUNTPOINT|URL")
 
-    v = sub.add_parser("serve", help="serve SOURCE's unsharded tree over HTTP (no FUSE needed)",
+    v = command("serve", help="serve SOURCE's unsharded tree over HTTP (no FUSE needed)",
                        epilog="examples:\n  unshardfs serve /data/seg --port 8080\n"
                               "  unshardfs serve gs://bucket/seg --bind 0.0.0.0 --cors-origin https://viewer.example\n"
-                              "Neuroglancer: add a layer with source precomputed://http://127.0.0.1:8080/",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "Neuroglancer: add a layer with source precomputed://http://127.0.0.1:8080/")
     v.add_argument("source", metavar="SOURCE")
     v.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
                    help="address to listen on (default %(default)s: this machine only)")
@@ -109,42 +108,40 @@ def _parser() -> argparse.ArgumentParser:
     add_cache_options(v)
     add_source_options(v)
 
-    i = sub.add_parser("inspect", help="summarise SOURCE's sharded directories from their indexes",
-                       epilog="example:\n  unshardfs inspect --json /data/ds | jq '.[].chunks'",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    i = command("inspect", help="summarise SOURCE's sharded directories from their indexes",
+                       epilog="example:\n  unshardfs inspect --json /data/ds | jq '.[].chunks'")
     i.add_argument("source", metavar="SOURCE")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_source_options(i)
 
-    c = sub.add_parser("check", help="verify every shard index, minishard index and payload of SOURCE",
+    c = command("check", help="verify every shard index, minishard index and payload of SOURCE",
                        epilog="exit status: 0 intact, 1 damaged (each problem printed with its shard and chunk id)\n"
-                              "example:\n  unshardfs check /data/ds && echo intact",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "example:\n  unshardfs check /data/ds && echo intact")
     c.add_argument("source", metavar="SOURCE")
-    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    c.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
-    add_cluster_options(c)
-    add_source_options(c)
+    add_walk_options(c, 1, "worker processes")
 
-    e = sub.add_parser("export", help="write SOURCE's unsharded tree to DEST (resumable)",
+    e = command("export", help="write SOURCE's unsharded tree to DEST (resumable)",
                        epilog="Files already complete in DEST (same size and mtime) are skipped, so a\n"
                               "killed export resumes where it stopped.\n"
-                              "example:\n  unshardfs export --jobs 8 /data/ds /scratch/ds-unsharded",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "example:\n  unshardfs export --jobs 8 /data/ds /scratch/ds-unsharded")
     e.add_argument("source", metavar="SOURCE")
     e.add_argument("dest", metavar="DEST")
-    e.add_argument("-j", "--jobs", type=int, default=4, help="concurrent file writes (default 4)")
-    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    add_cluster_options(e)
-    add_source_options(e)
+    add_walk_options(e, 4, "concurrent file writes")
 
-    u = sub.add_parser("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
-                       epilog="example:\n  unshardfs unmount /mnt/ds",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    u = command("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
+                       epilog="example:\n  unshardfs unmount /mnt/ds")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.add_argument("-z", "--lazy", action="store_true", help="detach even if busy")
     return parser
+
+
+def add_walk_options(parser: argparse.ArgumentParser, jobs: int, jobs_help: str) -> None:
+    """What `check` and `export` (walks of the whole tree) share: progress, jobs, cluster, source."""
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("-j", "--jobs", type=int, default=jobs, help=f"{jobs_help} (default {jobs})")
+    add_cluster_options(parser)
+    add_source_options(parser)
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:

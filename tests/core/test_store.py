@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import trio
 
-from unshardfs.abc import SHARD_INDEX, Blob, ChunkTable, DataError, Limits, Runtime, ShardedStore
+from unshardfs.abc import SHARD_INDEX, Blob, ChunkTable, DataError, IndexLevel, Limits, Runtime, ShardedStore
 from unshardfs.caches import Caches, CacheSizes
 from unshardfs.core.store import shard_token
 from unshardfs.testing.memory import MemorySource
@@ -131,6 +131,50 @@ def test_index_reads_are_bounded_by_the_limit_and_the_level_budget():
         assert e.value.reason.endswith("limit (the size of the cache that holds it)")
 
     trio.run(small_cache)
+
+
+ENTRIES = IndexLevel("test_entries", "--test-entries-cache", 1 << 20, "test entries")
+
+
+def test_a_batch_of_index_entries_is_one_read_cached_and_failures_are_remembered():
+    # Four entries back to back in one object: "b" cannot be decoded, "d" is beyond the level's budget
+    # (200 bytes: the others fit).
+    source = MemorySource({"x": b"a" * 10 + b"BAD" + b"b" * 7 + b"c" * 10 + b"d" * 300})
+    source.remote = True  # type: ignore[misc]  # coalesced reads, as from an object store
+    store = Store(Runtime(source, caches=Caches(CacheSizes({"test_entries": 200}))))  # type: ignore[arg-type]
+    decoded: list[str] = []
+
+    async def decode(key, raw: bytes, where: str) -> bytes:
+        decoded.append(key)
+        if raw.startswith(b"BAD"):
+            raise DataError(where, "undecodable")
+        return raw
+
+    def batch(*keys: str) -> list:
+        at = {"a": (0, 10), "b": (10, 10), "c": (20, 10), "d": (30, 300)}
+        return [(k, *at[k], f"x entry {k}") for k in keys]
+
+    async def main() -> None:
+        nonlocal blob
+        blob = Blob.of("x", await source.stat("x"))
+        reads = source.requests["read"]
+        async with trio.open_nursery() as nursery:  # two ask at once: one batch
+            for _ in range(2):
+                nursery.start_soon(store.cached_batch, ENTRIES, blob, batch("a", "b", "c", "d"), decode)
+        got = await store.cached_batch(ENTRIES, blob, batch("c"), decode)  # cached: no read, no decode
+        assert source.requests["read"] - reads == 1 and decoded == ["a", "b", "c"] and got == [b"c" * 10]
+        assert store.held(ENTRIES, "a") and store.held(ENTRIES, "b") and not store.held(ENTRIES, "d")
+        assert store.recall(ENTRIES, "c") is not None and store.recall(ENTRIES, "d") is None
+        with pytest.raises(DataError) as e:  # remembered: the same error, nothing read or decoded again
+            store.recall(ENTRIES, "b")
+        assert (e.value.where, e.value.reason) == ("x entry b", "undecodable")
+        with pytest.raises(DataError) as e:  # wanted itself: the level's budget refuses it
+            await store.cached_batch(ENTRIES, blob, batch("d", "a"), decode)
+        assert e.value.reason.endswith("limit (the size of the cache that holds it)")
+        assert source.requests["read"] - reads == 1 and decoded == ["a", "b", "c"]
+
+    blob: Blob
+    trio.run(main)
 
 
 def test_shard_tokens_are_stable_text():

@@ -60,7 +60,9 @@ def test_trims_delete_only_the_caches_own_files(served, tmp_path):
     assert written > 4 and (cache / MARKER).is_file()
 
     # Inside its own directory too: a bucket that is a link out, a link and a FIFO with entry names.
-    os.symlink(outside, cache / "ef")
+    # A bucket name the cache has not used (bucket names follow the hashed source URL, whose port varies).
+    unused = next(name for name in (f"{i:02x}" for i in range(256)) if not (cache / name).exists())
+    os.symlink(outside, cache / unused)
     bucket = own_entries(cache)[0].parent
     os.symlink(outside / HEX, bucket / (bucket.name + "1" * 62))
     os.mkfifo(bucket / (bucket.name + "2" * 62))

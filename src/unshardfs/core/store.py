@@ -11,16 +11,19 @@ A format implements only what is its own: which shard an id lives in
 (`open_shard`), how to read and decode its index (`read_index`, into
 `ChunkTable`s), and, for multi-level indexes, which table holds an id
 (`table_for`, `index_tables`). Index levels are declared (`index_levels`),
-and each level's cache is made from its declaration.
+and each level's cache is made from its declaration; further levels are read
+through `cached` (one entry) or `cached_batch` (entries read together in one
+request, undecodable ones remembered), so no format keeps a cache by hand.
 """
 
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import AsyncIterator, Awaitable, Callable, Generic, Hashable, TypeVar, cast, final
+from typing import AsyncIterator, Awaitable, Callable, Generic, Hashable, Sequence, TypeVar, cast, final
 
 import numpy as np
+from cachetools import LRUCache
 
 from ..caches import SHARD_INDEX, CountedLRU, IndexLevel
 from ..errors import DataError
@@ -33,6 +36,10 @@ from .table import ChunkTable
 ShardT = TypeVar("ShardT", bound=Hashable)  # a store's own handle for one shard (a number, a grid index)
 IndexT = TypeVar("IndexT")  # what one shard's first index level decodes to (usually a ChunkTable)
 T = TypeVar("T")
+
+# Index entries of a batch level that failed to decode, remembered per store: a damaged or hostile
+# entry (a gzip bomb) is decoded once, not again by every lookup of a chunk it would hold.
+FAILED_MAX = 1024
 
 Shard = Hashable  # a shard handle, for code that does not know the store's type
 
@@ -74,6 +81,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         self.limits = runtime.limits
         self.label = label or "."  # for messages: the directory's path
         self.flights = runtime.fetcher.flights
+        self._failed: LRUCache[tuple[str, Hashable], tuple[str, str]] = LRUCache(maxsize=FAILED_MAX)
 
     # -- the format's own ----------------------------------------------------------------
 
@@ -218,6 +226,85 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         if value is not None:
             return value  # type: ignore[no-any-return]
         return await self.flights.fill(cache, full, load)
+
+    def _full(self, key: Hashable) -> tuple[str, Hashable]:
+        return type(self).__qualname__, key  # one cache per level is shared by every store of the mount
+
+    @final
+    def held(self, level: IndexLevel, key: Hashable) -> bool:
+        """Whether entry `key` of `level` needs no read: cached, or remembered as undecodable."""
+        full = self._full(key)
+        return full in self.cache(level) or full in self._failed
+
+    @final
+    def recall(self, level: IndexLevel, key: Hashable) -> object | None:
+        """Entry `key` of `level` from its cache; None when it must be read. DataError (the same one
+        again) when it was read and could not be decoded."""
+        full = self._full(key)
+        value: object = self.cache(level).get(full)
+        if value is not None:
+            return value
+        failed = self._failed.get(full)
+        if failed is not None:
+            raise DataError(*failed)
+        return None
+
+    @final
+    async def cached_batch(self, level: IndexLevel, blob: Blob, batch: Sequence[tuple[Hashable, int, int, str]],
+                           decode: Callable[[Hashable, bytes, str], Awaitable[T]],
+                           gap: int | None = None) -> list[T | DataError]:
+        """Entries of `level`, those not held read together: `batch` is (key, offset, length, where)
+        of each, the first the one wanted, the others best effort. Each entry to read is checked
+        against the index limit and the level's budget, all are read from `blob` in one coalesced
+        batch (extents closer than `gap` in one request; default: the fetcher's coalescing gap),
+        and each is decoded by `decode(key, raw, where)` and kept in the level's cache, or
+        remembered as undecodable. One batch runs however many ask for the same first entry at
+        once; entries already held are neither read nor decoded again (nor counted as cache hits:
+        ask `recall` first for that).
+
+        Returns each entry's value or DataError, in `batch` order; the first entry's DataError
+        (limit or decode, now or remembered) is raised instead."""
+        cache = self.cache(level)
+
+        def held_now() -> list[T | DataError | None]:
+            out: list[T | DataError | None] = []
+            for i, (key, _, _, _) in enumerate(batch):
+                full = self._full(key)
+                failed = self._failed.get(full)
+                if failed is not None and i == 0:
+                    raise DataError(*failed)
+                out.append(cache[full] if full in cache else None if failed is None else DataError(*failed))
+            return out
+
+        async def load() -> list[T | DataError]:
+            out = held_now()
+            for i, (_, _, length, where) in enumerate(batch):
+                if out[i] is not None:
+                    continue
+                try:
+                    self.check_index(length, where, level)
+                except DataError as e:
+                    if i == 0:
+                        raise
+                    out[i] = e  # the others are best effort: this one is reported when wanted itself
+            readable = [i for i, got in enumerate(out) if got is None]
+            raws = await self.fetcher.read_many([Extent(blob, batch[i][1], batch[i][2]) for i in readable],
+                                                index=True, max_gap=gap) if readable else []
+            for i, raw in zip(readable, raws):
+                key, _, _, where = batch[i]
+                try:
+                    value = await decode(key, raw, where)
+                except DataError as e:
+                    self._failed[self._full(key)] = (e.where, e.reason)
+                    if i == 0:
+                        raise
+                    out[i] = e
+                    continue
+                cache.put(self._full(key), value)
+                out[i] = value
+            return cast("list[T | DataError]", out)
+
+        return await self.flights.run(("batch", level.name, self._full(batch[0][0])), load)
 
     def check_index(self, size: int, where: str, level: IndexLevel | None = None) -> None:
         """DataError for an index of `size` bytes beyond the limit or, with `level`, beyond the budget

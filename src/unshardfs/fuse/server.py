@@ -4,10 +4,16 @@ The server knows no file system. It negotiates INIT (features by the
 kernel's protocol minor), keeps the bookkeeping of the protocol itself
 (INTERRUPT, DESTROY, unknown opcodes, write-type opcodes), and hands every
 other request to a `Dispatcher`, whose answer is either ready at once
-(bytes: replied inline, no task) or a coroutine that awaits I/O (run in its
-own task under a cancel scope that an INTERRUPT of that request cancels;
-the request then answers EINTR). Most requests of a warm mount are answered
-inline: a trio task per request costs more than the request itself.
+(bytes: replied inline) or a coroutine. A coroutine is run at once, in the
+reading task: most finish without ever waiting (a lookup
+or read whose indexes are cached, on a local source whose reads are
+syscalls) and are answered there, with no task started and no cancel
+scope entered (each request still passes the scheduler once, see `_read`).
+One that waits (its first yield to trio) keeps the task it
+started in, and a new task takes over reading requests (`_reader`): a
+request that waits never holds up the others, and one that does not costs
+no task. The reading task's cancel scope becomes the waiting request's,
+which an INTERRUPT of that request cancels (it then answers EINTR).
 
 Notifications (cache invalidations) are queued and written by their own
 task, never from inside the request that found the change: the kernel may
@@ -19,6 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Protocol, Union
 
@@ -163,12 +170,19 @@ class Session:
     # -- reading ---------------------------------------------------------------------------
 
     async def _read(self) -> bytes | None:
-        """The next request, or None once the file system is unmounted."""
+        """The next request, or None once the file system is unmounted.
+
+        Every request passes through the scheduler once before it is handled: requests answered
+        inline do not yield by themselves, and while they keep coming, the work they started
+        (read-ahead plans, prefetches whose bytes arrived) must run between them, as it would
+        have had each request been a task of its own."""
+        waited = False
         while True:
             try:
                 n = os.readv(self.fd, [self._buffer])
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self.fd)
+                waited = True
                 continue
             except InterruptedError:
                 continue
@@ -178,33 +192,69 @@ class Session:
                 if e.errno == errno.ENODEV:  # unmounted
                     return None
                 raise
-            return bytes(self._buffer[:n])
+            data = bytes(self._buffer[:n])
+            if not waited:
+                await trio.lowlevel.checkpoint()
+            return data
 
     async def serve(self) -> None:
         """Serve until the kernel ends the connection (unmount, abort) or the caller cancels."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._notifier)
-            try:
-                while True:
-                    data = await self._read()
-                    if data is None:
-                        break
-                    self.requests += 1
-                    try:
-                        self._handle(data)
-                    except Exception as e:  # noqa: BLE001 - one request never ends the session
-                        log.exception("request dispatch failed: %s", e)
-            finally:
-                self.closed = True
-                self._notify_send.close()
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._notifier)
+                await self._reader()
+        finally:
+            self.closed = True
+            self._notify_send.close()
 
-    def _handle(self, data: bytes) -> None:
+    async def _reader(self) -> None:
+        """Read and answer requests until one has to wait: then a new reader task takes over and
+        this one sees that request through. The reader that finds the connection ended ends the
+        session (every request still waiting, and the notifier, are cancelled).
+
+        Each reader runs under a cancel scope of its own, which becomes the waiting request's:
+        an INTERRUPT of that request cancels it (EINTR). Requests answered without waiting need
+        no scope (no INTERRUPT can reach them), so they cost none."""
+        scope = trio.CancelScope()
+        request: Request | None = None
+        with scope:
+            while True:
+                data = await self._read()
+                if data is None:
+                    break
+                self.requests += 1
+                try:
+                    waiting = self._handle(data)
+                except Exception as e:  # noqa: BLE001 - one request never ends the session
+                    log.exception("request dispatch failed: %s", e)
+                    continue
+                if waiting is not None:
+                    request = waiting[0]
+                    self.scopes[request.unique] = scope
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._reader)
+                    try:
+                        await self._finish(*waiting)
+                    finally:
+                        self.scopes.pop(request.unique, None)
+                    return
+            self.closed = True
+            self._notify_send.close()
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+            return
+        # Only reached when our scope caught its own cancellation: the request was interrupted.
+        if request is not None and scope.cancelled_caught:
+            self.on_interrupted(request)
+            self.error(request.unique, errno.EINTR)
+
+    def _handle(self, data: bytes) -> "_Waiting | None":
         length, opcode, unique, nodeid, uid, gid, pid, _extlen, _pad = abi.IN_HEADER.unpack_from(data)
         body = data[abi.IN_HEADER.size:length]
         if opcode == abi.Op.INIT:
-            return self._init(unique, body)
+            self._init(unique, body)
+            return None
         if opcode == abi.Op.INTERRUPT:
             (target,) = abi.INTERRUPT_IN.unpack_from(body)
             scope = self.scopes.get(target)
@@ -215,47 +265,55 @@ class Session:
             self.reply(unique)
             return None
         if opcode in abi.WRITE_OPS:
-            return self.error(unique, errno.EROFS)
+            self.error(unique, errno.EROFS)
+            return None
         request = Request(opcode, unique, nodeid, uid, gid, pid, body)
         try:
             answer = self.dispatcher.dispatch(request)
         except abi.FsError as e:
-            return self.error(unique, e.errno)
+            self.error(unique, e.errno)
+            return None
         except Exception as e:  # noqa: BLE001
-            return self.error(unique, self.dispatcher.failed(request, e))
+            self.error(unique, self.dispatcher.failed(request, e))
+            return None
         if answer is None:
             return None
         if isinstance(answer, Coroutine):
-            scope = trio.CancelScope()
-            self.scopes[unique] = scope
-            assert self._nursery is not None
-            self._nursery.start_soon(self._run, request, answer, scope)
-            return None
+            return self._start(request, answer)
         self.reply(unique, answer)
         return None
 
-    async def _run(self, request: Request, coroutine: Coroutine[Any, Any, Any], scope: trio.CancelScope) -> None:
-        """A request that awaits I/O, in its own task; INTERRUPT cancels it (EINTR)."""
-        unique = request.unique
+    def _start(self, request: Request, coroutine: Coroutine[Any, Any, Any]) -> "_Waiting | None":
+        """Run a handler's coroutine in this task until it finishes (answered here) or first waits
+        (returned, to be seen through by `_finish` in this same task)."""
         try:
-            with scope:
-                try:
-                    answer = await coroutine
-                except abi.FsError as e:
-                    self.error(unique, e.errno)
-                    return
-                except Exception as e:  # noqa: BLE001
-                    self.error(unique, self.dispatcher.failed(request, e))
-                    return
-                if answer is not None:
-                    self.reply(unique, answer)
-                return
-            # Only reached when the scope was cancelled (interrupted) before an answer.
-        finally:
-            self.scopes.pop(unique, None)
-        if scope.cancelled_caught:
-            self.on_interrupted(request)
-            self.error(unique, errno.EINTR)
+            trap = coroutine.send(None)
+        except StopIteration as done:
+            if done.value is not None:
+                self.reply(request.unique, done.value)
+            return None
+        except (abi.FsError, Exception) as e:  # noqa: BLE001 - answered, never raised on
+            self._failed(request, e)
+            return None
+        return request, coroutine, trap
+
+    async def _finish(self, request: Request, coroutine: Coroutine[Any, Any, Any], trap: Any) -> None:
+        """A request whose handler waits, from its first wait on; a cancellation (INTERRUPT, or
+        the session ending) goes on up to the reader's scope."""
+        try:
+            answer = await _resume(coroutine, trap)
+        except (abi.FsError, Exception) as e:  # noqa: BLE001
+            self._failed(request, e)
+            return
+        if answer is not None:
+            self.reply(request.unique, answer)
+
+    def _failed(self, request: Request, error: BaseException) -> None:
+        """Answer a handler's exception: its own errno (FsError), else the dispatcher's for a bug."""
+        if isinstance(error, abi.FsError):
+            self.error(request.unique, error.errno)
+        else:
+            self.error(request.unique, self.dispatcher.failed(request, error))
 
     def on_interrupted(self, request: Request) -> None:
         counters = getattr(self.dispatcher, "counters", None)
@@ -295,6 +353,33 @@ class Session:
                  ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag) or "no features")
         if self.on_init is not None:
             self.on_init(n)
+
+
+# A request whose handler waits: (request, its coroutine, what it first yielded).
+_Waiting = tuple[Request, Coroutine[Any, Any, Any], Any]
+
+
+@types.coroutine
+def _resume(coroutine: Coroutine[Any, Any, Any], trap: Any) -> Any:
+    """Go on running `coroutine`, suspended at its first yield (`trap`), in the calling task: the
+    trap goes to trio now, and whatever trio sends or throws back goes on to the coroutine
+    (what `await` would have done had the task awaited it from the start)."""
+    while True:
+        try:
+            value = yield trap
+        except GeneratorExit:
+            coroutine.close()
+            raise
+        except BaseException as e:
+            try:
+                trap = coroutine.throw(e)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                trap = coroutine.send(value)
+            except StopIteration as done:
+                return done.value
 
 
 def failed_errno(logger: logging.Logger, error: BaseException, where: str) -> int:

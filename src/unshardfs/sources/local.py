@@ -8,6 +8,7 @@ import os
 import stat as statmod
 from typing import Any, AsyncIterator
 
+import trio
 from cachetools import LRUCache
 
 from ..errors import ConfigError, SourceError, StaleError
@@ -29,6 +30,30 @@ class _FdCache(LRUCache):
         key, (fd, _ident) = super().popitem()
         os.close(fd)
         return key, (fd, _ident)
+
+
+# Reads up to this size try the page cache first without waiting (`LocalSource._read_nowait`);
+# larger ones (sequential reads) are read as they always were, on the loop: copying a large
+# read out of its buffer would cost more than the wait it saves.
+NOWAIT_MAX = 256 << 10
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _pread_all(fd: int, offset: int, size: int) -> bytes:
+    """`size` bytes at `offset`, shorter only at end of file."""
+    data = os.pread(fd, size, offset)
+    if len(data) < size and data:
+        # Regular files only return short at EOF; keep reading to be sure.
+        parts = [data]
+        got = len(data)
+        while got < size:
+            more = os.pread(fd, size - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
 
 
 def _version(st: os.stat_result) -> tuple:
@@ -70,6 +95,8 @@ class LocalSource:
         self.root = self._beneath.path
         self.description = self.root
         self._fds = _FdCache(maxsize=max_open_files)
+        self._nowait = bool(_RWF_NOWAIT) and hasattr(os, "preadv")
+        self.slow_reads = 0  # reads that had to wait on the disk (done on a worker thread)
 
     def os_path(self, path: str) -> str:
         """For messages only: nothing is ever opened by this string."""
@@ -145,22 +172,47 @@ class LocalSource:
             return b""
         fd = self._fd(path, version)
         try:
-            data = os.pread(fd, size, offset)
-            if len(data) < size and data:
-                # Regular files only return short at EOF; keep reading to be sure.
-                parts = [data]
-                got = len(data)
-                while got < size:
-                    more = os.pread(fd, size - got, offset + got)
-                    if not more:
-                        break
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
-            return data
+            if self._nowait and size <= NOWAIT_MAX:
+                return await self._read_nowait(fd, offset, size)
+            return _pread_all(fd, offset, size)
         except OSError as e:
             self._drop_fd(path)
             raise SourceError(f"read {self.os_path(path)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
+
+    async def _read_nowait(self, fd: int, offset: int, size: int) -> bytes:
+        """The bytes in the page cache are read here, on the event loop, without waiting
+        (preadv2 with RWF_NOWAIT); only what must come from the disk is read on a worker thread,
+        so a cold disk never stalls the requests the loop is serving meanwhile."""
+        buffer = bytearray(size)
+        got = 0
+        try:
+            got = os.preadv(fd, [buffer], offset, _RWF_NOWAIT)
+            if got == size:  # the usual case: one call
+                return bytes(buffer)
+            view = memoryview(buffer)
+            while got < size:
+                n = os.preadv(fd, [view[got:]], offset + got, _RWF_NOWAIT)
+                if n == 0:  # end of file
+                    return bytes(view[:got])
+                got += n
+            return bytes(buffer)
+        except BlockingIOError:  # EAGAIN: the rest is not in the page cache
+            pass
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            # This file system (or kernel) cannot read without waiting: plain reads from now on.
+            self._nowait = False
+            return bytes(buffer[:got]) + _pread_all(fd, offset + got, size - got)
+        # The worker reads from its own descriptor: the cached one may be closed (and its number
+        # reused) by another request while the worker waits on the disk.
+        own = os.dup(fd)
+        try:
+            rest = await trio.to_thread.run_sync(_pread_all, own, offset + got, size - got)
+        finally:
+            os.close(own)
+        self.slow_reads += 1
+        return bytes(buffer[:got]) + rest if got else rest
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         os_path = self.os_path(path)
@@ -206,7 +258,7 @@ class LocalSource:
         self.close()
 
     def stats(self) -> dict[str, object]:
-        return {}
+        return {"disk_waits": self.slow_reads}
 
     def close(self) -> None:
         for fd, _ in list(self._fds.values()):

@@ -22,7 +22,7 @@ from ..logonce import collect_problems
 from ..session import Session
 from .walk import Dest, Select, WalkSummary, check, export
 
-# Files held in a shard carry their chunk id (passthrough files only their source key).
+# Files held in a shard carry their chunk id (passthrough files only their source path).
 CHUNK_XATTR = "user.unshardfs.chunk_id"
 
 

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import AsyncIterator
+from typing import AsyncIterator, Hashable, cast
 
 import numpy as np
-from cachetools import LRUCache
 
 from ...caches import SHARD_INDEX
 from ...concurrency import gather
 from ...core.blob import Blob, Ident
 from ...core.bounded import gunzip, gunzip_cost, off_loop
-from ...core.fetch import Extent
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
@@ -73,9 +71,6 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         self.dir_path = dir_path
         self.spec = spec
         self.index_size = spec.shard_index_size
-        # Minishard indexes that failed to decode, by (blob ident, number) -> (where, reason): a gzip
-        # bomb is inflated to the cap once, not again by every lookup of a chunk it would hold.
-        self._undecodable: LRUCache[tuple[Ident, int], tuple[str, str]] = LRUCache(maxsize=1024)
 
     # -- shard files -------------------------------------------------------------------
 
@@ -143,11 +138,10 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
     async def read_index(self, shard: int, blob: Blob) -> np.ndarray:
         """The (2**minishard_bits, 2) array of minishard index ranges (relative to the data area)."""
         size = self.index_size
-        self.check_index(size, blob.label, SHARD_INDEX)
         if blob.size < size:
             raise DataError(blob.label, f"file has {blob.size:,} bytes, shorter than its {size:,}-byte "
                                         "shard index")
-        raw = await self.fetcher.read(Extent(blob, 0, size), index=True)
+        raw = await self.read_index_bytes(blob, 0, size, level=SHARD_INDEX)
         return np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(U64)
 
     def _range(self, index: np.ndarray, blob: Blob, m: int) -> tuple[int, int]:
@@ -159,19 +153,16 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         return self.index_size + start, end - start
 
     async def minishard(self, blob: Blob, index: np.ndarray, m: int) -> ChunkTable:
-        cached: ChunkTable | None = self.cache(MINISHARD_INDEX).get((blob.ident, m))
+        cached = cast("ChunkTable | None", self.recall(MINISHARD_INDEX, (blob.ident, m)))
         if cached is not None:
             return cached
-        failed = self._undecodable.get((blob.ident, m))
-        if failed is not None:
-            raise DataError(*failed)
         wanted = [m]
         if self.source.remote:
             # Index read-ahead: neighbours whose indexes lie close by come
             # along in the same request (later lookups in this shard are free).
             start, length = self._range(index, blob, m)
             for other in np.nonzero(index[:, 0] != index[:, 1])[0].tolist():
-                if other == m or (blob.ident, other) in self.cache(MINISHARD_INDEX):
+                if other == m or self.held(MINISHARD_INDEX, (blob.ident, other)):
                     continue
                 try:
                     o_start, o_len = self._range(index, blob, other)
@@ -182,45 +173,29 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         # The neighbours were chosen to lie within INDEX_READ_AHEAD: one ranged
         # read covers them all (the payload bytes between them are the price of
         # saving a round trip per later lookup).
-        return (await self._load(blob, index, wanted, gap=INDEX_READ_AHEAD))[0]
+        return cast(ChunkTable, (await self._load(blob, index, wanted, gap=INDEX_READ_AHEAD))[0])
 
     async def _load(self, blob: Blob, index: np.ndarray, numbers: list[int],
-                    gap: int | None = None) -> list[ChunkTable]:
-        """Minishard tables `numbers` (the first must succeed; the others are best effort), read as one
-        batch (extents closer than `gap` in one read; default: the fetcher's coalescing gap)."""
-        async def load_all() -> list[ChunkTable]:
-            ranges = [self._range(index, blob, m) for m in numbers[:1]]
-            extras = []
-            for m in numbers[1:]:
-                try:
-                    extras.append((m, self._range(index, blob, m)))
-                except DataError:
-                    pass
-            numbers_ok = numbers[:1] + [m for m, _ in extras]
-            ranges += [r for _, r in extras]
-            budget = int(self.cache(MINISHARD_INDEX).maxsize)
-            for m, (start, length) in zip(numbers_ok, ranges):
-                self.check_index(length, f"{blob.label} minishard {m}", MINISHARD_INDEX)
-            raws = await self.fetcher.read_many([Extent(blob, s, n) for s, n in ranges], index=True, max_gap=gap)
-            tables = []
-            gzipped = self.spec.minishard_index_encoding == "gzip"
-            for m, raw in zip(numbers_ok, raws):
-                where = f"{blob.label} minishard {m}"
-                # A gzip index may inflate up to the budget, but no more than deflate's
-                # ratio allows: a small one is decoded inline, a large one in a thread.
-                cost = max(len(raw), gunzip_cost(len(raw), budget)) if gzipped else len(raw)
-                try:
-                    table = await off_loop(functools.partial(self._decode, raw, blob, where, m), cost)
-                except DataError as e:
-                    self._undecodable[(blob.ident, m)] = (e.where, e.reason)
-                    if m == numbers[0]:
-                        raise
-                    continue  # reported when looked up itself
-                self.cache(MINISHARD_INDEX).put((blob.ident, m), table)
-                tables.append(table)
-            return tables
+                    gap: int | None = None) -> list[ChunkTable | DataError]:
+        """Minishard tables `numbers` through the core's batch of the MINISHARD_INDEX level (the
+        first must succeed; the others are best effort; those whose range is damaged are left out)."""
+        batch = [((blob.ident, m), *self._range(index, blob, m), f"{blob.label} minishard {m}") for m in numbers[:1]]
+        for m in numbers[1:]:
+            try:
+                batch.append(((blob.ident, m), *self._range(index, blob, m), f"{blob.label} minishard {m}"))
+            except DataError:
+                pass
+        return await self.cached_batch(MINISHARD_INDEX, blob, batch, functools.partial(self._decode_off_loop, blob),
+                                       gap)
 
-        return await self.flights.run(("minishards", blob.ident, numbers[0]), load_all)
+    async def _decode_off_loop(self, blob: Blob, key: Hashable, raw: bytes, where: str) -> ChunkTable:
+        # A gzip index may inflate up to the budget, but no more than deflate's
+        # ratio allows: a small one is decoded inline, a large one in a thread.
+        budget = int(self.cache(MINISHARD_INDEX).maxsize)
+        gzipped = self.spec.minishard_index_encoding == "gzip"
+        cost = max(len(raw), gunzip_cost(len(raw), budget)) if gzipped else len(raw)
+        m = cast("tuple[Ident, int]", key)[1]
+        return await off_loop(functools.partial(self._decode, raw, blob, where, m), cost)
 
     def _decode(self, raw: bytes, blob: Blob, where: str, m: int) -> ChunkTable:
         if self.spec.minishard_index_encoding == "gzip":
@@ -250,8 +225,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         """Every non-empty minishard of the shard, its indexes read in one batch (they are
         normally contiguous); damaged minishards are logged and skipped."""
         numbers = np.nonzero(index[:, 0] != index[:, 1])[0].tolist()
-        cache = self.cache(MINISHARD_INDEX)
-        missing = [m for m in numbers if (blob.ident, m) not in cache and (blob.ident, m) not in self._undecodable]
+        missing = [m for m in numbers if not self.held(MINISHARD_INDEX, (blob.ident, m))]
         if missing:
             await self._load_listed(blob, index, missing)
         out = []
