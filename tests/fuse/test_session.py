@@ -7,6 +7,7 @@ import errno
 import os
 import socket
 import struct
+import threading
 
 import pytest
 import trio
@@ -145,3 +146,42 @@ def test_unmount_ends_the_session(monkeypatch):
     assert session.closed
     ours.close()
     kernel.close()
+
+
+def test_a_notification_the_kernel_holds_does_not_stop_the_answers():
+    """The kernel may hold a FUSE_NOTIFY_INVAL_INODE write until a READ we have not answered yet
+    is answered (it waits for that READ's locked pages). Here the notification's write returns
+    only once the GETATTR sent after it has been answered: were it written from the loop, the
+    GETATTR would never be answered and the write would give up after its bound."""
+    answered = threading.Event()
+    outcome: list[str] = []
+
+    class HeldSession(Session):
+        def _write_notification(self, message: bytes) -> None:
+            outcome.append("written" if answered.wait(5) else "held the loop")
+
+    async def run() -> None:
+        ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        kernel.setblocking(False)
+        session = HeldSession(ours.fileno(), FakeFs())
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(session.serve)
+                session.notify(abi.Notify.INVAL_INODE, abi.NOTIFY_INVAL_INODE.pack(5, 0, 0))
+                await trio.sleep(0.05)  # the notifier has taken the message
+                kernel.send(request(abi.Op.GETATTR, 7))
+                with trio.fail_after(10):
+                    await trio.lowlevel.wait_readable(kernel)
+                    assert abi.OUT_HEADER.unpack_from(kernel.recv(1 << 16))[2] == 7
+                answered.set()
+                with trio.fail_after(10):
+                    while not outcome:
+                        await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+        finally:
+            ours.close()
+            kernel.close()
+
+    trio.run(run)
+    assert outcome == ["written"]

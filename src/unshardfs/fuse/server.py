@@ -156,10 +156,20 @@ class Session:
         except trio.WouldBlock:
             log.warning("notification queue full: a change is left to the attribute timeout")
 
+    def _write_notification(self, message: bytes) -> None:
+        os.write(self.fd, message)
+
     async def _notifier(self) -> None:
+        """Write queued notifications one at a time, each from a worker thread.
+
+        The kernel handles FUSE_NOTIFY_INVAL_INODE inside the write: it drops the inode's pages,
+        and waits for every page that is locked -- including pages of a READ still waiting for
+        our answer. Written from the loop, that write would stop the loop that has to answer the
+        READ, and both would wait for ever. From a thread, the loop keeps answering."""
         async for message in self._notify_receive:
             try:
-                os.write(self.fd, message)
+                # abandon_on_cancel: at unmount the write ends with the connection (ENODEV) anyway.
+                await trio.to_thread.run_sync(self._write_notification, message, abandon_on_cancel=True)
             except OSError as e:
                 # ENOENT: the inode or entry is no longer known to the kernel (nothing to drop).
                 if e.errno == errno.ENODEV:
