@@ -130,15 +130,17 @@ def default_ssl_context() -> ssl.SSLContext:
 
 
 class _Connection:
-    """One keep-alive connection: a trio stream, and its socket where bodies can be received into place."""
+    """One keep-alive connection: a trio stream over `socket`; with `into`, bodies are received
+    straight into their buffer (plain TCP), else through the stream (TLS)."""
 
-    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType | None) -> None:
+    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType, into: bool) -> None:
         self.stream = stream
-        self.socket = socket  # plain TCP: `recv_into` a body's buffer; None for TLS
+        self.socket = socket
+        self.into = into
         self.idle_since = 0.0
 
     async def receive_into(self, view: memoryview) -> int:
-        if self.socket is not None:
+        if self.into:
             return await self.socket.recv_into(view, len(view))
         data = await self.stream.receive_some(min(len(view), RECEIVE_SIZE))
         view[:len(data)] = data
@@ -147,12 +149,7 @@ class _Connection:
     def stale(self, now: float) -> bool:
         """Whether an idle connection must not be reused: kept too long, or the server wrote to it
         (a close, or bytes nobody asked for) while it was idle."""
-        if now - self.idle_since > KEEPALIVE:
-            return True
-        stream = self.stream
-        socket = self.socket if self.socket is not None else getattr(
-            getattr(stream, "transport_stream", None), "socket", None)
-        return socket is None or socket.is_readable()
+        return now - self.idle_since > KEEPALIVE or self.socket.is_readable()
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -321,7 +318,7 @@ class Pool:
             except OSError as e:
                 raise ConnectError(f"cannot connect to {where.host}:{where.port}: {e}") from None
             if where.scheme == "http":
-                return _Connection(tcp, tcp.socket)
+                return _Connection(tcp, tcp.socket, into=True)
             if self._ssl is None:
                 self._ssl = self._ssl_factory()
             tls = trio.SSLStream(tcp, self._ssl, server_hostname=where.host, https_compatible=True)
@@ -332,13 +329,12 @@ class Pool:
                 if isinstance(e, trio.BrokenResourceError):
                     raise ConnectError(f"TLS with {where.host}:{where.port} failed: {e.__cause__ or e}") from None
                 raise
-            return _Connection(tls, None)
+            return _Connection(tls, tcp.socket, into=False)
         raise ConnectTimeout(f"no connection to {where.host}:{where.port} within {timeout:g} s")
 
     def release(self, key: tuple[str, str, int], conn: _Connection) -> None:
         if self._idle_count >= self.max_idle:
-            # Over the bound: drop it (closing a socket needs no await).
-            _close_now(conn)
+            conn.socket.close()  # over the bound: dropped (a TLS stream without its close_notify)
             return
         conn.idle_since = trio.current_time()
         self._idle.setdefault(key, []).append(conn)
@@ -349,12 +345,3 @@ class Pool:
         for conns in idle.values():
             for conn in conns:
                 await conn.aclose()
-
-
-def _close_now(conn: _Connection) -> None:
-    """Close a connection without awaiting (its socket; a TLS stream is dropped without a close_notify)."""
-    stream = conn.stream
-    socket = conn.socket if conn.socket is not None else getattr(
-        getattr(stream, "transport_stream", None), "socket", None)
-    if socket is not None:
-        socket.close()
