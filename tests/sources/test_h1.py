@@ -252,3 +252,54 @@ def test_a_source_reuses_one_connection_for_sequential_reads(tmp_path):
     with DatasetServer(tmp_path) as server:
         assert trio.run(main, server.url) == 1
         assert len(server.requests()) == 20
+
+
+@pytest.fixture
+def tls_site(tmp_path):
+    """An https server on 127.0.0.1 with a self-signed certificate (its file returned, to trust it)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    from unshardfs.testing.http_servers import DatasetServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "blob").write_bytes(bytes(range(256)) * 256)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = DatasetServer(tmp_path / "site")
+    server.httpd.socket = context.wrap_socket(server.httpd.socket, server_side=True)
+    with server:
+        yield server.url.replace("http://", "https://"), cert, server
+
+
+def _read_twice(url: str) -> tuple[bytes, int]:
+    from unshardfs.sources.http import HttpOptions, HttpSource
+
+    async def main() -> tuple[bytes, int]:
+        source = HttpSource(url, HttpOptions(retries=0, timeout=10))
+        try:
+            data = await source.read("blob", 1000, 5000) + await source.read("blob", 6000, 10)
+            assert source._pool is not None
+            return data, source._pool.connections
+        finally:
+            await source.aclose()
+    return trio.run(main)
+
+
+def test_https_is_verified_and_kept_alive(tls_site, monkeypatch):
+    from unshardfs.errors import SourceError
+
+    url, cert, server = tls_site
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    assert _read_twice(url) == ((bytes(range(256)) * 256)[1000:6010], 1)
+    monkeypatch.delenv("SSL_CERT_FILE")  # certifi's or the system's roots: the certificate is refused
+    with pytest.raises(SourceError, match="TLS with 127.0.0.1"):
+        _read_twice(url)
