@@ -232,7 +232,7 @@ def test_headers_join_repeated_fields(fields):
 
 
 def test_a_source_reuses_one_connection_for_sequential_reads(tmp_path):
-    """Keep-alive through `HttpSource`: 20 ranged reads, one request each, over one connection."""
+    """Keep-alive through `HttpSource`: a HEAD and 20 ranged reads, one request each, over one connection."""
     from unshardfs.sources.http import HttpSource
     from unshardfs.testing.http_servers import DatasetServer
 
@@ -242,6 +242,8 @@ def test_a_source_reuses_one_connection_for_sequential_reads(tmp_path):
     async def main(url: str) -> int:
         source = HttpSource(url)
         try:
+            stat = await source.stat("blob")
+            assert stat is not None and stat.size == len(data)
             for i in range(20):
                 assert await source.read("blob", i * 100, 1000) == data[i * 100:i * 100 + 1000]
             assert source._pool is not None
@@ -251,7 +253,7 @@ def test_a_source_reuses_one_connection_for_sequential_reads(tmp_path):
 
     with DatasetServer(tmp_path) as server:
         assert trio.run(main, server.url) == 1
-        assert len(server.requests()) == 20
+        assert len(server.requests()) == 21
 
 
 @pytest.fixture

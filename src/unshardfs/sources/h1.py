@@ -233,6 +233,13 @@ class Response:
         return b"".join(parts)
 
     async def aclose(self) -> None:
+        if self._bodiless and not self._reusable and self._conn is not None:
+            # A HEAD (or 204/304) answer ends with its head: h11 says so without receiving
+            # anything, and the connection can serve the next request (stats are HEADs).
+            try:
+                await self._read_framed(0)
+            except TransportError:
+                pass
         conn, self._conn = self._conn, None
         if conn is None:
             return
