@@ -43,7 +43,9 @@ async def _serve(sock: trio.socket.SocketType, wire: Wire, seen: list[bytes]) ->
     cuts = sorted({0, len(wire.data), *(p for p in wire.pieces if 0 < p < len(wire.data))})
     try:
         for start, end in zip(cuts, cuts[1:]):
-            await sock.send(wire.data[start:end])
+            piece = memoryview(wire.data)[start:end]
+            while piece:
+                piece = piece[await sock.send(piece):]
             await trio.sleep(0)
         if wire.close:
             sock.shutdown(trio.socket.SHUT_WR)
@@ -305,3 +307,26 @@ def test_https_is_verified_and_kept_alive(tls_site, monkeypatch):
     monkeypatch.delenv("SSL_CERT_FILE")  # certifi's or the system's roots: the certificate is refused
     with pytest.raises(SourceError, match="TLS with 127.0.0.1"):
         _read_twice(url)
+
+
+def test_a_declared_length_costs_memory_only_as_it_arrives():
+    """A 200 announcing 60 MiB (within the whole-object limit) and then stalling holds one piece."""
+    import tracemalloc
+
+    wire = Wire(head(200, content_length=str(60 << 20)) + b"x" * 1000, [], close=False)
+    tracemalloc.start()
+    try:
+        outcome, pooled, _ = exchange(wire, 64 << 20, timeout=3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(outcome, h1.ReadTimeout) and pooled == 0
+    assert peak < h1.BODY_PIECE + (1 << 20), f"{peak:,} bytes held for a stalled answer"
+
+
+@pytest.mark.parametrize("size", [h1.BODY_PIECE - 1, h1.BODY_PIECE, 2 * h1.BODY_PIECE + 5])
+def test_bodies_over_several_pieces_are_whole(size):
+    body = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    outcome, pooled, _ = exchange(Wire(head(content_length=str(size)) + body, [1000, 70_000], close=False),
+                                  size)
+    assert outcome == body and pooled == 1

@@ -9,8 +9,8 @@ cost 12 ms of CPU through httpx's transport, 8 ms through httpcore alone and
 3 ms here. So h11 (httpx's own dependency) parses and validates what it is
 good at -- the request we send (no header injection) and the response head
 (status line, header syntax, conflicting Content-Length, chunked framing) --
-and a body whose length the head declares is received straight into one
-buffer of that length with `recv_into`.
+and a body whose length the head declares is received straight into
+buffers of that length (pieces of at most 1 MiB) with `recv_into`.
 
 What a hostile server can do here is what `HttpSource` bounds: a declared
 length over the caller's limit is refused before any of it is read, a body
@@ -35,6 +35,7 @@ import trio
 KEEPALIVE = 5.0  # seconds an idle connection is kept (as httpx does)
 HEAD_LIMIT = 64 << 10  # bytes of a response head (status line and headers)
 RECEIVE_SIZE = 256 << 10  # bytes asked of the stream per receive where `recv_into` cannot be used
+BODY_PIECE = 1 << 20  # a body is received into buffers of at most this size, each once its turn comes
 # A request target keeps what is already valid URL syntax (our paths arrive percent-quoted);
 # anything else (a space or non-ASCII in a redirect's Location) is quoted rather than refused.
 TARGET_SAFE = "!#$%&'()*+,/:;=?@[]~"
@@ -186,30 +187,36 @@ class Response:
         return await self._read_exact(size)
 
     async def _read_exact(self, size: int) -> bytes:
-        """A body of a declared length, received into one buffer of that length."""
+        """A body of a declared length, received in place into pieces of at most BODY_PIECE bytes:
+        a declared length costs memory only as its bytes arrive (a server announcing the whole
+        allowed size and then stalling holds one piece, not all of it)."""
         conn = self._conn
         assert conn is not None
-        buffer = bytearray(size)
-        view = memoryview(buffer)
         early, _closed = self._protocol.trailing_data  # what came with the head
+        parts: list[bytes | bytearray] = [early[:size]] if early else []
         got = min(len(early), size)
-        view[:got] = early[:got]
         scope = trio.CancelScope()
         with scope:
             while got < size:
-                scope.deadline = trio.current_time() + self._timeout
-                try:
-                    received = await conn.receive_into(view[got:])
-                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                    raise RemoteProtocolError(f"connection lost after {got} of {size} body bytes: {e}") from None
-                if not received:
-                    raise RemoteProtocolError(f"server closed the connection after {got} of {size} body bytes")
-                got += received
+                piece = bytearray(min(BODY_PIECE, size - got))
+                parts.append(piece)
+                view = memoryview(piece)
+                filled = 0
+                while filled < len(piece):
+                    scope.deadline = trio.current_time() + self._timeout
+                    try:
+                        received = await conn.receive_into(view[filled:])
+                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                        raise RemoteProtocolError(f"connection lost after {got} of {size} body bytes: {e}") from None
+                    if not received:
+                        raise RemoteProtocolError(f"server closed the connection after {got} of {size} body bytes")
+                    filled += received
+                    got += received
         if scope.cancelled_caught:
             raise ReadTimeout(f"no body bytes for {self._timeout:g} s ({got} of {size} received)")
         # More than the declared length already here: never read that as the next answer.
         self._reusable = self._keep_alive and len(early) <= size
-        return bytes(buffer)
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
     async def _read_framed(self, limit: int) -> bytes | None:
         """A chunked, undeclared (until close) or absent body, framed by h11."""
