@@ -32,6 +32,11 @@ class Node:
         return {}
 
 
+def size_of(node: Node) -> int:
+    """A file's size; 0 for a directory (what stat shows for it here)."""
+    return node.size if isinstance(node, FileNode) else 0
+
+
 class FileNode(Node):
     __slots__ = ("size",)
 

@@ -224,7 +224,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         cache, full = self.cache(level), (type(self).__qualname__, key)
         value = cache.get(full)  # the hot path: a hit takes no flight
         if value is not None:
-            return value  # type: ignore[no-any-return]
+            return cast(T, value)  # what `load` returned for this key
         return await self.flights.fill(cache, full, load)
 
     def _full(self, key: Hashable) -> tuple[str, Hashable]:

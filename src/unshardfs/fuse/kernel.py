@@ -16,7 +16,7 @@ import os
 import stat
 from typing import Any, Callable
 
-from ..vtree import DirNode, Node
+from ..vtree import DirNode, Node, size_of
 from . import abi
 from .abi import FsError
 from .ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, TreeOps
@@ -127,10 +127,10 @@ class KernelOps:
     def node_entry(self, ino: int, node: Node) -> bytes:
         if node.is_dir:
             return self.entry(ino, DIR_MODE, 0, node.mtime_ns)
-        return self.entry(ino, FILE_MODE, node.size, node.mtime_ns)  # type: ignore[attr-defined]
+        return self.entry(ino, FILE_MODE, size_of(node), node.mtime_ns)
 
     def node_attr(self, ino: int, node: Node) -> bytes:
-        size = 0 if node.is_dir else node.size  # type: ignore[attr-defined]
+        size = size_of(node)
         attr_sec, attr_nsec = self.attr_valid
         return (abi.ATTR_OUT_HEAD.pack(attr_sec, attr_nsec, 0)
                 + self.attr(ino, DIR_MODE if node.is_dir else FILE_MODE, size, node.mtime_ns))

@@ -102,7 +102,7 @@ class InodeTable:
 
     def _slot(self, parent: Node | None) -> int:
         key = getattr(parent, "stable_key", None)
-        if key is None:
+        if key is None or not isinstance(parent, DirNode):
             return 0
         slot = self.slots.get(key)
         if slot is None:
@@ -110,7 +110,7 @@ class InodeTable:
                 return 0
             slot = self.slots[key] = len(self.slot_dirs)
             self.slot_dirs.append(None)
-        self.slot_dirs[slot] = parent  # type: ignore[assignment]
+        self.slot_dirs[slot] = parent
         return slot
 
     def slot_of(self, parent: int) -> int:
@@ -353,8 +353,12 @@ class TreeOps:
     async def advance(self, listing: Listing) -> None:
         """Produce the next batch (or mark the listing done)."""
         listing.index = 0
+        if listing.iterator is None:  # released meanwhile (RELEASEDIR while this waited)
+            listing.batch = []
+            listing.done = True
+            return
         try:
-            listing.batch = await listing.iterator.__anext__()  # type: ignore[union-attr]
+            listing.batch = await listing.iterator.__anext__()
         except StopAsyncIteration:
             listing.batch = []
             listing.done = True

@@ -47,7 +47,7 @@ class ChunkGrid:
         """The chunk's voxel counts per axis (smaller at the volume edge)."""
         return as_cell([min(c, s - g * c) for g, c, s in zip(cell, self.chunk_size, self.size)])
 
-    def chunk_name(self, cell: Cell) -> str:
+    def chunk_name(self, cell: Sequence[int]) -> str:
         parts = []
         for d in range(3):
             begin = cell[d] * self.chunk_size[d]
@@ -97,7 +97,7 @@ class ChunkGrid:
         cell = self.coder.decode(code)
         if cell is None:
             raise KeyError(code)
-        return self.chunk_name(cell)  # type: ignore[arg-type]
+        return self.chunk_name(cell)
 
 
 class GridNaming(Naming):
@@ -117,7 +117,7 @@ class GridNaming(Naming):
 
     def name(self, chunk_id: int) -> str | None:
         cell = self.grid.coder.decode(chunk_id)
-        return None if cell is None else self.grid.chunk_name(cell)  # type: ignore[arg-type]
+        return None if cell is None else self.grid.chunk_name(cell)
 
     def order(self) -> NameOrder:
         coder = self.grid.coder
