@@ -21,7 +21,7 @@ import numpy as np
 from ..caches import Caches
 from ..errors import DataError
 from ..logonce import log_once
-from ..vtree import EntryBatch, FileNode, Node, Verdict
+from ..vtree import EntryBatch, FdRange, FileNode, Node, Verdict
 from .blob import Blob
 from .bounded import off_loop
 from .codecs import Codec
@@ -82,6 +82,12 @@ class ChunkFile(FileNode):
                 return (await ctx.payload(self))[offset:offset + size]
             return await ctx.fetcher.read(Extent(self.blob, self.start + offset, size))
         return (await ctx.decoded(self))[offset:offset + size]
+
+    def cached_range(self, offset: int, size: int) -> FdRange | None:
+        size = self.span(offset, size)
+        if not size or not self.ctx.direct:
+            return None
+        return self.ctx.fetcher.cached_direct(self.blob, self.start + offset, size)
 
     def xattrs(self) -> dict[str, bytes]:
         return {

@@ -4,8 +4,10 @@ Requests answered inline (no task): FORGET, BATCH_FORGET, GETATTR of a
 directory, OPEN (ENOSYS once: the kernel stops sending OPEN/RELEASE and keeps
 pages across opens), RELEASE, OPENDIR of a known directory, READDIR while the
 batch at hand lasts, RELEASEDIR of a listing that needs no closing, xattrs
-and STATFS of known inodes. LOOKUP, file GETATTR (revalidated against the
-shard), READ and READDIR past a batch await I/O in their own task.
+and STATFS of known inodes; READ of page-cached bytes of a local file stored as
+shown (spliced from the shard: `splice`). LOOKUP, file GETATTR (revalidated
+against the shard), other READs and READDIR past a batch are coroutines,
+which get a task of their own only if they wait (`server`).
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ class KernelOps:
     def attach(self, session: Session) -> None:
         self.session = session
         self.ops.invalidate = self.invalidate_inode
-        self.ops.live = lambda: {"requests": session.requests, "in_flight": len(session.scopes)}
+        self.ops.live = lambda: {"requests": session.requests, "in_flight": len(session.scopes),
+                                 "spliced": session.splicer.spliced if session.splicer is not None else 0}
 
     def negotiated(self, n: Negotiated) -> None:
         self.no_open = n.has(abi.NO_OPEN_SUPPORT)
@@ -195,6 +198,12 @@ class KernelOps:
 
     def read(self, request: Request) -> Any:
         _fh, offset, size, *_ = abi.READ_IN.unpack_from(request.body)
+        session = self.session
+        if session is not None and size <= session.splice_max:
+            # Page-cached bytes of a local file: moved by the kernel, answered here and now.
+            found = self.ops.read_cached(request.nodeid, offset, size)
+            if found is not None and session.splice_reply(request.unique, *found):
+                return None
         return self._read(request.nodeid, offset, size)
 
     async def _read(self, ino: int, offset: int, size: int) -> list:

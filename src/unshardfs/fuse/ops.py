@@ -25,7 +25,7 @@ from cachetools import LRUCache
 
 from ..edge import read_current
 from ..errors import DataError, StaleError
-from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FileNode, Node
+from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FdRange, FileNode, Node
 from .abi import FsError
 
 ROOT = 1
@@ -514,6 +514,25 @@ class TreeOps:
         self.counters["reads"] += 1
         self.counters["read_bytes"] += len(data)
         return served, data
+
+    def read_cached(self, ino: int, offset: int, size: int) -> FdRange | None:
+        """Where the bytes of a `read(ino, offset, size)` lie, page-cached, in an open descriptor
+        (`FileNode.cached_range`), if that is known without I/O; None: `read` serves them.
+
+        Only for a file whose node is at hand, read as resolved (a changed shard fails the
+        source's version check and is left to `read`, which follows or refuses it). The caller
+        must move exactly `size` bytes, or answer through `read` instead."""
+        node = self.inodes.peek(ino)
+        if not isinstance(node, FileNode) or offset >= node.size:
+            return None
+        found = node.cached_range(offset, size)
+        if found is None:
+            return None
+        if self.invalidate is not None:
+            self.served[ino] = True
+        self.counters["reads"] += 1
+        self.counters["read_bytes"] += found.size
+        return found
 
     # -- extended attributes and statistics -----------------------------------------------
 
