@@ -324,7 +324,8 @@ class ChunkContext:
         table = tables[0] if len(tables) == 1 else _concat(tables)
         where = f"listing {self.store.label}"
         names = self.naming.names(table.ids)
-        keep = np.array([n is not None for n in names], dtype=bool)
+        keep = (np.ones(len(names), dtype=bool) if None not in names
+                else np.array([n is not None for n in names], dtype=bool))
         sizes, ok = await self._sizes(table, where)
         keep &= ok
         if not keep.all():

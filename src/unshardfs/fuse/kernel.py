@@ -18,6 +18,8 @@ import os
 import stat
 from typing import Any, Callable
 
+import numpy as np
+
 from ..vtree import DirNode, Node
 from . import abi
 from .abi import FsError
@@ -66,6 +68,65 @@ class DirentBuffer:
         parts += b"\0" * (record - len(entry) - abi.DIRENT.size - namelen)
         self.used += record
         return True
+
+    def add_files(self, names: list[str], idents: list[int | None], start: int, slot_bits: int,
+                  next_cookie: int) -> int | None:
+        """Plain entries of files `names[start:]`, whose inodes are `slot_bits | idents[i]`, as
+        many as fit, packed at once: how many were taken (the `EntrySink.add_files` extension);
+        None if these cannot be (READDIRPLUS, an entry without an ident, a name that is not
+        ASCII): then they are added one by one."""
+        if self.plus:
+            return None
+        room = self.size - self.used
+        most = room // DIRENT_MIN
+        taken = idents[start:start + most]
+        if None in taken:
+            return None
+        inos = np.array(taken, dtype=np.uint64)
+        inos |= np.uint64(slot_bits)
+        packed = pack_dirents(names[start:start + most], inos, next_cookie, room)
+        if packed is None:
+            return None
+        n, data = packed
+        self.parts += data.data
+        self.used += len(data)
+        return n
+
+
+DIRENT_MIN = abi.pad8(abi.DIRENT.size + 1)  # the smallest record: a one-byte name
+
+
+def pack_dirents(names: list[str], inos: np.ndarray, first_cookie: int, room: int) -> tuple[int, np.ndarray] | None:
+    """READDIR records of regular files for as many of `names` as fit in `room` bytes:
+    (how many, their bytes); None if a name is not ASCII (then they are packed one by one).
+
+    Vectorised: the per-entry work is numpy's, not the interpreter's; a million-entry `ls -f`
+    spent a quarter of its time packing entries one at a time."""
+    joined = "".join(names)
+    if not joined.isascii():
+        return None
+    lengths = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
+    records = (abi.DIRENT.size + lengths + 7) & ~7
+    ends = np.cumsum(records)
+    n = int(np.searchsorted(ends, room, side="right"))
+    if n == 0:
+        return 0, np.empty(0, np.uint8)
+    lengths, records, ends = lengths[:n], records[:n], ends[:n]
+    starts = ends - records
+    out = np.zeros(int(ends[-1]), np.uint8)  # the padding after each name stays zero
+    # Records start 8-byte aligned and their header is three 8-byte words: ino, off, and
+    # namelen | type << 32 (little-endian).
+    words = out.view("<u8")
+    at = starts // 8
+    words[at] = inos[:n]
+    words[at + 1] = np.arange(first_cookie, first_cookie + n, dtype=np.uint64)
+    words[at + 2] = lengths.astype(np.uint64) | np.uint64(DT_REG << 32)
+    name_count = int(lengths.sum())
+    name_bytes = np.frombuffer(joined.encode("ascii"), np.uint8, count=name_count)
+    # Byte b of name i goes to starts[i] + 24 + b: shift each name from its place in `joined`.
+    shift = np.repeat(starts + abi.DIRENT.size - (np.cumsum(lengths) - lengths), lengths)
+    out[shift + np.arange(name_count)] = name_bytes
+    return n, out
 
 
 class KernelOps:

@@ -224,6 +224,16 @@ class EntrySink(Protocol):
     def add(self, name: bytes, ino: int, node: Node | None, size: int, mtime_ns: int, next_cookie: int) -> bool: ...
 
 
+class FileEntrySink(EntrySink, Protocol):
+    """A sink that can also take many plain file entries at once (optional, see `TreeOps.fill`):
+    `add_files(names, idents, start, slot_bits, next_cookie)` takes entries `names[start:]`
+    with inodes `slot_bits | ident` and cookies from `next_cookie` on, as many as fit, and
+    returns how many it took, or None if it cannot take these (they are then added one by one)."""
+
+    def add_files(self, names: list[str], idents: list[int | None], start: int, slot_bits: int,
+                  next_cookie: int) -> int | None: ...
+
+
 @dataclass
 class Listing:
     """Where a directory handle is in its listing; cookies are 1-based positions.
@@ -424,6 +434,17 @@ class TreeOps:
         add = sink.add
         i = listing.index
         position = listing.position
+        add_files = getattr(sink, "add_files", None) if slot and not plus else None
+        while add_files is not None and i < len(names):
+            # Plain entries of computed inodes: the sink packs them a reply at a time.
+            taken = add_files(names, idents, i, slot_bits, position + 1)
+            if taken is None:
+                break  # one by one below
+            i += taken
+            position += taken
+            if i < len(names):
+                listing.index, listing.position = i, position
+                return True  # the sink is full
         counted = 0
         try:
             while i < len(names):
