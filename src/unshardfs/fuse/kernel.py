@@ -77,20 +77,26 @@ class DirentBuffer:
         ASCII): then they are added one by one."""
         if self.plus:
             return None
-        room = self.size - self.used
-        most = room // DIRENT_MIN
-        taken = idents[start:start + most]
-        if None in taken:
-            return None
-        inos = np.array(taken, dtype=np.uint64)
-        inos |= np.uint64(slot_bits)
-        packed = pack_dirents(names[start:start + most], inos, next_cookie, room)
-        if packed is None:
-            return None
-        n, data = packed
-        self.parts += data.data
-        self.used += len(data)
-        return n
+        taken = 0
+        while start + taken < len(names):
+            room = self.size - self.used
+            # Names of one batch are of about one length: slice as many as fit at that length.
+            most = room // abi.pad8(abi.DIRENT.size + len(names[start + taken])) + 8
+            idents_here = idents[start + taken:start + taken + most]
+            if None in idents_here:
+                return None if not taken else taken
+            inos = np.array(idents_here, dtype=np.uint64)
+            inos |= np.uint64(slot_bits)
+            packed = pack_dirents(names[start + taken:start + taken + most], inos, next_cookie + taken, room)
+            if packed is None:
+                return None if not taken else taken
+            n, data = packed
+            self.parts += data.data
+            self.used += len(data)
+            taken += n
+            if n < len(inos):
+                break  # full
+        return taken
 
 
 DIRENT_MIN = abi.pad8(abi.DIRENT.size + 1)  # the smallest record: a one-byte name
