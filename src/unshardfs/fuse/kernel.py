@@ -127,11 +127,14 @@ def pack_dirents(names: list[str], inos: np.ndarray, first_cookie: int, room: in
     words[at] = inos[:n]
     words[at + 1] = np.arange(first_cookie, first_cookie + n, dtype=np.uint64)
     words[at + 2] = lengths.astype(np.uint64) | np.uint64(DT_REG << 32)
-    name_count = int(lengths.sum())
-    name_bytes = np.frombuffer(joined.encode("ascii"), np.uint8, count=name_count)
-    # Byte b of name i goes to starts[i] + 24 + b: shift each name from its place in `joined`.
-    shift = np.repeat(starts + abi.DIRENT.size - (np.cumsum(lengths) - lengths), lengths)
-    out[shift + np.arange(name_count)] = name_bytes
+    # Each name fills the record after its header up to the record's end (24 is a multiple of
+    # 8, so a name's room is pad8(len) bytes, whole words): the names as zero-padded rows of
+    # words, of which each record takes its first (record - 24) / 8.
+    width = abi.pad8(max(1, int(lengths.max())))
+    rows = np.array(names[:n], dtype=f"S{width}").view("<u8").reshape(n, width // 8)
+    column = np.arange(width // 8)
+    take = column < ((records - abi.DIRENT.size) // 8)[:, None]
+    words[(at[:, None] + 3 + column)[take]] = rows[take]
     return n, out
 
 
