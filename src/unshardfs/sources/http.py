@@ -169,7 +169,11 @@ def redirect_refusal(current: str, location: str, follow: bool = True) -> str | 
     return None
 
 
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+# At most 20 digits a number (an int64 has 19): int() refuses over 4300 with a ValueError, and a
+# number we cannot use anyway is an answer we refuse, not an exception out of a read.
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20}|\*)")
+# Retry-After in seconds (an HTTP date is ignored); str.isdigit() would also accept '²', which float() refuses.
+_SECONDS = re.compile(r"[0-9]{1,20}")
 
 
 def ranged_body(where: str, reply: Reply, offset: int, size: int) -> bytes:
@@ -319,8 +323,8 @@ class HttpSource:
                 if reply.status not in RETRY_STATUS:
                     return reply
                 last = f"HTTP {reply.status}"
-                retry_after = reply.headers.get("retry-after", "")
-                if retry_after.isdigit():
+                retry_after = reply.headers.get("retry-after", "").strip()
+                if _SECONDS.fullmatch(retry_after):
                     delay = max(delay, float(retry_after))
         except trio.TooSlowError:
             last = f"no complete answer within the {self.options.request_deadline():g} s deadline"
