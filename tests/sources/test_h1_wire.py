@@ -195,3 +195,17 @@ def test_one_byte_chunks_cost_memory_as_bytes_not_as_objects():
     assert outcome == b"a" * 10
     # The body twice (received, then as bytes), what is in flight (h11's buffer, one receive) and slack.
     assert peak < 2 * size + (2 << 20), f"{peak:,} bytes for a {size:,}-byte body"
+
+
+def test_an_answer_framed_two_ways_ends_its_connection():
+    """Transfer-Encoding and Content-Length together (RFC 9112 6.1: a sign of response splitting, to
+    be handled as an error): the chunked body is read, the connection is not used again."""
+    async def answer(stream: trio.abc.Stream, request: bytes, number: int) -> bool:
+        await stream.send_all(b"HTTP/1.1 206 X\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n"
+                              b"Content-Range: bytes 0-2/9\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        return True
+
+    async def twice(source: HttpSource) -> tuple[list[bytes], int]:
+        return [await source.read("x", 0, 3), await source.read("x", 0, 3)], source.pool().connections
+
+    assert against(answer, twice)[0] == ([b"abc", b"abc"], 2)

@@ -183,7 +183,10 @@ class Response:
         self._protocol = protocol
         self._timeout = timeout
         self._bodiless = method == "HEAD" or self.status in (204, 304)
-        self._keep_alive = head.http_version == b"1.1" and "close" not in self.headers.get("connection", "").lower()
+        # Framed two ways (RFC 9112 6.1: a sign of response splitting): h11 reads it as chunked, and
+        # whoever sent it may frame the next answer otherwise, so the connection ends with it.
+        self._keep_alive = (head.http_version == b"1.1" and "close" not in self.headers.get("connection", "").lower()
+                            and not ("transfer-encoding" in self.headers and "content-length" in self.headers))
         self._reusable = False
 
     async def read(self, limit: int) -> bytes | None:
@@ -248,7 +251,7 @@ class Response:
                 break
             else:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__} in a response body")
-        self._reusable = (protocol.our_state is h11.DONE and protocol.their_state is h11.DONE
+        self._reusable = (self._keep_alive and protocol.our_state is h11.DONE and protocol.their_state is h11.DONE
                           and not protocol.trailing_data[0])
         return bytes(body)
 
