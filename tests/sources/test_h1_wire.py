@@ -209,3 +209,25 @@ def test_an_answer_framed_two_ways_ends_its_connection():
         return [await source.read("x", 0, 3), await source.read("x", 0, 3)], source.pool().connections
 
     assert against(answer, twice)[0] == ([b"abc", b"abc"], 2)
+
+
+def test_an_etag_beyond_ascii_is_sent_back_as_it_came():
+    """Header values are latin-1 (obs-text) both ways: an ETag of such bytes is the version reads
+    send back in If-Match (it was a UnicodeEncodeError out of every read of the file)."""
+    seen = []
+
+    async def answer(stream: trio.abc.Stream, request: bytes, number: int) -> bool:
+        seen.append(request)
+        if request.startswith(b"HEAD"):
+            await stream.send_all(b'HTTP/1.1 200 X\r\nContent-Length: 100\r\nETag: "\xe9t\xe9"\r\n\r\n')
+        else:
+            await stream.send_all(b"HTTP/1.1 206 X\r\nContent-Length: 3\r\nContent-Range: bytes 0-2/100\r\n\r\nabc")
+        return True
+
+    async def stat_and_read(source: HttpSource) -> bytes:
+        stat = await source.stat("x")
+        assert stat is not None
+        return await source.read("x", 0, 3, stat.version)
+
+    assert against(answer, stat_and_read)[0] == b"abc"
+    assert b'\r\nif-match: "\xe9t\xe9"' in seen[1].lower()

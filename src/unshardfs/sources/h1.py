@@ -290,7 +290,10 @@ class Pool:
         conn = await self._connection(where, timeout)
         protocol = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEAD_LIMIT)
         try:
-            headers = [("Host", where.authority), *request.headers.items()]
+            # Values as latin-1 bytes (h11 would encode a str as ASCII): a field value may hold obs-text,
+            # and one the server sent us (an ETag, sent back in If-Match) must go back as it came.
+            headers = [(name.encode("ascii"), value.encode("latin-1"))
+                       for name, value in [("Host", where.authority), *request.headers.items()]]
             data = protocol.send(h11.Request(method=request.method, target=where.target, headers=headers))
             data += protocol.send(h11.EndOfMessage())
             with trio.move_on_after(timeout) as scope:
@@ -307,6 +310,8 @@ class Pool:
             await conn.aclose()
             if isinstance(e, h11.ProtocolError):
                 raise RemoteProtocolError(str(e)) from None
+            if isinstance(e, UnicodeEncodeError):
+                raise TransportError(f"request not sendable in HTTP/1.1: {e}") from None
             if isinstance(e, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
                 raise RemoteProtocolError(f"connection lost: {e}" if str(e) else "connection lost") from None
             raise
