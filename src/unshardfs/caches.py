@@ -96,6 +96,8 @@ class CacheSizes:
     decoded_chunk_bytes: int = 64 * MiB
     # Compressed payloads fetched at lookup, waiting for the read that follows.
     encoded_chunk_bytes: int = 8 * MiB
+    # Metadata files (info, zarr.json) as built from each version, and the errors of damaged ones.
+    metadata_bytes: int = 16 * MiB
 
 
 @dataclass
@@ -112,6 +114,7 @@ class Caches:
             self.index(level)
         self.decoded_chunk = CountedLRU(self.sizes.decoded_chunk_bytes)
         self.encoded_chunk = CountedLRU(self.sizes.encoded_chunk_bytes)
+        self.metadata = CountedLRU(self.sizes.metadata_bytes)
 
     def index(self, level: IndexLevel) -> CountedLRU:
         """The cache of one index level (made on first use, from its declaration)."""
@@ -121,7 +124,8 @@ class Caches:
         return cache
 
     def usage(self) -> dict[str, dict[str, int]]:
-        named = [*self._index.items(), ("decoded_chunk", self.decoded_chunk), ("encoded_chunk", self.encoded_chunk)]
+        named = [*self._index.items(), ("decoded_chunk", self.decoded_chunk), ("encoded_chunk", self.encoded_chunk),
+                 ("metadata", self.metadata)]
         return {name: {"bytes": int(cache.currsize), "limit": int(cache.maxsize), "entries": len(cache),
                        "hits": cache.hits, "misses": cache.misses}
                 for name, cache in named}

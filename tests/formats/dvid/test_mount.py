@@ -234,11 +234,10 @@ def test_block_codec_roundtrip_and_damage():
 
 
 def _set_footer_record(shard, cell_key: str, number: int) -> None:
-    """Point one key of a CHUNKIDX JSON footer at record `number`."""
+    """Point one key of a CHUNKIDX JSON footer at record `number` (a new key if not there)."""
     data = shard.read_bytes()
     (length,) = struct.unpack("<Q", data[-16:-8])
     body, mapping = data[:-16 - length], json.loads(data[-16 - length:-16])
-    assert cell_key in mapping
     mapping[cell_key] = number
     text = json.dumps(mapping).encode()
     shard.write_bytes(body + text + struct.pack("<Q", len(text)) + b"CHUNKIDX")
@@ -267,6 +266,7 @@ def test_bad_index_entry_fails_its_chunk_alone(damage, volumes, tmp_path, mount)
     cell = (0, 0, 0)  # the solid block at the origin, in shard 0_0_0
     assert cell in blocks[0]
     if damage == "record-missing":
+        assert "0_0_0" in json.loads(shard.read_bytes()[-16 - struct.unpack("<Q", shard.read_bytes()[-16:-8])[0]:-16])
         _set_footer_record(shard, "0_0_0", 999)
     else:
         _set_csv_offset(shard.with_suffix(".csv"), cell, shard.stat().st_size + 100)
@@ -285,3 +285,20 @@ def test_bad_index_entry_fails_its_chunk_alone(damage, volumes, tmp_path, mount)
     log = m.log_text()
     assert "0_0_0.arrow" in log and ("names record 999" if damage == "record-missing" else "outside the Arrow") in log
     assert os.path.ismount(m.path)
+
+
+def test_json_chunk_index_honours_the_metadata_bounds(volumes, tmp_path, mount):
+    """A JSON chunk index is a metadata document: beyond --max-metadata-values its shard's chunks
+    fail with EIO, the cap named in the log (it was parsed under the defaults whatever the mount
+    said)."""
+    vols, blocks = volumes
+    root = tmp_path / "export"
+    write_scale(root / "s0", blocks[0], (4, 3, 2), SHARDING, VARIANTS["footer-file-voxelkeys"])
+    shard = root / "s0" / "0_0_0.arrow"
+    for i in range(100):  # keys of cells outside the grid: dropped once parsed, counted while parsing
+        _set_footer_record(shard, f"{6400 + 64 * i}_0_0", 0)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(info_for(SIZES[:1], SHARDING)))  # 38 values
+    m = mount(root, "--info", str(spec), "--max-metadata-values", "60")
+    _assert_eio(m.path / "8.0x8.0x8.0" / "0-64_0-64_0-64")
+    assert "--max-metadata-values" in m.log_text() and os.path.ismount(m.path)

@@ -141,6 +141,30 @@ def test_bad_child_metadata(pristine, tmp_path, mount):
     assert sorted(os.listdir(m2.path)) == [".zgroup", "crc"]
 
 
+def test_metadata_is_read_once_per_version(pristine, tmp_path, mount):
+    """Every listing resolves each child's zarr.json: a version of it (size, mtime) is read and
+    built once -- a damaged one too, not once per request that meets it -- and read again once it
+    changes."""
+    store = fresh(pristine, tmp_path)
+    good = (store / "nocrc" / "zarr.json").read_text()
+    (store / "nocrc" / "zarr.json").write_text("{not json")
+    m = mount(store, "--view", "zarr2")
+
+    def reads() -> int:
+        return m.stats()["source"]["reads"]
+
+    assert sorted(os.listdir(m.path)) == [".zgroup", "crc"]
+    before = reads()
+    for _ in range(20):
+        assert sorted(os.listdir(m.path)) == [".zgroup", "crc"]
+    assert reads() == before
+    assert m.stats()["caches"]["metadata"]["hits"] >= 40  # both arrays' zarr.json, each listing
+    assert m.log_text().count("nocrc/zarr.json") == 1
+    (store / "nocrc" / "zarr.json").write_text(good + " ")  # repaired: a new version
+    assert sorted(os.listdir(m.path)) == [".zgroup", "crc", "nocrc"]
+    assert reads() == before + 1
+
+
 @pytest.mark.parametrize("text, message", [
     ("[1, 2]", "must be a JSON object"),
     ('{"zarr_format": 2, "node_type": "group"}', "zarr_format must be 3"),

@@ -129,8 +129,11 @@ class ArrowShardReader:
     """Reads the index and records of shard files of one scale."""
 
     def __init__(self, source: ByteSource, read: Callable[[Blob, int, int], Awaitable[bytes]], chunk_size: Cell,
-                 owned: Callable[[np.ndarray, int], np.ndarray], chunk_ids: Callable[[np.ndarray], np.ndarray]) -> None:
+                 owned: Callable[[np.ndarray, int], np.ndarray], chunk_ids: Callable[[np.ndarray], np.ndarray],
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         self.source = source
+        # The mount's metadata bounds (--max-metadata-*), which JSON chunk indexes honour too.
+        self.limits = limits
         # read(blob, offset, size): index bytes, checked against the index limit first.
         self._read = read
         self.chunk_size = chunk_size
@@ -154,7 +157,7 @@ class ArrowShardReader:
                 raise DataError(where, f"JSON chunk index length {length} exceeds the file")
             arrow_end = blob.size - 16 - length
             raw = await self._read(blob, arrow_end, length)
-            by_number = await off_loop(len(raw), parse_json_index, raw, where)
+            by_number = await off_loop(len(raw), parse_json_index, raw, where, self.limits)
         else:
             by_range, by_number = await self._sidecar(stem, where)
         stream_start = 8 if (await self._read(blob, 0, 8))[:6] == FILE_MAGIC else 0
@@ -203,7 +206,7 @@ class ArrowShardReader:
                     return await off_loop(len(raw), parse_csv_index, raw.decode(), stem + ext), None
                 except UnicodeDecodeError as e:
                     raise DataError(stem + ext, "CSV chunk index is not text") from e
-            return None, await off_loop(len(raw), parse_json_index, raw, stem + ext)
+            return None, await off_loop(len(raw), parse_json_index, raw, stem + ext, self.limits)
         raise DataError(where, "no chunk index: neither a CHUNKIDX footer nor a .csv/.json sidecar")
 
     async def _schema(self, blob: Blob, start: int, end: int, where: str) -> pa.Schema:

@@ -43,7 +43,8 @@ class DvidStore(ShardedStore[int, ShardIndex]):
         self.dir_path = dir_path
         self.grid = grid
         self.spec = spec
-        self.reader = ArrowShardReader(self.source, self.read_index_bytes, grid.chunk_size, self.owned, self.chunk_ids)
+        self.reader = ArrowShardReader(self.source, self.read_index_bytes, grid.chunk_size, self.owned, self.chunk_ids,
+                                      runtime.limits)
         self._files: dict[int, str] | None = None
 
     def chunk_ids(self, cells: np.ndarray) -> np.ndarray:

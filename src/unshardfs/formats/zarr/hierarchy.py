@@ -105,7 +105,7 @@ class ZarrHierarchy:
             return self._array(path, dir_st, raw, meta_st)  # type: ignore[arg-type]
 
         try:
-            node = await read_built(self.source, meta_path, self.runtime.limits, build)
+            node = await read_built(self.source, meta_path, self.runtime.limits, build, self.runtime.caches.metadata)
             if node is None:
                 if strict:
                     raise ConfigError(f"{self.source.description} has no zarr.json: not a Zarr v3 store")
