@@ -122,7 +122,7 @@ class LocalSource:
                     return known
             except OSError:
                 pass
-            del self._known[path]
+            self._known.pop(path, None)  # (another thread may have dropped it too)
         try:
             st = self._beneath.stat(path)
         except (FileNotFoundError, NotADirectoryError):
