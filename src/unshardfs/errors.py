@@ -82,13 +82,13 @@ class UnshardfsError(Exception):
         super().__init__(*(one_line(a) if isinstance(a, str) else a for a in args))
 
 
-class Located:
+class Located(Exception):
     """Mixin of the errors that name a place (`where`) and what is wrong there (`reason`)."""
 
     def __init__(self, where: str, reason: str) -> None:
         self.where = one_line(where, QUOTE_LIMIT)
         self.reason = one_line(reason)
-        super().__init__(f"{self.where}: {self.reason}")  # type: ignore[call-arg]
+        super().__init__(f"{self.where}: {self.reason}")
 
 
 class ConfigError(UnshardfsError):

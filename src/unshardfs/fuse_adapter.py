@@ -24,7 +24,7 @@ import trio
 from . import edge
 from .fuse.abi import FsError
 from .fuse.ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, STATS_XATTR, MountOptions, TreeOps
-from .vtree import DirNode, FileNode, Node
+from .vtree import DirNode, FileNode, Node, size_of
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class TreeOperations(pyfuse3.Operations):
     # -- attributes ---------------------------------------------------------
 
     def attributes(self, ino: int, node: Node) -> pyfuse3.EntryAttributes:
-        size = 0 if node.is_dir else node.size  # type: ignore[attr-defined]
+        size = size_of(node)
         return self._attributes(ino, DIR_MODE if node.is_dir else FILE_MODE, size, node.mtime_ns)
 
     def _attributes(self, ino: int, mode: int, size: int, mtime_ns: int) -> pyfuse3.EntryAttributes:
@@ -202,7 +202,8 @@ class TreeOperations(pyfuse3.Operations):
         data.f_namemax = s["namelen"]
         return data
 
-    # Every write-type operation fails: the mount is a view, never a store.
+    # Every write-type operation fails: the mount is a view, never a store. (One handler under
+    # every name: pyfuse3's stubs give each its own signature, hence the ignores.)
     setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = read_only  # type: ignore[assignment]
     create = write = setxattr = removexattr = read_only  # type: ignore[assignment]
 

@@ -71,6 +71,9 @@ def add_cache_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-cache", type=int, default=sizes.decoded_chunk_bytes // MiB, metavar="MiB",
                         help="decoded (gunzipped) chunk cache (default %(default)s; plus 1/8 of it for "
                              "compressed payloads fetched at lookup)")
+    parser.add_argument("--metadata-cache", type=int, default=sizes.metadata_bytes // MiB, metavar="MiB",
+                        help="metadata files (zarr.json) as built from each version, and the errors of damaged "
+                             "ones (default %(default)s)")
 
 
 def make_caches(args: argparse.Namespace) -> Caches:
@@ -78,7 +81,7 @@ def make_caches(args: argparse.Namespace) -> Caches:
     chunk = args.chunk_cache * MiB
     levels = index_levels()
     sizes = CacheSizes({level.name: getattr(args, level.dest) * MiB for level in levels}, chunk,
-                       encoded_chunk_bytes=chunk // 8)
+                       encoded_chunk_bytes=chunk // 8, metadata_bytes=args.metadata_cache * MiB)
     return Caches(sizes, levels)
 
 

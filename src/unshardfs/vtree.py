@@ -8,7 +8,18 @@ remote byte source can sit underneath without changing the contract.
 from __future__ import annotations
 
 import enum
-from typing import AsyncIterator, Iterator, Union
+from typing import AsyncIterator, Iterator, NamedTuple, Union
+
+
+class FdRange(NamedTuple):
+    """Bytes of a file as they lie in an open descriptor of the backing file, all in the page
+    cache when handed out: an engine may move them to the kernel without copying (splice).
+    Fewer than `size` bytes there means the backing file shrank: the engine must not answer
+    with what is left (see `FileNode.cached_range`)."""
+
+    fd: int
+    offset: int
+    size: int
 
 
 class Node:
@@ -32,6 +43,11 @@ class Node:
         return {}
 
 
+def size_of(node: Node) -> int:
+    """A file's size; 0 for a directory (what stat shows for it here)."""
+    return node.size if isinstance(node, FileNode) else 0
+
+
 class FileNode(Node):
     __slots__ = ("size",)
 
@@ -41,6 +57,15 @@ class FileNode(Node):
 
     async def read(self, offset: int, size: int) -> bytes:
         raise NotImplementedError
+
+    def cached_range(self, offset: int, size: int) -> FdRange | None:
+        """Where the bytes `read(offset, size)` would return lie, if that is known without any
+        I/O and they are all in the page cache; None otherwise (then `read` serves them).
+
+        An extension point for files whose bytes are stored as they are shown: the descriptor is
+        the backing file's, checked against the version the file was resolved from. Only valid
+        until the next await. The default: None."""
+        return None
 
     def span(self, offset: int, size: int) -> int:
         """How many bytes a read at `offset` of up to `size` returns (0 at or past the end)."""

@@ -94,7 +94,7 @@ def _walker(mnt: str, ref_names: list[str], count: int, out) -> None:
 def test_concurrent_load_with_tiny_caches(big, mount):
     # Tiny caches force constant eviction while 32 readers and 4 walkers run.
     m = mount(big["sharded"], "--shard-index-cache", "1", "--minishard-index-cache", "1", "--chunk-cache", "1",
-              "--cache-timeout", "0.2")
+              "--metadata-cache", "1", "--cache-timeout", "0.2")
     names = files_of(big["plain"])
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()

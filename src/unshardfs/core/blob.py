@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import DataError, SourceError
 from ..sources.base import ByteSource, ObjectStat
+from ..vtree import FdRange
 
 Version = tuple[object, ...]  # an object version, as its source gives it (`ObjectStat.version`)
 Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)
@@ -63,6 +64,18 @@ class Blob:
     def versioned(self) -> bool:
         """Whether every part has a version (without one, a copy kept across mounts could be stale)."""
         return all(version for _, _, version in self.parts)
+
+    def cached_range(self, source: ByteSource, offset: int, size: int) -> FdRange | None:
+        """Where bytes [offset, offset+size) of a one-object blob lie in an open descriptor, if
+        the source can tell without I/O and they are page-cached (a local source); else None."""
+        if len(self.parts) != 1 or offset < 0 or offset + size > self.size:
+            return None
+        find = getattr(source, "cached_range", None)  # optional: sources whose bytes are files
+        if find is None:
+            return None
+        path, _, version = self.parts[0]
+        found: FdRange | None = find(path, offset, size, version)
+        return found
 
     async def read(self, source: ByteSource, offset: int, size: int, index: bool = False) -> bytes:
         """Bytes [offset, offset+size) exactly, or DataError.

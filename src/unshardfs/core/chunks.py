@@ -21,7 +21,7 @@ import numpy as np
 from ..caches import Caches
 from ..errors import DataError
 from ..logonce import log_once
-from ..vtree import EntryBatch, FileNode, Node, Verdict
+from ..vtree import EntryBatch, FdRange, FileNode, Node, Verdict
 from .blob import Blob
 from .bounded import off_loop
 from .codecs import Codec
@@ -82,6 +82,12 @@ class ChunkFile(FileNode):
                 return (await ctx.payload(self))[offset:offset + size]
             return await ctx.fetcher.read(Extent(self.blob, self.start + offset, size))
         return (await ctx.decoded(self))[offset:offset + size]
+
+    def cached_range(self, offset: int, size: int) -> FdRange | None:
+        size = self.span(offset, size)
+        if not size or not self.ctx.direct:
+            return None
+        return self.ctx.fetcher.cached_direct(self.blob, self.start + offset, size)
 
     def xattrs(self) -> dict[str, bytes]:
         return {
@@ -318,7 +324,8 @@ class ChunkContext:
         table = tables[0] if len(tables) == 1 else _concat(tables)
         where = f"listing {self.store.label}"
         names = self.naming.names(table.ids)
-        keep = np.array([n is not None for n in names], dtype=bool)
+        keep = (np.ones(len(names), dtype=bool) if None not in names
+                else np.array([n is not None for n in names], dtype=bool))
         sizes, ok = await self._sizes(table, where)
         keep &= ok
         if not keep.all():

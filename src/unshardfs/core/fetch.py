@@ -22,6 +22,7 @@ from ..caches import CountedLRU
 from ..errors import DataError
 from ..logonce import log_once
 from ..sources.base import ByteSource
+from ..vtree import FdRange
 from .blob import Blob, Ident
 from .flight import Flights
 
@@ -207,6 +208,17 @@ class Fetcher:
         counters.extents += 1
         counters.reads += 1
         return await blob.read(self.source, start, length, index=index)
+
+    def cached_direct(self, blob: Blob, start: int, length: int) -> FdRange | None:
+        """`read_direct`'s bytes as a page-cached descriptor range, if the source can give one
+        (see `Blob.cached_range`); counted like the read it replaces."""
+        found = blob.cached_range(self.source, start, length)
+        if found is not None:
+            counters = self.counters
+            counters.batches += 1
+            counters.extents += 1
+            counters.reads += 1
+        return found
 
     async def read_many(self, extents: Sequence[Extent], index: bool = False,
                         max_gap: int | None = None) -> list[bytes]:

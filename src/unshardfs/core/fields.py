@@ -215,7 +215,8 @@ def _pieces(raw: bytes) -> Iterator[tuple[bytes, int]]:
     pos = 0
     while pos < len(raw):
         window = raw[pos:pos + _WINDOW]
-        safe = _SAFE_PREFIX.match(window).end()  # type: ignore[union-attr]
+        prefix = _SAFE_PREFIX.match(window)  # matches at least the empty string
+        safe = prefix.end() if prefix else 0
         if safe == 0:  # a string longer than the window starts here
             whole = _STRING.match(raw, pos)
             if whole is None:
@@ -243,8 +244,8 @@ def shape_problem(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
                     "(--max-metadata-values)")
         if _LONG_NUMBER.search(number_tail + bare[:METADATA_NUMBER + 1]) or _LONG_NUMBER.search(bare):
             return f"holds a number literal longer than {METADATA_NUMBER} characters"
-        number_tail = (_NUMBER_TAIL.search(bare[-METADATA_NUMBER - 1:]).group()  # type: ignore[union-attr]
-                       if bare[-1:] in _NUMBER_CHARS else b"")
+        tail = _NUMBER_TAIL.search(bare[-METADATA_NUMBER - 1:]) if bare[-1:] in _NUMBER_CHARS else None
+        number_tail = tail.group() if tail else b""
         reached, depth = _max_depth(bare.translate(_FOLD, _NOT_BRACKET), depth)
         deepest = max(deepest, reached)
         if deepest > METADATA_DEPTH:

@@ -36,6 +36,8 @@ from .table import ChunkTable
 ShardT = TypeVar("ShardT", bound=Hashable)  # a store's own handle for one shard (a number, a grid index)
 IndexT = TypeVar("IndexT")  # what one shard's first index level decodes to (usually a ChunkTable)
 T = TypeVar("T")
+# Several index entries decoded at once: [(key, raw bytes, where)] -> each value or DataError.
+DecodeMany = Callable[[list[tuple[Hashable, bytes, str]]], Awaitable[list[T | DataError]]]
 
 # Index entries of a batch level that failed to decode, remembered per store: a damaged or hostile
 # entry (a gzip bomb) is decoded once, not again by every lookup of a chunk it would hold.
@@ -140,6 +142,12 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         return np.fromiter((self.shard_of(k) == shard for k in table.ids.tolist()), dtype=bool,
                            count=len(table))
 
+    def placed_all(self, shard: ShardT, tables: list[ChunkTable]) -> list[np.ndarray] | None:
+        """`placed` of each of a shard's tables; None when every entry of every table is placed
+        (the usual case). Stores may answer for all tables at once (one call per shard)."""
+        masks = [self.placed(shard, table) for table in tables]
+        return None if all(mask.all() for mask in masks) else masks
+
     def token(self, shard: ShardT) -> str:
         """Text naming the shard that is the same in every process (split check/export hash it)."""
         return shard_token(shard)
@@ -199,10 +207,11 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         if opened is None:
             return []
         out = []
-        for table in await self.index_tables(shard, *opened):
-            if not len(table):
-                continue
-            keep = self.placed(shard, table)
+        tables = [table for table in await self.index_tables(shard, *opened) if len(table)]
+        masks = self.placed_all(shard, tables)
+        if masks is None:
+            return tables
+        for table, keep in zip(tables, masks):
             if not keep.all():
                 log_once(log, f"misplaced:{table.blob.label}:{table.part}", "%s: %d entries belong to another "
                          "shard or index table; not listed", table.blob.label, int((~keep).sum()))
@@ -224,7 +233,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         cache, full = self.cache(level), (type(self).__qualname__, key)
         value = cache.get(full)  # the hot path: a hit takes no flight
         if value is not None:
-            return value  # type: ignore[no-any-return]
+            return cast(T, value)  # what `load` returned for this key
         return await self.flights.fill(cache, full, load)
 
     def _full(self, key: Hashable) -> tuple[str, Hashable]:
@@ -252,7 +261,8 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
     @final
     async def cached_batch(self, level: IndexLevel, blob: Blob, batch: Sequence[tuple[Hashable, int, int, str]],
                            decode: Callable[[Hashable, bytes, str], Awaitable[T]],
-                           gap: int | None = None) -> list[T | DataError]:
+                           gap: int | None = None,
+                           decode_many: DecodeMany[T] | None = None) -> list[T | DataError]:
         """Entries of `level`, those not held read together: `batch` is (key, offset, length, where)
         of each, the first the one wanted, the others best effort. Each entry to read is checked
         against the index limit and the level's budget, all are read from `blob` in one coalesced
@@ -263,7 +273,11 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         ask `recall` first for that).
 
         Returns each entry's value or DataError, in `batch` order; the first entry's DataError
-        (limit or decode, now or remembered) is raised instead."""
+        (limit or decode, now or remembered) is raised instead.
+
+        `decode_many` (optional) decodes several entries at once, each to its value or DataError,
+        as `decode` would: a listing reads a shard's many small tables together, and decoding
+        them in one go spreads the per-call costs over all of them."""
         cache = self.cache(level)
 
         def held_now() -> list[T | DataError | None]:
@@ -290,10 +304,18 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
             readable = [i for i, got in enumerate(out) if got is None]
             raws = await self.fetcher.read_many([Extent(blob, batch[i][1], batch[i][2]) for i in readable],
                                                 index=True, max_gap=gap) if readable else []
-            for i, raw in zip(readable, raws):
+            decoded: list[T | DataError] | None = None
+            if decode_many is not None and len(readable) > 1:
+                decoded = await decode_many([(batch[i][0], raw, batch[i][3]) for i, raw in zip(readable, raws)])
+            for n, (i, raw) in enumerate(zip(readable, raws)):
                 key, _, _, where = batch[i]
                 try:
-                    value = await decode(key, raw, where)
+                    if decoded is None:
+                        value = await decode(key, raw, where)
+                    elif isinstance(decoded[n], DataError):
+                        raise cast(DataError, decoded[n])
+                    else:
+                        value = cast(T, decoded[n])
                 except DataError as e:
                     self._failed[self._full(key)] = (e.where, e.reason)
                     if i == 0:

@@ -2,7 +2,7 @@
 
 - `kernel` (default): our own protocol session (`unshardfs.fuse.server`) on a
   /dev/fuse connection we mount ourselves. It asks the kernel for no-open,
-  parallel directory operations, 64 background requests, 1 MiB requests,
+  parallel directory operations, 64 background requests, ~1 MiB requests (spliced READ replies),
   READDIRPLUS_AUTO and AUTO_INVAL_DATA, each as far as the kernel's protocol
   version offers them.
 - `pyfuse3`: pyfuse3 over libfuse, the binding named in the design brief.
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINES = ("kernel", "pyfuse3")
-READAHEAD_KIB = 1024
+# Read-ahead in requests: a 2 MiB chunk read from its start is asked for in one window, as two
+# full requests sent together, so the second is moved while the reader copies the first.
+READAHEAD_REQUESTS = 2
 
 
 class Engine(Protocol):
@@ -77,10 +79,11 @@ class KernelEngine:
 
         self.binding.negotiated(negotiated)
         if os.geteuid() == 0:
-            # 1 MiB requests are negotiated, but the kernel's read-ahead decides how big buffered
+            # ~1 MiB requests are negotiated, but the kernel's read-ahead decides how big buffered
             # reads get; INIT has just capped it at the value it offered (128 KiB), so raise it now.
-            self.readahead = set_readahead(self.target, READAHEAD_KIB)
-            self.ops.features["read_ahead_kib"] = READAHEAD_KIB if self.readahead else None
+            kib = READAHEAD_REQUESTS * negotiated.max_pages * 4
+            self.readahead = set_readahead(self.target, kib)
+            self.ops.features["read_ahead_kib"] = kib if self.readahead else None
 
     def stop(self) -> None:
         from .mount import unmount

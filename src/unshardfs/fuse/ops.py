@@ -26,7 +26,7 @@ from cachetools import LRUCache
 
 from ..edge import read_current
 from ..errors import DataError, StaleError
-from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FileNode, Node
+from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FdRange, FileNode, Node
 from .abi import FsError
 
 ROOT = 1
@@ -104,7 +104,7 @@ class InodeTable:
 
     def _slot(self, parent: Node | None) -> int:
         key = getattr(parent, "stable_key", None)
-        if key is None:
+        if key is None or not isinstance(parent, DirNode):
             return 0
         slot = self.slots.get(key)
         if slot is None:
@@ -112,7 +112,7 @@ class InodeTable:
                 return 0
             slot = self.slots[key] = len(self.slot_dirs)
             self.slot_dirs.append(None)
-        self.slot_dirs[slot] = parent  # type: ignore[assignment]
+        self.slot_dirs[slot] = parent
         return slot
 
     def slot_of(self, parent: int) -> int:
@@ -224,6 +224,16 @@ class EntrySink(Protocol):
     plus: bool
 
     def add(self, name: bytes, ino: int, node: Node | None, size: int, mtime_ns: int, next_cookie: int) -> bool: ...
+
+
+class FileEntrySink(EntrySink, Protocol):
+    """A sink that can also take many plain file entries at once (optional, see `TreeOps.fill`):
+    `add_files(names, idents, start, slot_bits, next_cookie)` takes entries `names[start:]`
+    with inodes `slot_bits | ident` and cookies from `next_cookie` on, as many as fit, and
+    returns how many it took, or None if it cannot take these (they are then added one by one)."""
+
+    def add_files(self, names: list[str], idents: list[int | None], start: int, slot_bits: int,
+                  next_cookie: int) -> int | None: ...
 
 
 @dataclass
@@ -355,8 +365,12 @@ class TreeOps:
     async def advance(self, listing: Listing) -> None:
         """Produce the next batch (or mark the listing done)."""
         listing.index = 0
+        if listing.iterator is None:  # released meanwhile (RELEASEDIR while this waited)
+            listing.batch = []
+            listing.done = True
+            return
         try:
-            listing.batch = await listing.iterator.__anext__()  # type: ignore[union-attr]
+            listing.batch = await listing.iterator.__anext__()
         except StopAsyncIteration:
             listing.batch = []
             listing.done = True
@@ -426,6 +440,17 @@ class TreeOps:
         add = sink.add
         i = listing.index
         position = listing.position
+        add_files = getattr(sink, "add_files", None) if slot and not plus else None
+        while add_files is not None and i < len(names):
+            # Plain entries of computed inodes: the sink packs them a reply at a time.
+            taken = add_files(names, idents, i, slot_bits, position + 1)
+            if taken is None:
+                break  # one by one below
+            i += taken
+            position += taken
+            if i < len(names):
+                listing.index, listing.position = i, position
+                return True  # the sink is full
         counted = 0
         try:
             while i < len(names):
@@ -516,6 +541,25 @@ class TreeOps:
         self.counters["reads"] += 1
         self.counters["read_bytes"] += len(data)
         return served, data
+
+    def read_cached(self, ino: int, offset: int, size: int) -> FdRange | None:
+        """Where the bytes of a `read(ino, offset, size)` lie, page-cached, in an open descriptor
+        (`FileNode.cached_range`), if that is known without I/O; None: `read` serves them.
+
+        Only for a file whose node is at hand, read as resolved (a changed shard fails the
+        source's version check and is left to `read`, which follows or refuses it). The caller
+        must move exactly `size` bytes, or answer through `read` instead."""
+        node = self.inodes.peek(ino)
+        if not isinstance(node, FileNode) or offset >= node.size:
+            return None
+        found = node.cached_range(offset, size)
+        if found is None:
+            return None
+        if self.invalidate is not None:
+            self.served[ino] = True
+        self.counters["reads"] += 1
+        self.counters["read_bytes"] += found.size
+        return found
 
     # -- extended attributes and statistics -----------------------------------------------
 

@@ -33,6 +33,8 @@ import trio
 
 from .. import edge
 from . import abi
+from ..sources.pagecache import PAGE
+from .splice import SpliceFailed, Splicer
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class InitConfig:
     max_background: int = 64
     congestion_threshold: int = 48
     max_pages: int = 256
+    splice: bool = True  # READ replies may be spliced from a file (`splice.Splicer`)
 
 
 @dataclass
@@ -117,6 +120,33 @@ class Session:
         self._unscheduled = 0  # requests read without waiting since the scheduler last ran
         self.checkpoints = 0  # passes through the scheduler made only for that
         self._nursery: trio.Nursery | None = None
+        self.splicer: Splicer | None = None  # set up at INIT, sized for the negotiated requests
+
+    @property
+    def splice_max(self) -> int:
+        """The largest READ reply `splice_reply` can send (0: none)."""
+        return self.splicer.max_size if self.splicer is not None else 0
+
+    def splice_reply(self, unique: int, fd: int, offset: int, size: int) -> bool:
+        """Answer a READ with `size` bytes of `fd` at `offset`, moved by the kernel (see
+        `splice`). False: nothing was sent (the file had fewer bytes, or the pipe failed), and
+        the request must be answered some other way."""
+        assert self.splicer is not None
+        try:
+            self.splicer.reply(unique, fd, offset, size)
+            return True
+        except SpliceFailed as e:
+            log.debug("READ %d not spliced: %s", unique, e)
+            return False
+        except FileNotFoundError:
+            log.debug("reply to request %d dropped: it was interrupted", unique)
+            return True
+        except OSError as e:
+            if e.errno == errno.ENODEV:
+                self.closed = True
+                return True
+            log.warning("spliced reply to request %d refused: %s; answering it otherwise", unique, e.strerror)
+            return False
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -237,6 +267,8 @@ class Session:
         finally:
             self.closed = True
             self._notify_send.close()
+            if self.splicer is not None:
+                self.splicer.close()
 
     async def _reader(self) -> None:
         """Read and answer requests until one has to wait: then a new reader task takes over and
@@ -372,6 +404,17 @@ class Session:
         n.flags = granted
         n.max_readahead = max_readahead
         n.max_pages = self.config.max_pages if granted & abi.MAX_PAGES else 32
+        if self.config.splice and self.splicer is None:
+            try:
+                self.splicer = Splicer(self.fd, n.max_pages * PAGE)
+            except OSError as e:
+                log.warning("READ replies are written, not spliced: %s", e.strerror)
+            else:
+                # Requests no larger than the pipe takes (pipe-max-size, 1 MiB by default, bounds
+                # it without CAP_SYS_RESOURCE): a READ that cannot be spliced costs two copies.
+                fits = self.splicer.max_size // PAGE
+                if granted & abi.MAX_PAGES and fits >= 32:
+                    n.max_pages = min(n.max_pages, fits)
         n.max_background = self.config.max_background
         out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, max_readahead, granted,
                                 self.config.max_background, self.config.congestion_threshold,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 
 from ..errors import ConfigError
+from ..vtree import FdRange
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,11 @@ class SourceLayer:
 
     async def stat_dir(self, path: str) -> ObjectStat | None:
         return await self.inner.stat_dir(path)
+
+    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+        """The optional `cached_range` of a local source (`LocalSource.cached_range`), through."""
+        below = getattr(self.inner, "cached_range", None)
+        return below(path, offset, size, version) if below is not None else None
 
     async def aclose(self) -> None:
         await self.inner.aclose()

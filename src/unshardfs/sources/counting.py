@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import AsyncIterator
 
+from ..vtree import FdRange
 from .base import ByteSource, ObjectStat, SourceLayer
 
 
@@ -44,6 +45,13 @@ class CountingSource(SourceLayer):
         self.counters.reads += 1
         self.counters.read_bytes += len(data)
         return data
+
+    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+        found = super().cached_range(path, offset, size, version)
+        if found is not None:  # counted as the read it replaces
+            self.counters.reads += 1
+            self.counters.read_bytes += size
+        return found
 
     async def stat_dir(self, path: str) -> ObjectStat | None:
         self.counters.stats += 1

@@ -14,7 +14,9 @@ from cachetools import LRUCache
 from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
 from ..fdpath import Beneath, regular_file
+from ..vtree import FdRange
 from .base import ObjectStat, join_path, name_problem
+from .pagecache import page_cache
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +203,24 @@ class LocalSource:
         except OSError as e:
             self._drop_fd(path)
             raise SourceError(f"read {self.os_path(path)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
+
+    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+        """Where `read(path, offset, size, version)` would read, if all those bytes are in the
+        page cache (None otherwise, or if the file changed: `read` then says why).
+
+        The descriptor is checked against `version` like a read's, so bytes taken from it
+        after this call are the indexed ones -- unless the file is truncated or rewritten in
+        place meanwhile, which whoever moves them must detect by their count (a rewrite in
+        place of the same size is the one change no reader of a local file can see)."""
+        try:
+            fd = self._fd(path, version)
+        except (SourceError, StaleError):
+            return None
+        cached = page_cache.cached(fd, offset, size)
+        if cached is False or (cached is None and size <= NOWAIT_MAX):
+            # Unknown (no cachestat): only reads `read` itself would do on the loop anyway.
+            return None
+        return FdRange(fd, offset, size)
 
     async def _read_nowait(self, fd: int, offset: int, size: int) -> bytes:
         """The bytes in the page cache are read here, on the event loop, without waiting

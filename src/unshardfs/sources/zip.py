@@ -570,12 +570,13 @@ class ZipSource:
                 await trio.lowlevel.checkpoint()
 
     async def _member(self, path: str, version: tuple | None) -> tuple[ZipIndex, ObjectStat, int]:
+        current: tuple[ZipIndex, ObjectStat] | None
         if version is not None:
             if self._index is None or self._stat is None or version[1] != self._stat.version:
                 raise StaleError(path, "the archive changed after this member was resolved")
             current = (self._index, self._stat)
         else:
-            current = await self._current(fresh=False)  # type: ignore[assignment]
+            current = await self._current(fresh=False)
             if current is None:
                 raise SourceError(f"{self.description}: the archive is gone")
         index, st = current

@@ -54,8 +54,10 @@ async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, File
             if problem is not None:  # no tree should show one; a walk that writes must not trust that
                 log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
                 continue
+            if not isinstance(node, (FileNode, DirNode)):
+                continue  # never taken: every Node is a file or a directory (listings are typed Node)
             path = f"{prefix}{name}"
-            yield path, node  # type: ignore[misc]  # entries are typed Node; every Node is a file or a dir
+            yield path, node
             if isinstance(node, DirNode):
                 async for item in walk(node, path + "/"):
                     yield item

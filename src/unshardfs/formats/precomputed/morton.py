@@ -81,5 +81,6 @@ class MortonCoder:
             valid = (codes >> np.uint64(self.total_bits)) == 0
         else:
             valid = np.ones(len(codes), dtype=bool)
-        valid &= np.all(cells < np.asarray(self.grid_shape, dtype=np.int64), axis=1)
+        for d, size in enumerate(self.grid_shape):  # column by column: numpy reduces a short axis slowly
+            valid &= cells[:, d] < size
         return cells, valid

@@ -100,9 +100,11 @@ class ZarrHierarchy:
         def build(raw: object, meta_st: ObjectStat) -> Node | Verdict:
             # Off the event loop for a large zarr.json (see read_built): touches no trio state.
             dir_st = st or ObjectStat(0, meta_st.mtime_ns, True)
-            if node_type(raw, meta_path) == "group":
-                return self._group(path, dir_st, raw, meta_st)  # type: ignore[arg-type]
-            return self._array(path, dir_st, raw, meta_st)  # type: ignore[arg-type]
+            kind = node_type(raw, meta_path)
+            meta = cast(dict[str, Any], raw)  # node_type made sure it is a JSON object
+            if kind == "group":
+                return self._group(path, dir_st, meta, meta_st)
+            return self._array(path, dir_st, meta, meta_st)
 
         try:
             node = await read_built(self.source, meta_path, self.runtime.limits, build, self.runtime.caches.metadata)

@@ -1,0 +1,161 @@
+"""READ replies spliced from the shard: what a sequential read of a page-cached raw chunk costs, in
+counts, and what a shard truncated under a spliced read answers (EIO, never fewer or other bytes)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import math
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+
+from unshardfs.fuse import abi, splice
+from unshardfs.fuse.kernel import SPLICE_MIN, KernelOps
+from unshardfs.fuse.ops import ROOT, TreeOps
+from unshardfs.fuse.server import Session as FuseSession
+from unshardfs.session import Session
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
+
+from .test_first_read import Kernel
+
+KEY = "1_1_1"
+CHUNK = 2 << 20
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory) -> dict[str, Path]:
+    # Raw 2 MiB chunks (128^3 uint8), as the benchmark's sequential figure reads: 4 chunks, 2 shards.
+    root = tmp_path_factory.mktemp("splice")
+    return write_volume(root, [Scale((256, 256, 128), (128, 128, 128), sharding(minishard=1, shard=1))], "uint8")
+
+
+def warm(volume: dict[str, Path]) -> None:
+    for shard in (volume["sharded"] / KEY).iterdir():
+        shard.read_bytes()
+
+
+def test_sequential_read_of_a_page_cached_chunk_is_spliced_in_full_requests(volume, mount):
+    warm(volume)
+    m = mount(volume["sharded"], "--fuse-engine", "kernel")
+    name = sorted(os.listdir(volume["plain"] / KEY))[0]
+    before = m.stats()
+    fd = os.open(m.path / KEY / name, os.O_RDONLY)
+    try:
+        pieces = []
+        while piece := os.read(fd, 1 << 20):
+            pieces.append(piece)
+    finally:
+        os.close(fd)
+    assert b"".join(pieces) == (volume["plain"] / KEY / name).read_bytes()
+    after = m.stats()
+    fuse = after["fuse"]
+    reads = fuse["reads"] - before["fuse"]["reads"]
+    spliced = fuse["spliced"] - before["fuse"]["spliced"]
+    assert after["disk_waits"] == before["disk_waits"] == 0  # no READ waited on a worker thread
+    if fuse["features"].get("read_ahead_kib"):
+        # Requests as large as the splice pipe allows, the whole chunk asked for at once: a
+        # 1 MiB pipe (the default pipe-max-size) holds the header and 254 pages, so 3 READs
+        # (254 + 254 + 4 pages); 2 where the pipe can hold 256 pages. Every full one is
+        # spliced; a tail under SPLICE_MIN is copied.
+        request = fuse["features"]["request_kib"] << 10
+        assert reads == math.ceil(CHUNK / request)
+        assert spliced == CHUNK // request + (CHUNK % request >= SPLICE_MIN)
+    else:  # a user's mount: the kernel's default read-ahead (128 KiB requests), every one spliced
+        assert spliced == reads
+
+
+def spliced_session_reads(volume: dict[str, Path], monkeypatch, truncate: bool) -> list[tuple[str, int, bytes]]:
+    """Look up the first chunk and READ its first MiB through the real session, whose spliced
+    replies go to a pipe (the kernel's end reads both): [(where the reply came, errno, payload)].
+    With `truncate`, the shard is cut short right before its bytes are spliced."""
+    name = sorted(os.listdir(volume["plain"] / KEY))[0]
+    real = os.splice
+    shards = sorted((volume["sharded"] / KEY).glob("*.shard"))
+
+    def splice_after_truncating(src, dst, count, offset_src=None, *args, **kwargs):
+        if offset_src is not None:  # from the shard: the shard shrinks first
+            for shard in shards:
+                os.truncate(shard, 4096)
+        return real(src, dst, count, offset_src, *args, **kwargs)
+
+    async def main() -> list[tuple[str, int, bytes]]:
+        source = await Session.open(str(volume["sharded"]))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        theirs.setblocking(False)
+        out_r, out_w = os.pipe2(os.O_NONBLOCK)
+        fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, 1 << 20)  # a whole reply at once, as /dev/fuse takes it
+        got = []
+        try:
+            async with source.running():
+                binding = KernelOps(TreeOps(source.tree))
+                session = FuseSession(ours.fileno(), binding)
+                session.splicer = splice.Splicer(out_w, 1 << 20)
+                binding.attach(session)
+                kernel = Kernel(theirs)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(session.serve)
+                    ino = await kernel.lookup(await kernel.lookup(ROOT, KEY), name)
+                    size = min(1 << 20, session.splice_max)
+                    if truncate:
+                        monkeypatch.setattr(os, "splice", splice_after_truncating)
+                    request = abi.READ_IN.pack(0, 0, size, 0, 0, 0, 0)
+                    theirs.send(abi.IN_HEADER.pack(abi.IN_HEADER.size + len(request), abi.Op.READ, 7, ino,
+                                                   0, 0, 0, 0, 0) + request)
+                    with trio.fail_after(10):
+                        while not got:
+                            await trio.sleep(0.01)
+                            for where, read in (("socket", lambda: theirs.recv(4 << 20)),
+                                                ("pipe", lambda: os.read(out_r, 4 << 20))):
+                                try:
+                                    data = read()
+                                except BlockingIOError:
+                                    continue
+                                if where == "pipe":  # the rest of a spliced reply, if any
+                                    while len(data) < abi.OUT_HEADER.unpack_from(data)[0]:
+                                        data += os.read(out_r, 4 << 20)
+                                length, error, unique = abi.OUT_HEADER.unpack_from(data)
+                                assert (length, unique) == (len(data), 7)
+                                got.append((where, -error, data[abi.OUT_HEADER.size:]))
+                    nursery.cancel_scope.cancel()
+        finally:
+            monkeypatch.setattr(os, "splice", real)
+            await source.aclose()
+            for fd in (out_r, out_w):
+                os.close(fd)
+            ours.close()
+            theirs.close()
+        return got
+
+    return trio.run(main)
+
+
+def test_a_page_cached_read_is_spliced_in_the_reading_task(volume, monkeypatch):
+    warm(volume)
+    hops = []
+    real = trio.to_thread.run_sync
+
+    async def counted(*args, **kwargs):
+        hops.append(args[0])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    (reply,) = spliced_session_reads(volume, monkeypatch, truncate=False)
+    name = sorted(os.listdir(volume["plain"] / KEY))[0]
+    expected = (volume["plain"] / KEY / name).read_bytes()
+    assert reply == ("pipe", 0, expected[:len(reply[2])]) and len(reply[2]) > 512 << 10
+    assert hops == []
+
+
+def test_a_shard_truncated_before_the_splice_answers_eio_not_fewer_bytes(volume, tmp_path, monkeypatch):
+    copy = {"sharded": tmp_path / "sharded", "plain": volume["plain"]}
+    shutil.copytree(volume["sharded"], copy["sharded"])
+    warm(copy)
+    replies = spliced_session_reads(copy, monkeypatch, truncate=True)
+    # Nothing went out through the pipe; the request was answered once, with EIO.
+    assert replies == [("socket", errno.EIO, b"")]
