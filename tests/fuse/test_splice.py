@@ -19,6 +19,8 @@ from unshardfs.fuse.kernel import SPLICE_MIN, KernelOps
 from unshardfs.fuse.ops import ROOT, TreeOps
 from unshardfs.fuse.server import Session as FuseSession
 from unshardfs.session import Session
+from unshardfs.sources.local import LocalSource
+from unshardfs.sources.pagecache import page_cache
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 from .test_first_read import Kernel
@@ -159,3 +161,34 @@ def test_a_shard_truncated_before_the_splice_answers_eio_not_fewer_bytes(volume,
     replies = spliced_session_reads(copy, monkeypatch, truncate=True)
     # Nothing went out through the pipe; the request was answered once, with EIO.
     assert replies == [("socket", errno.EIO, b"")]
+
+
+def test_pages_still_being_read_in_are_not_spliced(tmp_path, monkeypatch):
+    """cachestat counts the pages read-ahead has added whose I/O is still in flight: a splice of
+    those would wait for the disk on the loop. A range whose first or last page cannot be read
+    without waiting is left to `read` (which waits on a worker thread)."""
+    (tmp_path / "s.shard").write_bytes(os.urandom(1 << 20))
+    (tmp_path / "s.shard").read_bytes()
+    source = LocalSource(str(tmp_path))
+    try:
+        st = trio.run(source.stat, "s.shard")
+        assert st is not None
+        fd = source._fd("s.shard", st.version)
+        if page_cache.cached(fd, 0, 1 << 20) is not True or not source._nowait:
+            pytest.skip("no cachestat or RWF_NOWAIT here")
+        assert source.cached_range("s.shard", 4096, 512 << 10, st.version) == (fd, 4096, 512 << 10)
+        real = os.preadv
+        in_flight = range(0, 0)
+
+        def preadv(fd, buffers, offset, flags=0):
+            if flags & os.RWF_NOWAIT and offset in in_flight:
+                raise BlockingIOError(errno.EAGAIN, "in flight")
+            return real(fd, buffers, offset, flags)
+
+        monkeypatch.setattr(os, "preadv", preadv)
+        for in_flight in (range(256 << 10, 1 << 20), range(0, 8192)):  # ahead of the reader; behind
+            assert source.cached_range("s.shard", 4096, 512 << 10, st.version) is None
+        in_flight = range(0, 0)
+        assert source.cached_range("s.shard", 4096, 512 << 10, st.version) is not None
+    finally:
+        source.close()
