@@ -192,3 +192,42 @@ def test_pages_still_being_read_in_are_not_spliced(tmp_path, monkeypatch):
         assert source.cached_range("s.shard", 4096, 512 << 10, st.version) is not None
     finally:
         source.close()
+
+
+@pytest.mark.parametrize("failure", ["file EAGAIN half way", "file shrank half way", "device ENOENT"])
+def test_a_reply_abandoned_half_way_leaves_nothing_for_the_next(tmp_path, monkeypatch, failure):
+    """Whatever a failed reply left in the pipe (its header, part of its bytes) never reaches the
+    device ahead of the next reply: the pipe is replaced."""
+    data = os.urandom(1 << 20)
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    out_r, out_w = os.pipe2(os.O_NONBLOCK)
+    fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, 1 << 20)
+    splicer = splice.Splicer(out_w, 256 << 10)
+    real = os.splice
+    calls = []
+
+    def failing(src, dst, count, offset_src=None, *args, **kwargs):
+        calls.append(src)
+        if len(calls) == 2 and failure.startswith("file"):  # the file's second piece
+            if failure == "file EAGAIN half way":
+                raise BlockingIOError(errno.EAGAIN, "pipe full")
+            return 0
+        if dst == out_w and len(calls) == 3:
+            raise FileNotFoundError(errno.ENOENT, "interrupted")
+        return real(src, dst, min(count, 64 << 10) if len(calls) == 1 else count, offset_src, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(os, "splice", failing)
+        with pytest.raises(FileNotFoundError if failure == "device ENOENT" else splice.SpliceFailed):
+            splicer.reply(1, fd, 0, 200 << 10)
+        monkeypatch.setattr(os, "splice", real)
+        with pytest.raises(BlockingIOError):
+            os.read(out_r, 1 << 20)  # nothing of the failed reply went out
+        splicer.reply(2, fd, 4096, 128 << 10)
+        got = os.read(out_r, 1 << 20)
+        assert got == abi.OUT_HEADER.pack(abi.OUT_HEADER.size + (128 << 10), 0, 2) + data[4096:4096 + (128 << 10)]
+    finally:
+        splicer.close()
+        for f in (fd, out_r, out_w):
+            os.close(f)
