@@ -231,3 +231,30 @@ def test_a_reply_abandoned_half_way_leaves_nothing_for_the_next(tmp_path, monkey
         splicer.close()
         for f in (fd, out_r, out_w):
             os.close(f)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.EPERM])
+def test_a_kernel_without_cachestat_reads_as_before(tmp_path, monkeypatch, code):
+    """cachestat missing (before Linux 6.5: ENOSYS) or filtered (seccomp: EPERM): asked once,
+    then never; ranges `read` would copy without waiting are left to it, larger ones (which
+    `read` too reads on the loop) may be spliced."""
+    import ctypes
+
+    (tmp_path / "s.shard").write_bytes(os.urandom(1 << 20))
+    asked = []
+
+    def missing(*args):
+        asked.append(args[0])
+        ctypes.set_errno(code)
+        return -1
+
+    monkeypatch.setattr(page_cache, "_syscall", missing)
+    source = LocalSource(str(tmp_path))
+    try:
+        st = trio.run(source.stat, "s.shard")
+        assert st is not None
+        assert source.cached_range("s.shard", 0, 128 << 10, st.version) is None
+        assert source.cached_range("s.shard", 0, 512 << 10, st.version) is not None
+        assert len(asked) == 1 and page_cache.cached(0, 0, 4096) is None
+    finally:
+        source.close()
