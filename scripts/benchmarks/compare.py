@@ -26,17 +26,20 @@ import sys
 import tarfile
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .context import KEY
 from .datasets import build_datasets
 from .mounts import PY, mounted
+from .scenarios import remote
 from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
 
 MIN_NOISE = 0.03  # per-round ratios within this of 1 are not called either way
 READERS = 8
+REMOTE_LATENCY = 0.02  # seconds before each answer of the remote figures' Range server
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Bench:
     results: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # figure -> side label -> values
 
     tar: Path | None = None  # the small scale's chunks as a tar, for ratarmount
+    remote: dict[str, remote.Dataset] = field(default_factory=dict)  # `scripts/bench --only remote`'s volumes
 
     def source(self, side: Side, name: str) -> Path:
         if side.kind == "ratarmount":
@@ -121,6 +125,31 @@ class Bench:
             size = sum(os.path.getsize(p) for p in paths)
             return size / timed(lambda: read_files(paths)) / 2**20
 
+    def remote_cp(self, side: Side, name: str) -> float:
+        """`cp -r` of a volume's chunk directory over a Range server answering after REMOTE_LATENCY."""
+        ds = self.remote[name]
+        target = self.work / "cp-target"
+        with remote_mount(ds, side, self.work) as m:
+            elapsed = timed(lambda: subprocess.run(["cp", "-r", str(m / ds.chunk_dir), str(target)], check=True))
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+        return len(ds.files) / elapsed
+
+    def remote_readers(self, side: Side, name: str) -> float:
+        ds = self.remote[name]
+        with remote_mount(ds, side, self.work) as m:
+            return len(ds.files) / parallel_read([str(m / f) for f in ds.files], READERS)
+
+
+@contextmanager
+def remote_mount(ds: remote.Dataset, side: Side, work: Path) -> Iterator[Path]:
+    """A fresh mount of `ds` served over HTTP with REMOTE_LATENCY per request."""
+    from unshardfs.testing.http_servers import DatasetServer
+
+    with DatasetServer(ds.root) as server:
+        server.faults.delay = REMOTE_LATENCY
+        with mounted(side.kind, server.url, work, env=side.env) as m:
+            yield m
+
 
 FIGURES: dict[str, Figure] = {
     "first": Figure("first read, 4096 x 16 KiB", "files/s", Bench.first_read, baselines=("nullfs", "ratarmount")),
@@ -128,7 +157,13 @@ FIGURES: dict[str, Figure] = {
     "readers": Figure(f"{READERS} readers, first read", "files/s", Bench.readers),
     "ls": Figure("ls -f, 1,000,000 chunks", "s", Bench.ls_million, higher_is_better=False),
     "sequential": Figure("sequential, 2 MiB raw chunks", "MiB/s", Bench.sequential, baselines=("nullfs",)),
+    # Over HTTP at 20 ms per request (`scripts/bench --only remote`; not in the default set).
+    "remote": Figure("cp -r precomputed, 20 ms", "files/s", lambda b, s: b.remote_cp(s, "precomputed")),
+    "remote-zarr": Figure("cp -r Zarr v3, 20 ms", "files/s", lambda b, s: b.remote_cp(s, "zarr3")),
+    "remote-readers": Figure(f"{READERS} readers Zarr v3, 20 ms", "files/s",
+                             lambda b, s: b.remote_readers(s, "zarr3")),
 }
+REMOTE = ("remote", "remote-zarr", "remote-readers")
 
 
 # -- checkouts --------------------------------------------------------------------------------
@@ -204,7 +239,7 @@ def judge(fig: Figure, a: list[float], b: list[float]) -> Verdict:
 
 
 def run(args: argparse.Namespace) -> int:
-    chosen = args.only.split(",") if args.only else list(FIGURES)
+    chosen = args.only.split(",") if args.only else [name for name in FIGURES if name not in REMOTE]
     unknown = [c for c in chosen if c not in FIGURES]
     if unknown:
         raise SystemExit(f"bench-compare: unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
@@ -259,6 +294,8 @@ def prepare(data: Path, work: Path, chosen: list[str], ratarmount: bool) -> Benc
     if "ls" in chosen:
         warm_page_cache(ds["million"])
     bench = Bench(ds, work, rel_files(ds["small"]["plain"], KEY), rel_files(ds["large"]["plain"], KEY))
+    if any(name in REMOTE for name in chosen):
+        bench.remote = {volume.name: volume for volume in remote.datasets_at(data)[0]}
     if ratarmount:
         bench.tar = work / "small.tar"
         with tarfile.open(bench.tar, "w") as t:
@@ -309,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rev_b", nargs="?", help="side B: another commit (default: this working tree)")
     parser.add_argument("--runs", type=int, help="rounds per side (default 5; 3 with --fast)")
     parser.add_argument("--fast", action="store_true", help="3 rounds (about 3 minutes once datasets exist)")
-    parser.add_argument("--only", help=f"comma-separated figures (of: {', '.join(FIGURES)})")
+    parser.add_argument("--only", help=f"comma-separated figures (of: {', '.join(FIGURES)}; all but "
+                        f"{', '.join(REMOTE)} by default)")
     parser.add_argument("--null", action="store_true",
                         help="also measure the null pyfuse3 fs each round (ratios to the FUSE ceiling)")
     parser.add_argument("--ratarmount", action="store_true",

@@ -212,3 +212,49 @@ def test_a_user_s_pipe_limit_bounds_the_requests(monkeypatch, pipe_max, pages, s
     (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, init_body(38))], 1)
     assert reply[:2] == (1, 0) and abi.INIT_OUT.unpack(reply[2])[8] == pages
     assert session.splice_max == splice_max
+
+
+def test_requests_read_back_to_back_pass_the_scheduler_every_few():
+    """A request read while more wait behind it is answered at once; the reading task passes the
+    scheduler on purpose only every CHECKPOINT_EVERY-th such request (each pass costs several
+    microseconds), so other tasks still run while a burst lasts. 64 GETATTRs sent at once: the
+    first is awaited, the 63 after it are read back to back."""
+    from unshardfs.fuse.server import CHECKPOINT_EVERY
+
+    ran_between: list[int] = []
+
+    async def run() -> Session:
+        ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        kernel.setblocking(False)
+        session = Session(ours.fileno(), FakeFs())
+        replies = 0
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(session.serve)
+                await trio.sleep(0.01)  # the session waits for the connection
+
+                async def other_task() -> None:
+                    while True:
+                        await trio.lowlevel.checkpoint()
+                        ran_between.append(session.requests)
+
+                nursery.start_soon(other_task)
+                for unique in range(64):
+                    kernel.send(request(abi.Op.GETATTR, 2 * unique))  # no yield between sends
+                with trio.fail_after(10):
+                    while replies < 64:
+                        await trio.lowlevel.wait_readable(kernel)
+                        kernel.recv(1 << 16)
+                        replies += 1
+                nursery.cancel_scope.cancel()
+        finally:
+            ours.close()
+            kernel.close()
+        return session
+
+    session = trio.run(run)
+    assert session.requests == 64
+    assert session.checkpoints == 63 // CHECKPOINT_EVERY
+    # The other task ran during the burst, not only after it.
+    assert any(0 < n < 64 for n in ran_between)

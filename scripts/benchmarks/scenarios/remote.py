@@ -35,9 +35,14 @@ class Dataset:
 
 
 def build(ctx: Context) -> tuple[list[Dataset], dict[str, Path]]:
+    return datasets_at(Path(ctx.args.data))
+
+
+def datasets_at(data: Path) -> tuple[list[Dataset], dict[str, Path]]:
+    """The volumes (precomputed, Zarr v3) and the meshes under `data`/remote, built once."""
     from unshardfs.testing.precomputed import Scale, read_all, sharding, write_objects, write_volume
 
-    base = Path(ctx.args.data).resolve() / "remote"
+    base = data.resolve() / "remote"
     marker = base / "ready"
     pre = base / "precomputed"
     zroot = base / "zarr"

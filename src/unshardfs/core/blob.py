@@ -18,6 +18,10 @@ Version = tuple[object, ...]  # an object version, as its source gives it (`Obje
 Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)
 
 
+RECENT_BLOBS = 1 << 12
+_RECENT: dict[str, tuple[ObjectStat, "Blob"]] = {}  # path -> (the stat it was made from, the blob)
+
+
 @dataclass(frozen=True, slots=True)
 class Blob:
     """The logical concatenation of one or more objects (usually one)."""
@@ -44,7 +48,17 @@ class Blob:
 
     @classmethod
     def of(cls, path: str, st: ObjectStat) -> "Blob":
-        return cls(((path, st.size, st.version),), st.size, st.mtime_ns)
+        """The blob of one object; the same Blob again while its source answers with the same
+        ObjectStat (a local source does while the file is unchanged): a shard is revalidated on
+        every lookup of one of its chunks, and this spares building (and hashing) a new one."""
+        recent = _RECENT.get(path)
+        if recent is not None and recent[0] is st:
+            return recent[1]
+        blob = cls(((path, st.size, st.version),), st.size, st.mtime_ns)
+        if len(_RECENT) >= RECENT_BLOBS:
+            _RECENT.clear()
+        _RECENT[path] = (st, blob)
+        return blob
 
     @property
     def versioned(self) -> bool:

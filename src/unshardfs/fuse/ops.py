@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import stat
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
@@ -34,6 +35,7 @@ DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 1 << 17
 ENOATTR = errno.ENODATA
+FS_ENCODING = sys.getfilesystemencoding()
 
 
 @dataclass
@@ -282,7 +284,7 @@ class TreeOps:
         self.counters["lookups"] += 1
         parent = await self.directory(parent_ino)
         try:
-            text = os.fsdecode(name)
+            text = name.decode(FS_ENCODING, "surrogateescape")  # os.fsdecode, minus its calls
         except UnicodeError:
             return None
         if not text or text in (".", "..") or "/" in text:

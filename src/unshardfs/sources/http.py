@@ -1,6 +1,6 @@
 """HTTP(S) servers and object stores as byte sources: ranged GETs over one pooled client.
 
-Everything runs on the daemon's trio loop through httpx (HTTP/1.1 keep-alive,
+Everything runs on the daemon's trio loop through `h1` (HTTP/1.1 keep-alive,
 a bounded connection pool, many requests in flight at once). Each request is
 retried with exponential backoff on connection errors, timeouts, 429 and
 5xx; when it finally fails the format sees a `SourceError` (EIO for that
@@ -19,7 +19,7 @@ and any other `Content-Encoding` is refused) up to a cap chosen per status
 each request has one deadline over all its attempts, redirects and body, and
 redirects stay on the origin we were given, so neither requests nor
 credentials ever go to another host or down from https to http. Paths become
-URL paths segment by segment, percent-quoted, and paths a server (or httpx)
+URL paths segment by segment, percent-quoted, and paths a server (or a URL library)
 would normalise into another path are never requested.
 """
 
@@ -39,6 +39,7 @@ from cachetools import TTLCache
 
 from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
+from . import h1
 from .base import ObjectStat, name_problem
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class Reply:
     """A final response, its body read up to the limit its status allowed."""
 
     status: int
-    headers: httpx.Headers
+    headers: dict[str, str]  # lower-case names (see `h1.headers_of`)
     body: bytes | None  # None: longer than that limit (or a HEAD), not read
 
 
@@ -106,13 +107,13 @@ def _error_bodies(status: int) -> int:
     return ERROR_BODY_LIMIT
 
 
-def _encoding(headers: httpx.Headers) -> str | None:
+def _encoding(headers: dict[str, str]) -> str | None:
     """The Content-Encoding of an answer, None for identity (the only one we ask for)."""
     encoding = headers.get("content-encoding", "").strip().lower()
     return encoding if encoding not in ("", "identity") else None
 
 
-def _mtime_ns(headers: httpx.Headers) -> int:
+def _mtime_ns(headers: dict[str, str]) -> int:
     value = headers.get("last-modified")
     if value:
         try:
@@ -125,7 +126,7 @@ def _mtime_ns(headers: httpx.Headers) -> int:
 def path_problem(path: str) -> str | None:
     """Why `path` cannot be requested as it is, or None.
 
-    '' , '.' and '..' segments would be resolved away by httpx or the server
+    '' , '.' and '..' segments would be resolved away by a URL library or the server
     (`ds/../x` is requested as `x`: another prefix, even another bucket), and
     NUL or non-UTF-8 cannot be sent faithfully; such paths are never requested.
     """
@@ -157,29 +158,15 @@ def redirect_refusal(current: str, location: str, follow: bool = True) -> str | 
     """
     try:
         target = urljoin(current, location)
-        same = origin(httpx.URL(target)) == origin(httpx.URL(current))
-    except (ValueError, httpx.InvalidURL):  # urljoin's own complaints are ValueErrors
+        # Both parsers must agree: httpx's (as configured URLs are checked) and the one whose
+        # answer is where the request goes (h1's), so no URL parsed two ways slips through.
+        same = (origin(httpx.URL(target)) == origin(httpx.URL(current))
+                and h1.endpoint(target).key == h1.endpoint(current).key)
+    except (ValueError, httpx.InvalidURL, h1.TransportError):  # urljoin's own complaints are ValueErrors
         return f"refused redirect to invalid URL {location!r}"
     if not follow or not same:
         return f"refused redirect to {target}"
     return None
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
-    """The raw (never decoded) body, or None as soon as it proves longer than `limit`:
-    a declared Content-Length says so before anything is read, an endless or
-    undeclared body after at most one network chunk more."""
-    length = response.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        return None
-    parts: list[bytes] = []
-    got = 0
-    async for chunk in response.aiter_raw():
-        got += len(chunk)
-        if got > limit:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
@@ -234,7 +221,11 @@ class HttpSource:
             raise ConfigError(f"invalid URL {base_url!r}: need http(s)://host/path, without '?' or '#'")
         # Credentials (`authorize`) go to this origin only: the endpoint the user configured.
         self.credential_origin = origin(url)
-        self._transport: httpx.AsyncHTTPTransport | None = None
+        try:
+            self._credential_key = h1.endpoint(self.base_url).key  # where requests actually go
+        except h1.TransportError as e:
+            raise ConfigError(f"invalid URL {base_url!r}: {e}") from None
+        self._pool: h1.Pool | None = None
         self._limiter: trio.CapacityLimiter | None = None
         self._stats: TTLCache = TTLCache(maxsize=200_000, ttl=self.options.stat_ttl)
 
@@ -243,38 +234,33 @@ class HttpSource:
     def object_url(self, path: str) -> str:
         return f"{self.base_url}/{quote_path(path)}" if path else self.base_url + "/"
 
-    async def authorize(self, request: httpx.Request) -> None:
+    async def authorize(self, request: h1.Request) -> None:
         """Add credentials to a request (none for plain HTTP)."""
 
-    def transport(self) -> httpx.AsyncHTTPTransport:
-        # The transport (httpx's connection pool) is used without the client
-        # layer on top: cookie jars, auth flows and header merging cost more
-        # CPU per request than the rest of a chunk read (measured), and a
-        # byte source needs none of them. Redirects are followed in `_send`.
-        if self._transport is None:
-            limits = httpx.Limits(max_connections=self.options.concurrency,
-                                  max_keepalive_connections=self.options.concurrency)
-            self._transport = httpx.AsyncHTTPTransport(limits=limits)
+    def pool(self) -> h1.Pool:
+        # Our own HTTP/1.1 client (h1.py): httpx's transport spent more CPU receiving a body than
+        # the rest of a chunk read, and its client layer (cookies, auth flows, header merging)
+        # more per request (both measured); a byte source needs none of it. Redirects: `_send`.
+        if self._pool is None:
+            self._pool = h1.Pool(max_idle=self.options.concurrency)
             self._limiter = trio.CapacityLimiter(self.options.concurrency)
-        return self._transport
+        return self._pool
 
     async def aclose(self) -> None:
-        if self._transport is not None:
-            await self._transport.aclose()
-            self._transport = None
+        if self._pool is not None:
+            await self._pool.aclose()
+            self._pool = None
 
-    async def _send(self, method: str, url: str, headers: dict[str, str] | None) -> httpx.Response:
+    async def _send(self, method: str, url: str, headers: dict[str, str] | None) -> h1.Response:
         """One attempt: the request, then the redirects `redirect_refusal` allows."""
-        timeout = self.options.timeout
-        extensions = {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}
         for _hop in range(MAX_REDIRECTS + 1):
-            request = httpx.Request(method, url, headers={**BASE_HEADERS, **(headers or {})}, extensions=extensions)
-            if origin(request.url) == self.credential_origin:
+            request = h1.Request(method, url, {**BASE_HEADERS, **(headers or {})})
+            if h1.endpoint(url).key == self._credential_key:
                 await self.authorize(request)
             self.counters.requests += 1
-            response = await self.transport().handle_async_request(request)
+            response = await self.pool().send(request, self.options.timeout)
             location = response.headers.get("location")
-            if response.status_code not in REDIRECT_STATUS or not location:
+            if response.status not in REDIRECT_STATUS or not location:
                 return response
             await response.aclose()
             refusal = redirect_refusal(url, location, self.follow_redirects)
@@ -286,7 +272,7 @@ class HttpSource:
     async def _attempt(self, method: str, url: str, headers: dict[str, str] | None, limit: BodyLimit) -> Reply:
         response = await self._send(method, url, headers)
         try:
-            status = response.status_code
+            status = response.status
             self.counters.status[status] = self.counters.status.get(status, 0) + 1
             body = None
             if method != "HEAD" and status not in RETRY_STATUS:
@@ -294,7 +280,7 @@ class HttpSource:
                 if 200 <= status < 300 and encoding is not None:
                     # Data we would have to decode (`gzip, gzip` of zeros is a bomb): we asked for identity.
                     raise SourceError(f"{method} {url}: refusing Content-Encoding {encoding!r}")
-                body = await _read_capped(response, limit(status))
+                body = await response.read(limit(status))
         finally:
             await response.aclose()
         self.counters.bytes += len(body or b"")
@@ -305,7 +291,7 @@ class HttpSource:
         """Send with retries until a status other than 408/429/5xx, within one deadline counted from
         the first attempt (waiting for a free slot does not count). The body is read up to
         `limit(status)` bytes (None beyond)."""
-        self.transport()
+        self.pool()
         assert self._limiter is not None
         delay = self.options.backoff
         deadline: float | None = None
@@ -327,7 +313,7 @@ class HttpSource:
                             deadline = trio.current_time() + self.options.request_deadline()
                         with trio.fail_at(deadline):
                             reply = await self._attempt(method, url, headers, limit)
-                except httpx.HTTPError as e:  # connection errors, timeouts, broken bodies
+                except h1.TransportError as e:  # connection errors, timeouts, broken bodies
                     last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                     continue
                 if reply.status not in RETRY_STATUS:

@@ -38,6 +38,7 @@ class _FdCache(LRUCache):
 # larger ones (sequential reads) are read as they always were, on the loop: copying a large
 # read out of its buffer would cost more than the wait it saves.
 NOWAIT_MAX = 256 << 10
+KNOWN_FILES = 1 << 16  # files whose last resolution is kept (forgotten all at once past this)
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
@@ -97,6 +98,7 @@ class LocalSource:
         self.root = self._beneath.path
         self.description = self.root
         self._fds = _FdCache(maxsize=max_open_files)
+        self._known: dict[str, ObjectStat] = {}  # regular files as last resolved, for `_object_stat`
         self._nowait = bool(_RWF_NOWAIT) and hasattr(os, "preadv")
         self._probe = bytearray(1)  # `_readable_now`'s buffer
         self.slow_reads = 0  # reads that had to wait on the disk (done on a worker thread)
@@ -107,7 +109,23 @@ class LocalSource:
 
     def _object_stat(self, path: str) -> ObjectStat | None:
         """`path` resolved beneath the root (links followed while inside), or None if absent, outside,
-        or neither a regular file nor a directory."""
+        or neither a regular file nor a directory.
+
+        A regular file resolved before is first checked with one `fstatat` of the path (relative
+        to the root, the last component not followed): if that finds the very file resolved
+        before, unchanged (device, inode, size, mtime, ctime), the answer is the same. Anything
+        else -- a replaced, removed or rewritten file, a link, a FIFO -- is resolved again beneath
+        the root as below. The fstatat only compares: nothing it reaches is opened, listed or
+        served, and a stat never blocks on a FIFO. (Every lookup of a chunk revalidates its shard
+        this way: one system call instead of openat2, fstat and close.)"""
+        known = self._known.get(path)
+        if known is not None:
+            try:
+                if _version(os.stat(path, dir_fd=self._beneath.fd, follow_symlinks=False)) == known.version:
+                    return known
+            except OSError:
+                pass
+            self._known.pop(path, None)  # (another thread may have dropped it too)
         try:
             st = self._beneath.stat(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -117,7 +135,12 @@ class LocalSource:
                 log.warning("ignoring %s: a symlink on its way leads outside the source (or loops)", self.os_path(path))
                 return None
             raise SourceError(f"stat {self.os_path(path)}: {e.strerror}") from e
-        return _to_stat(st)
+        result = _to_stat(st)
+        if result is not None and not result.is_dir and path:
+            if len(self._known) >= KNOWN_FILES:
+                self._known.clear()
+            self._known[path] = result
+        return result
 
     async def stat(self, path: str) -> ObjectStat | None:
         result = self._object_stat(path)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unshardfs.errors import ConfigError
 from unshardfs.formats.zarr.keys import KeyLayout
@@ -101,3 +103,32 @@ def test_v2_mapping():
     text = meta((4,), (4,), [codec("vlen-utf8")], data_type="string")
     with pytest.raises(Unsupported, match="data type"):
         array_v2(text, unshard(text, "t"), ".", "t")
+
+
+@settings(max_examples=200, deadline=None)
+@given(grid=st.lists(st.integers(1, 9), min_size=1, max_size=4), data=st.data())
+def test_chunk_ids_are_numpys_c_order(grid, data):
+    """`id_of`/`index_of` (plain arithmetic, per chunk) agree with numpy's ravel/unravel, errors included."""
+    import math
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from unshardfs.formats.zarr.store import ZarrStore
+
+    shape = tuple(grid)
+    store = SimpleNamespace(grid=shape, _count=math.prod(shape),
+                            _id_strides=tuple(math.prod(shape[d + 1:]) for d in range(len(shape))))
+    store.in_bounds = lambda index: ZarrStore.in_bounds(store, index)  # type: ignore[arg-type]
+    chunk_id = data.draw(st.integers(-2, store._count + 2))
+    if 0 <= chunk_id < store._count:
+        index = ZarrStore.index_of(store, chunk_id)  # type: ignore[arg-type]
+        assert index == tuple(int(i) for i in np.unravel_index(chunk_id, shape))
+        assert ZarrStore.id_of(store, index) == chunk_id  # type: ignore[arg-type]
+    else:
+        with pytest.raises(ValueError):
+            ZarrStore.index_of(store, chunk_id)  # type: ignore[arg-type]
+    bad = data.draw(st.tuples(*(st.integers(-1, g) for g in shape)))
+    if not all(0 <= i < g for i, g in zip(bad, shape)):
+        with pytest.raises(ValueError):
+            ZarrStore.id_of(store, bad)  # type: ignore[arg-type]

@@ -120,6 +120,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         self.dir_path = dir_path
         self.spec = spec
         self.index_size = spec.shard_index_size
+        self._last_location: tuple[int, tuple[int, int]] = (-1, (0, 0))
 
     # -- shard files -------------------------------------------------------------------
 
@@ -202,7 +203,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         return self.index_size + start, end - start
 
     async def minishard(self, blob: Blob, index: np.ndarray, m: int) -> ChunkTable:
-        cached = cast("ChunkTable | None", self.recall(MINISHARD_INDEX, (blob.ident, m)))
+        cached: ChunkTable | None = self.recall(MINISHARD_INDEX, (blob.ident, m))  # type: ignore[assignment]
         if cached is not None:
             return cached
         wanted = [m]
@@ -274,14 +275,24 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     # -- the ShardedStore contract -----------------------------------------------------------
 
+    def _location(self, chunk_id: int) -> tuple[int, int]:
+        """`spec.location`, remembered for the last id: a lookup asks twice (its shard, then its
+        minishard), and each is a hash."""
+        last_id, last = self._last_location
+        if last_id == chunk_id:
+            return last
+        location = self.spec.location(chunk_id)
+        self._last_location = (chunk_id, location)
+        return location
+
     def shard_of(self, chunk_id: int) -> int:
-        return self.spec.location(chunk_id)[0]
+        return self._location(chunk_id)[0]
 
     def table_of(self, chunk_id: int) -> tuple[int, int]:
-        return self.spec.location(chunk_id)  # (shard, minishard): each minishard index is a read
+        return self._location(chunk_id)  # (shard, minishard): each minishard index is a read
 
     async def table_for(self, shard: int, blob: Blob, index: np.ndarray, chunk_id: int) -> ChunkTable | None:
-        m = self.spec.location(chunk_id)[1]
+        m = self._location(chunk_id)[1]
         if index[m, 0] == index[m, 1]:
             return None
         return await self.minishard(blob, index, m)

@@ -60,14 +60,28 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         # How many inner chunks make one shard along each array dimension.
         self.per_shard = tuple(s // c for s, c in zip(meta.chunk_shape, flat.chunk_shape))
         self._strides = np.array([math.prod(self.grid[d + 1:]) for d in range(len(self.grid))], dtype=np.int64)
+        # The same strides as ints: `id_of`/`index_of` run for every chunk a reader or read-ahead
+        # touches, and numpy's ravel/unravel cost more per scalar call than the arithmetic.
+        self._id_strides = tuple(int(x) for x in self._strides)
+        self._count = math.prod(self.grid)
 
     # -- ids ----------------------------------------------------------------------------
 
     def id_of(self, index: tuple[int, ...]) -> int:
-        return int(np.ravel_multi_index(index, self.grid)) if index else 0
+        """The linear (C-order) id of a grid index; ValueError outside the grid."""
+        if not index:
+            return 0
+        if not self.in_bounds(index):
+            raise ValueError(f"chunk index {index} outside the grid {self.grid}")
+        return int(sum(i * s for i, s in zip(index, self._id_strides)))
 
     def index_of(self, chunk_id: int) -> tuple[int, ...]:
-        return tuple(int(i) for i in np.unravel_index(chunk_id, self.grid)) if self.grid else ()
+        """The grid index of a linear id; ValueError outside the grid."""
+        if not self.grid:
+            return ()
+        if not 0 <= chunk_id < self._count:
+            raise ValueError(f"chunk id {chunk_id} outside the grid {self.grid}")
+        return tuple(chunk_id // s % g for s, g in zip(self._id_strides, self.grid))
 
     def indices(self, ids: np.ndarray) -> np.ndarray:
         """(n, ndim) grid indexes of linear chunk ids."""
