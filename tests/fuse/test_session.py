@@ -93,9 +93,10 @@ def test_init_grants_what_the_protocol_version_has(minor, granted):
     if minor >= 23:
         fields = abi.INIT_OUT.unpack(body)
         # 256 pages, or as many as the splice pipe holds (pipe-max-size bounds it without
-        # CAP_SYS_RESOURCE: 254 pages with the default 1 MiB).
+        # CAP_SYS_RESOURCE: 254 pages with the default 1 MiB); a pipe under 32 pages bounds nothing.
         fits = session.splice_max // 4096
-        assert fields[4] == InitConfig().max_background and fields[8] == (min(256, fits) if minor >= 28 else 32)
+        pages = min(256, fits) if fits >= 32 else 256
+        assert fields[4] == InitConfig().max_background and fields[8] == (pages if minor >= 28 else 32)
 
 
 def test_init_grants_only_what_the_kernel_offers():
@@ -188,6 +189,29 @@ def test_a_notification_the_kernel_holds_does_not_stop_the_answers():
 
     trio.run(run)
     assert outcome == ["written"]
+
+
+@pytest.mark.parametrize("pipe_max, pages, splice_max", [
+    (1 << 20, 254, (1 << 20) - 8192),  # a user's pipe-max-size (1 MiB): the header and 254 pages
+    (0, 256, (64 << 10) - 8192),       # every resize refused (a user over pipe-user-pages-soft)
+])
+def test_a_user_s_pipe_limit_bounds_the_requests(monkeypatch, pipe_max, pages, splice_max):
+    """Without CAP_SYS_RESOURCE a pipe grows to pipe-max-size at most: requests are negotiated no
+    larger than one spliced reply fits in, or left at 256 pages (copied) if the pipe stays small."""
+    import fcntl
+
+    from unshardfs.fuse import splice
+    real = fcntl.fcntl
+
+    def limited(fd, cmd, arg=0):
+        if cmd == fcntl.F_SETPIPE_SZ and arg > pipe_max:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(splice.fcntl, "fcntl", limited)
+    (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, init_body(38))], 1)
+    assert reply[:2] == (1, 0) and abi.INIT_OUT.unpack(reply[2])[8] == pages
+    assert session.splice_max == splice_max
 
 
 def test_requests_read_back_to_back_pass_the_scheduler_every_few():

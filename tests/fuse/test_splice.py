@@ -19,6 +19,8 @@ from unshardfs.fuse.kernel import SPLICE_MIN, KernelOps
 from unshardfs.fuse.ops import ROOT, TreeOps
 from unshardfs.fuse.server import Session as FuseSession
 from unshardfs.session import Session
+from unshardfs.sources.local import LocalSource
+from unshardfs.sources.pagecache import page_cache
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 from .test_first_read import Kernel
@@ -159,3 +161,100 @@ def test_a_shard_truncated_before_the_splice_answers_eio_not_fewer_bytes(volume,
     replies = spliced_session_reads(copy, monkeypatch, truncate=True)
     # Nothing went out through the pipe; the request was answered once, with EIO.
     assert replies == [("socket", errno.EIO, b"")]
+
+
+def test_pages_still_being_read_in_are_not_spliced(tmp_path, monkeypatch):
+    """cachestat counts the pages read-ahead has added whose I/O is still in flight: a splice of
+    those would wait for the disk on the loop. A range whose first or last page cannot be read
+    without waiting is left to `read` (which waits on a worker thread)."""
+    (tmp_path / "s.shard").write_bytes(os.urandom(1 << 20))
+    (tmp_path / "s.shard").read_bytes()
+    source = LocalSource(str(tmp_path))
+    try:
+        st = trio.run(source.stat, "s.shard")
+        assert st is not None
+        fd = source._fd("s.shard", st.version)
+        if page_cache.cached(fd, 0, 1 << 20) is not True or not source._nowait:
+            pytest.skip("no cachestat or RWF_NOWAIT here")
+        assert source.cached_range("s.shard", 4096, 512 << 10, st.version) == (fd, 4096, 512 << 10)
+        real = os.preadv
+        in_flight = range(0, 0)
+
+        def preadv(fd, buffers, offset, flags=0):
+            if flags & os.RWF_NOWAIT and offset in in_flight:
+                raise BlockingIOError(errno.EAGAIN, "in flight")
+            return real(fd, buffers, offset, flags)
+
+        monkeypatch.setattr(os, "preadv", preadv)
+        for in_flight in (range(256 << 10, 1 << 20), range(0, 8192)):  # ahead of the reader; behind
+            assert source.cached_range("s.shard", 4096, 512 << 10, st.version) is None
+        in_flight = range(0, 0)
+        assert source.cached_range("s.shard", 4096, 512 << 10, st.version) is not None
+    finally:
+        source.close()
+
+
+@pytest.mark.parametrize("failure", ["file EAGAIN half way", "file shrank half way", "device ENOENT"])
+def test_a_reply_abandoned_half_way_leaves_nothing_for_the_next(tmp_path, monkeypatch, failure):
+    """Whatever a failed reply left in the pipe (its header, part of its bytes) never reaches the
+    device ahead of the next reply: the pipe is replaced."""
+    data = os.urandom(1 << 20)
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    out_r, out_w = os.pipe2(os.O_NONBLOCK)
+    fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, 1 << 20)
+    splicer = splice.Splicer(out_w, 256 << 10)
+    real = os.splice
+    calls = []
+
+    def failing(src, dst, count, offset_src=None, *args, **kwargs):
+        calls.append(src)
+        if len(calls) == 2 and failure.startswith("file"):  # the file's second piece
+            if failure == "file EAGAIN half way":
+                raise BlockingIOError(errno.EAGAIN, "pipe full")
+            return 0
+        if dst == out_w and len(calls) == 3:
+            raise FileNotFoundError(errno.ENOENT, "interrupted")
+        return real(src, dst, min(count, 64 << 10) if len(calls) == 1 else count, offset_src, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(os, "splice", failing)
+        with pytest.raises(FileNotFoundError if failure == "device ENOENT" else splice.SpliceFailed):
+            splicer.reply(1, fd, 0, 200 << 10)
+        monkeypatch.setattr(os, "splice", real)
+        with pytest.raises(BlockingIOError):
+            os.read(out_r, 1 << 20)  # nothing of the failed reply went out
+        splicer.reply(2, fd, 4096, 128 << 10)
+        got = os.read(out_r, 1 << 20)
+        assert got == abi.OUT_HEADER.pack(abi.OUT_HEADER.size + (128 << 10), 0, 2) + data[4096:4096 + (128 << 10)]
+    finally:
+        splicer.close()
+        for f in (fd, out_r, out_w):
+            os.close(f)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.EPERM])
+def test_a_kernel_without_cachestat_reads_as_before(tmp_path, monkeypatch, code):
+    """cachestat missing (before Linux 6.5: ENOSYS) or filtered (seccomp: EPERM): asked once,
+    then never; ranges `read` would copy without waiting are left to it, larger ones (which
+    `read` too reads on the loop) may be spliced."""
+    import ctypes
+
+    (tmp_path / "s.shard").write_bytes(os.urandom(1 << 20))
+    asked = []
+
+    def missing(*args):
+        asked.append(args[0])
+        ctypes.set_errno(code)
+        return -1
+
+    monkeypatch.setattr(page_cache, "_syscall", missing)
+    source = LocalSource(str(tmp_path))
+    try:
+        st = trio.run(source.stat, "s.shard")
+        assert st is not None
+        assert source.cached_range("s.shard", 0, 128 << 10, st.version) is None
+        assert source.cached_range("s.shard", 0, 512 << 10, st.version) is not None
+        assert len(asked) == 1 and page_cache.cached(0, 0, 4096) is None
+    finally:
+        source.close()

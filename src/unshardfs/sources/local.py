@@ -100,6 +100,7 @@ class LocalSource:
         self._fds = _FdCache(maxsize=max_open_files)
         self._known: dict[str, ObjectStat] = {}  # regular files as last resolved, for `_object_stat`
         self._nowait = bool(_RWF_NOWAIT) and hasattr(os, "preadv")
+        self._probe = bytearray(1)  # `_readable_now`'s buffer
         self.slow_reads = 0  # reads that had to wait on the disk (done on a worker thread)
 
     def os_path(self, path: str) -> str:
@@ -220,7 +221,34 @@ class LocalSource:
         if cached is False or (cached is None and size <= NOWAIT_MAX):
             # Unknown (no cachestat): only reads `read` itself would do on the loop anyway.
             return None
+        if cached and not self._readable_now(fd, offset, size):
+            return None
         return FdRange(fd, offset, size)
+
+    def _readable_now(self, fd: int, offset: int, size: int) -> bool:
+        """Whether the first and last bytes of a page-cached range read without waiting.
+
+        cachestat counts every page in the cache, also those read-ahead has just added and
+        whose I/O is still in flight (a sequential read of a cold shard finds its next
+        request's pages so): a splice of those waits for the disk, on the loop. The pages of a
+        window still being read are contiguous and lie ahead of what was read, so a range
+        holding some of them (almost always) holds its first or last page among them: one
+        byte of each is read with RWF_NOWAIT (two calls, not one per page)."""
+        if not self._nowait:
+            return True  # cannot tell: as without cachestat, no worse than `read`'s own pread
+        probe = self._probe
+        try:
+            for at in (offset, offset + size - 1):
+                if os.preadv(fd, [probe], at, _RWF_NOWAIT) != 1:
+                    return False  # the file shrank: `read` says so
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                self._nowait = False
+                return True
+            return False  # `read` reports it
+        return True
 
     async def _read_nowait(self, fd: int, offset: int, size: int) -> bytes:
         """The bytes in the page cache are read here, on the event loop, without waiting

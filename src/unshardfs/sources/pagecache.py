@@ -2,7 +2,9 @@
 
 cachestat(2) (Linux 6.5) answers for a whole range in one call; the kernel
 engine uses it to decide whether a read can be answered from the loop with
-splice (no wait possible) or must take the ordinary path.
+splice or must take the ordinary path. It counts every page in the cache,
+also those whose read is still in flight (`LocalSource._readable_now` checks
+those).
 """
 
 from __future__ import annotations
