@@ -12,20 +12,16 @@ cost more than the request itself when every request had its own task).
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import trio
 
-from unshardfs.fuse import abi
-from unshardfs.fuse.kernel import KernelOps
-from unshardfs.fuse.ops import ROOT, TreeOps
-from unshardfs.fuse.server import Session as FuseSession
-from unshardfs.session import Session
+from unshardfs.fuse.ops import ROOT
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 from ..core.test_hot_path import Scheduling as Spawns
+from .inprocess import served
 
 KEY = "1_1_1"
 
@@ -36,34 +32,6 @@ def volume(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("first-read")
     return write_volume(root, [Scale((256, 256, 64), (32, 32, 16), sharding(minishard=2, shard=2,
                                                                              index_enc="gzip"))], "uint8")
-
-
-class Kernel:
-    """The kernel's end: one request at a time, its reply awaited."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.unique = 100
-
-    async def ask(self, opcode: int, nodeid: int, body: bytes) -> tuple[int, bytes]:
-        self.unique += 1
-        self.sock.send(abi.IN_HEADER.pack(abi.IN_HEADER.size + len(body), opcode, self.unique, nodeid,
-                                          0, 0, 0, 0, 0) + body)
-        await trio.lowlevel.wait_readable(self.sock)
-        reply = self.sock.recv(1 << 20)
-        length, error, unique = abi.OUT_HEADER.unpack_from(reply)
-        assert (length, unique) == (len(reply), self.unique)
-        return -error, reply[abi.OUT_HEADER.size:]
-
-    async def lookup(self, parent: int, name: str) -> int:
-        error, entry = await self.ask(abi.Op.LOOKUP, parent, name.encode() + b"\0")
-        assert error == 0, (name, error)
-        return abi.ENTRY_OUT.unpack_from(entry)[0]
-
-    async def read(self, ino: int, size: int) -> bytes:
-        error, data = await self.ask(abi.Op.READ, ino, abi.READ_IN.pack(0, 0, size, 0, 0, 0, 0))
-        assert error == 0, (ino, error)
-        return data
 
 
 def first_reads(volume: dict[str, Path], monkeypatch) -> tuple[Spawns, int, int]:
@@ -78,37 +46,21 @@ def first_reads(volume: dict[str, Path], monkeypatch) -> tuple[Spawns, int, int]
         return await real(*args, **kwargs)
 
     async def main() -> tuple[Spawns, int]:
-        source = await Session.open(str(volume["sharded"]))
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setblocking(False)
-        theirs.setblocking(False)
         spawns = Spawns()
         matched = 0
-        try:
-            async with source.running():
-                binding = KernelOps(TreeOps(source.tree))
-                session = FuseSession(ours.fileno(), binding)
-                binding.attach(session)
-                kernel = Kernel(theirs)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(session.serve)
-                    directory = await kernel.lookup(ROOT, KEY)
-                    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
-                    trio.lowlevel.add_instrument(spawns)
-                    try:
-                        for name in names:
-                            ino = await kernel.lookup(directory, name)
-                            expected = (volume["plain"] / KEY / name).read_bytes()
-                            assert await kernel.read(ino, 1 << 17) == expected, name
-                            matched += len(expected)
-                    finally:
-                        trio.lowlevel.remove_instrument(spawns)
-                        monkeypatch.setattr(trio.to_thread, "run_sync", real)
-                    nursery.cancel_scope.cancel()
-        finally:
-            await source.aclose()
-            ours.close()
-            theirs.close()
+        async with served(volume["sharded"]) as (kernel, _):
+            directory = await kernel.lookup(ROOT, KEY)
+            monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+            trio.lowlevel.add_instrument(spawns)
+            try:
+                for name in names:
+                    ino = await kernel.lookup(directory, name)
+                    expected = (volume["plain"] / KEY / name).read_bytes()
+                    assert await kernel.read(ino, 1 << 17) == expected, name
+                    matched += len(expected)
+            finally:
+                trio.lowlevel.remove_instrument(spawns)
+                monkeypatch.setattr(trio.to_thread, "run_sync", real)
         return spawns, matched
 
     spawns, matched = trio.run(main)

@@ -4,7 +4,6 @@ same bytes as entry by entry, and a listing builds no object per entry."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,11 @@ import trio
 
 from unshardfs.core.chunks import ChunkContext
 from unshardfs.fuse import abi
-from unshardfs.fuse.kernel import DirentBuffer, KernelOps
-from unshardfs.fuse.ops import ROOT, TreeOps
-from unshardfs.fuse.server import Session as FuseSession
-from unshardfs.session import Session
+from unshardfs.fuse.kernel import DirentBuffer
+from unshardfs.fuse.ops import ROOT
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
-from .test_first_read import Kernel
+from .inprocess import served
 
 KEY = "1_1_1"
 
@@ -59,42 +56,26 @@ def test_a_plain_listing_builds_no_object_per_entry(volume, monkeypatch):
     monkeypatch.setattr(DirentBuffer, "add", lambda *a, **k: added.append(1) or real_add(*a, **k))
 
     async def main() -> list[bytes]:
-        source = await Session.open(str(volume["sharded"]))
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setblocking(False)
-        theirs.setblocking(False)
         listed = []
-        try:
-            async with source.running():
-                binding = KernelOps(TreeOps(source.tree))
-                session = FuseSession(ours.fileno(), binding)
-                binding.attach(session)
-                kernel = Kernel(theirs)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(session.serve)
-                    directory = await kernel.lookup(ROOT, KEY)
-                    error, opened = await kernel.ask(abi.Op.OPENDIR, directory, abi.OPEN_IN.pack(0, 0))
-                    assert error == 0
-                    fh = abi.OPEN_OUT.unpack_from(opened)[0]
-                    offset = 0
-                    while True:
-                        error, reply = await kernel.ask(abi.Op.READDIR, directory,
-                                                        abi.READ_IN.pack(fh, offset, 32 << 10, 0, 0, 0, 0))
-                        assert error == 0
-                        if not reply:
-                            break
-                        at = 0
-                        while at < len(reply):
-                            ino, offset, namelen, kind = abi.DIRENT.unpack_from(reply, at)
-                            name = reply[at + abi.DIRENT.size:at + abi.DIRENT.size + namelen]
-                            assert ino >> 56 and kind == 8 and offset == len(listed) + 1
-                            listed.append(name)
-                            at += abi.pad8(abi.DIRENT.size + namelen)
-                    nursery.cancel_scope.cancel()
-        finally:
-            await source.aclose()
-            ours.close()
-            theirs.close()
+        async with served(volume["sharded"]) as (kernel, _):
+            directory = await kernel.lookup(ROOT, KEY)
+            error, opened = await kernel.ask(abi.Op.OPENDIR, directory, abi.OPEN_IN.pack(0, 0))
+            assert error == 0
+            fh = abi.OPEN_OUT.unpack_from(opened)[0]
+            offset = 0
+            while True:
+                error, reply = await kernel.ask(abi.Op.READDIR, directory,
+                                                abi.READ_IN.pack(fh, offset, 32 << 10, 0, 0, 0, 0))
+                assert error == 0
+                if not reply:
+                    break
+                at = 0
+                while at < len(reply):
+                    ino, offset, namelen, kind = abi.DIRENT.unpack_from(reply, at)
+                    name = reply[at + abi.DIRENT.size:at + abi.DIRENT.size + namelen]
+                    assert ino >> 56 and kind == 8 and offset == len(listed) + 1
+                    listed.append(name)
+                    at += abi.pad8(abi.DIRENT.size + namelen)
         return listed
 
     listed = trio.run(main)

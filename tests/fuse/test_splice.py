@@ -8,22 +8,20 @@ import fcntl
 import math
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 import trio
 
 from unshardfs.fuse import abi, splice
-from unshardfs.fuse.kernel import SPLICE_MIN, KernelOps
-from unshardfs.fuse.ops import ROOT, TreeOps
+from unshardfs.fuse.kernel import SPLICE_MIN
+from unshardfs.fuse.ops import ROOT
 from unshardfs.fuse.server import Session as FuseSession
-from unshardfs.session import Session
 from unshardfs.sources.local import LocalSource
 from unshardfs.sources.pagecache import page_cache
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
-from .test_first_read import Kernel
+from .inprocess import served
 
 KEY = "1_1_1"
 CHUNK = 2 << 20
@@ -86,52 +84,41 @@ def spliced_session_reads(volume: dict[str, Path], monkeypatch, truncate: bool) 
         return real(src, dst, count, offset_src, *args, **kwargs)
 
     async def main() -> list[tuple[str, int, bytes]]:
-        source = await Session.open(str(volume["sharded"]))
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setblocking(False)
-        theirs.setblocking(False)
         out_r, out_w = os.pipe2(os.O_NONBLOCK)
         fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, 1 << 20)  # a whole reply at once, as /dev/fuse takes it
         got = []
+
+        def to_the_pipe(session: FuseSession) -> None:
+            session.splicer = splice.Splicer(out_w, 1 << 20)
+
         try:
-            async with source.running():
-                binding = KernelOps(TreeOps(source.tree))
-                session = FuseSession(ours.fileno(), binding)
-                session.splicer = splice.Splicer(out_w, 1 << 20)
-                binding.attach(session)
-                kernel = Kernel(theirs)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(session.serve)
-                    ino = await kernel.lookup(await kernel.lookup(ROOT, KEY), name)
-                    size = min(1 << 20, session.splice_max)
-                    if truncate:
-                        monkeypatch.setattr(os, "splice", splice_after_truncating)
-                    request = abi.READ_IN.pack(0, 0, size, 0, 0, 0, 0)
-                    theirs.send(abi.IN_HEADER.pack(abi.IN_HEADER.size + len(request), abi.Op.READ, 7, ino,
-                                                   0, 0, 0, 0, 0) + request)
-                    with trio.fail_after(10):
-                        while not got:
-                            await trio.sleep(0.01)
-                            for where, read in (("socket", lambda: theirs.recv(4 << 20)),
-                                                ("pipe", lambda: os.read(out_r, 4 << 20))):
-                                try:
-                                    data = read()
-                                except BlockingIOError:
-                                    continue
-                                if where == "pipe":  # the rest of a spliced reply, if any
-                                    while len(data) < abi.OUT_HEADER.unpack_from(data)[0]:
-                                        data += os.read(out_r, 4 << 20)
-                                length, error, unique = abi.OUT_HEADER.unpack_from(data)
-                                assert (length, unique) == (len(data), 7)
-                                got.append((where, -error, data[abi.OUT_HEADER.size:]))
-                    nursery.cancel_scope.cancel()
+            async with served(volume["sharded"], to_the_pipe) as (kernel, session):
+                ino = await kernel.lookup(await kernel.lookup(ROOT, KEY), name)
+                size = min(1 << 20, session.splice_max)
+                if truncate:
+                    monkeypatch.setattr(os, "splice", splice_after_truncating)
+                request = abi.READ_IN.pack(0, 0, size, 0, 0, 0, 0)
+                kernel.sock.send(abi.IN_HEADER.pack(abi.IN_HEADER.size + len(request), abi.Op.READ, 7, ino,
+                                                    0, 0, 0, 0, 0) + request)
+                with trio.fail_after(10):
+                    while not got:
+                        await trio.sleep(0.01)
+                        for where, read in (("socket", lambda: kernel.sock.recv(4 << 20)),
+                                            ("pipe", lambda: os.read(out_r, 4 << 20))):
+                            try:
+                                data = read()
+                            except BlockingIOError:
+                                continue
+                            if where == "pipe":  # the rest of a spliced reply, if any
+                                while len(data) < abi.OUT_HEADER.unpack_from(data)[0]:
+                                    data += os.read(out_r, 4 << 20)
+                            length, error, unique = abi.OUT_HEADER.unpack_from(data)
+                            assert (length, unique) == (len(data), 7)
+                            got.append((where, -error, data[abi.OUT_HEADER.size:]))
         finally:
             monkeypatch.setattr(os, "splice", real)
-            await source.aclose()
             for fd in (out_r, out_w):
                 os.close(fd)
-            ours.close()
-            theirs.close()
         return got
 
     return trio.run(main)
