@@ -77,9 +77,10 @@ class TreeOperations(pyfuse3.Operations):
         self.ops.features = {"protocol": "libfuse", "no_open": False, "parallel_dirops": False}
         self.ops.invalidate = self.invalidate_inode
 
-    def invalidate_inode(self, ino: int) -> None:
+    def invalidate_inode(self, ino: int, done: Callable[[], None]) -> None:
         """Drop the kernel's pages of `ino`, after the request that found the change is answered
-        (libfuse documents a deadlock when a notification is sent from inside a request)."""
+        (libfuse documents a deadlock when a notification is sent from inside a request); then
+        `done`."""
         self.counters["invalidations"] += 1
 
         async def later() -> None:
@@ -87,6 +88,8 @@ class TreeOperations(pyfuse3.Operations):
                 await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino)
             except (OSError, RuntimeError) as e:  # the kernel forgot it meanwhile: nothing cached
                 log.debug("invalidating inode %d: %s", ino, e)
+            finally:
+                done()
 
         trio.lowlevel.spawn_system_task(later)
 

@@ -19,6 +19,7 @@ import stat
 from typing import Any, Callable
 
 import numpy as np
+import trio
 
 from ..vtree import DirNode, Node, size_of
 from . import abi
@@ -374,16 +375,28 @@ class KernelOps:
 
     # -- invalidation --------------------------------------------------------------------
 
-    def invalidate_inode(self, ino: int) -> None:
+    def invalidate_inode(self, ino: int, done: Callable[[], None]) -> None:
         """Ask the kernel to drop the pages and attributes it holds for `ino` (sent after the
-        current request is answered, by the session's notifier task)."""
+        current request is answered, by the session's notifier task); `done` once it has.
+
+        If the notification cannot be queued, the kernel drops them itself when it next fetches
+        the attributes (AUTO_INVAL_DATA sees the new mtime): `done` after the attribute timeout."""
         if self.session is None:
+            done()
             return
         self.counters["invalidations"] += 1
-        self.session.notify(abi.Notify.INVAL_INODE, abi.NOTIFY_INVAL_INODE.pack(ino, 0, 0))
+        if not self.session.notify(abi.Notify.INVAL_INODE, abi.NOTIFY_INVAL_INODE.pack(ino, 0, 0), done):
+            self._after_attribute_timeout(done)
         located = self.ops.inodes.parent_of(ino)
         if located is not None:
             parent, name = located
             self.session.notify(abi.Notify.INVAL_ENTRY,
                                 abi.NOTIFY_INVAL_ENTRY.pack(parent, len(name), 0) + name + b"\0")
+
+    def _after_attribute_timeout(self, done: Callable[[], None]) -> None:
+        async def later() -> None:
+            await trio.sleep(self.ops.options.attr_timeout + 0.1)
+            done()
+
+        trio.lowlevel.spawn_system_task(later)
 

@@ -271,9 +271,14 @@ class TreeOps:
         # Inodes whose pages the kernel may hold (served a READ since their last invalidation):
         # a replaced shard is re-served to these only after their pages are dropped.
         self.served: LRUCache = LRUCache(maxsize=1 << 16)
-        # Engines that can tell the kernel to drop what it cached set this: (ino) -> None,
-        # called for an inode whose backing data changed; never from inside that request.
-        self.invalidate: Callable[[int], None] | None = None
+        # Engines that can tell the kernel to drop what it cached set this: (ino, done) -> None,
+        # called for an inode whose backing data changed; never from inside that request. The
+        # engine calls `done` (on the loop) once the kernel has dropped them, or cannot hold them.
+        self.invalidate: Callable[[int, Callable[[], None]], None] | None = None
+        # Inodes whose old pages the kernel may still hold while the new content is ready:
+        # their reads fail until the pages are dropped (answered with new bytes, a reader
+        # would get old cached pages followed by new ones). Count of drops under way.
+        self.dropping: dict[int, int] = {}
         self.features: dict[str, object] = {}
         self.live: Callable[[], dict] | None = None  # the engine's own counters (requests in flight)
 
@@ -523,17 +528,22 @@ class TreeOps:
             parent, name = self.inodes.locate(ino)
             return await parent.lookup(name) if parent is not None and name else None
 
+        if ino in self.dropping:
+            self.counters["eio"] += 1
+            raise FsError(errno.EIO)
         try:
             served, data = await read_current(node, offset, size, resolve)
         except DataError as e:
             if isinstance(e.__cause__, StaleError) and self.invalidate is not None:
-                self.invalidate(ino)  # its size changed: the kernel must ask for attributes again
+                self.invalidate(ino, _nothing)  # its size changed: the kernel must ask for attributes again
             raise
         if served is not node:
             self.inodes.replace(ino, served)
             if self.invalidate is not None:
-                self.invalidate(ino)
-                if self.served.pop(ino, None) is not None:
+                if self.served.pop(ino, None) is None:
+                    self.invalidate(ino, _nothing)
+                else:
+                    self._drop_pages(ino)
                     self.counters["eio"] += 1
                     raise FsError(errno.EIO)
         if self.invalidate is not None:
@@ -541,6 +551,18 @@ class TreeOps:
         self.counters["reads"] += 1
         self.counters["read_bytes"] += len(data)
         return served, data
+
+    def _drop_pages(self, ino: int) -> None:
+        """Have the engine drop the kernel's pages of `ino`; its reads fail until that is done."""
+        assert self.invalidate is not None
+        self.dropping[ino] = self.dropping.get(ino, 0) + 1
+
+        def dropped() -> None:
+            left = self.dropping.pop(ino, 1) - 1
+            if left:
+                self.dropping[ino] = left
+
+        self.invalidate(ino, dropped)
 
     def read_cached(self, ino: int, offset: int, size: int) -> FdRange | None:
         """Where the bytes of a `read(ino, offset, size)` lie, page-cached, in an open descriptor
@@ -550,7 +572,7 @@ class TreeOps:
         source's version check and is left to `read`, which follows or refuses it). The caller
         must move exactly `size` bytes, or answer through `read` instead."""
         node = self.inodes.peek(ino)
-        if not isinstance(node, FileNode) or offset >= node.size:
+        if not isinstance(node, FileNode) or offset >= node.size or ino in self.dropping:
             return None
         found = node.cached_range(offset, size)
         if found is None:
@@ -593,3 +615,7 @@ class TreeOps:
     def statfs(self) -> dict[str, int]:
         return {"bsize": 4096, "frsize": 4096, "blocks": 0, "bfree": 0, "bavail": 0,
                 "files": len(self.inodes), "ffree": 0, "namelen": 255}
+
+
+def _nothing() -> None:
+    """A `done` for invalidations nothing waits for."""

@@ -46,6 +46,9 @@ CHECKPOINT_EVERY = 8
 # What a dispatcher returns: a reply payload now, or a coroutine producing one.
 Answer = Union[bytes, bytearray, memoryview, list, Coroutine[Any, Any, Any], None]
 
+# A queued notification: the message, and what to call once it was written (or refused).
+Notification = tuple[bytes, Union[Callable[[], None], None]]
+
 
 @dataclass
 class Request:
@@ -113,7 +116,7 @@ class Session:
     closed: bool = False
 
     def __post_init__(self) -> None:
-        self._notify_send, self._notify_receive = trio.open_memory_channel[bytes](1024)
+        self._notify_send, self._notify_receive = trio.open_memory_channel[Notification](1024)
         self._buffer = bytearray(abi.READ_BUFFER)
         self._buffers = [self._buffer]
         self._view = memoryview(self._buffer)
@@ -187,15 +190,19 @@ class Session:
         except OSError:
             pass
 
-    def notify(self, code: abi.Notify, payload: bytes) -> None:
-        """Queue a notification; the notifier task writes it (outside every request)."""
+    def notify(self, code: abi.Notify, payload: bytes, done: Callable[[], None] | None = None) -> bool:
+        """Queue a notification; the notifier task writes it (outside every request) and then
+        calls `done` (on the loop), whether or not the kernel accepted it. False if it was not
+        queued (the session is closing, or the queue is full): `done` is then never called."""
         if self.closed:
-            return
+            return False
         message = abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(payload), code, 0) + payload
         try:
-            self._notify_send.send_nowait(message)
+            self._notify_send.send_nowait((message, done))
         except trio.WouldBlock:
             log.warning("notification queue full: a change is left to the attribute timeout")
+            return False
+        return True
 
     def _write_notification(self, message: bytes) -> None:
         os.write(self.fd, message)
@@ -207,7 +214,7 @@ class Session:
         and waits for every page that is locked -- including pages of a READ still waiting for
         our answer. Written from the loop, that write would stop the loop that has to answer the
         READ, and both would wait for ever. From a thread, the loop keeps answering."""
-        async for message in self._notify_receive:
+        async for message, done in self._notify_receive:
             try:
                 # abandon_on_cancel: at unmount the write ends with the connection (ENODEV) anyway.
                 await trio.to_thread.run_sync(self._write_notification, message, abandon_on_cancel=True)
@@ -217,6 +224,9 @@ class Session:
                     return
                 if e.errno != errno.ENOENT:
                     log.warning("notification failed: %s", e.strerror)
+            finally:
+                if done is not None:
+                    done()
 
     # -- reading ---------------------------------------------------------------------------
 
