@@ -231,3 +231,63 @@ def test_an_etag_beyond_ascii_is_sent_back_as_it_came():
 
     assert against(answer, stat_and_read)[0] == b"abc"
     assert b'\r\nif-match: "\xe9t\xe9"' in seen[1].lower()
+
+
+# A whole object instead of the range asked for: position p holds byte p % 256.
+PATTERN = bytes(range(256)) * 1024
+WHOLE = 32 << 20
+
+
+def _whole_object(framing: str) -> Answer:
+    """A 200 with a 32 MiB object to every request, whatever its Range, framed by Content-Length,
+    in chunks, or by the connection's close (no length)."""
+    async def answer(stream: trio.abc.Stream, request: bytes, number: int) -> bool:
+        head = {"length": b"Content-Length: %d\r\n" % WHOLE, "chunked": b"Transfer-Encoding: chunked\r\n",
+                "close": b"Connection: close\r\n"}[framing]
+        await stream.send_all(b"HTTP/1.1 200 X\r\n" + head + b"\r\n")
+        size = b"%x\r\n" % len(PATTERN)
+        for _ in range(WHOLE // len(PATTERN)):
+            if framing == "chunked":
+                await stream.send_all(size)
+            await stream.send_all(PATTERN)
+            if framing == "chunked":
+                await stream.send_all(b"\r\n")
+        if framing == "chunked":
+            await stream.send_all(b"0\r\n\r\n")
+        return framing != "close"
+    return answer
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+@pytest.mark.parametrize("offset, size", [(0, 10), ((16 << 20) + 5, 1 << 20), (WHOLE - 7, 7)])
+def test_a_whole_object_for_a_range_holds_only_the_range(framing, offset, size):
+    """A server ignoring Range answers 200 with the whole object: the read keeps the bytes asked
+    for, drops those before as they arrive and never reads on (each read held up to 64 MiB)."""
+    tracemalloc.start()
+    try:
+        outcome, source = against(_whole_object(framing), lambda s: s.read("x", offset, size),
+                                  HttpOptions(timeout=30, retries=0, deadline=50))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    expected = (PATTERN * (WHOLE // len(PATTERN)))[offset:offset + size]
+    assert outcome == expected and source.counters.whole_object_fallbacks == 1
+    # The range twice (received, then as bytes), one reused buffer for what is dropped, what is
+    # in flight (h11's buffer, one receive) and slack: never the object.
+    assert peak < 2 * size + (2 << 20), f"{peak:,} bytes held for {size:,} of a {WHOLE:,}-byte object"
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_length_less_whole_object_cut_short_is_an_error(tls, secure):
+    """A 200 without length or chunks ends with the connection; cut before the end of the range
+    asked (over TLS without close_notify, which looks the same), it is not the object's end."""
+    async def answer(stream: trio.abc.Stream, request: bytes, number: int) -> bool:
+        await stream.send_all(b"HTTP/1.1 200 X\r\nConnection: close\r\n\r\n" + PATTERN[:1000])
+        return False  # closed at once: over TLS, without close_notify
+
+    outcome, source = against(answer, lambda s: s.read("x", 500, 1000), tls=tls if secure else None)
+    assert isinstance(outcome, SourceError)
+    assert str(outcome) == (f"GET {source.base_url}/x: RemoteProtocolError: a body of unknown length ended after "
+                            "1000 bytes, before byte 1500 asked for: cut short or not, it cannot be told (after 2 "
+                            "attempts)")
+

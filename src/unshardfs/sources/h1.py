@@ -27,7 +27,8 @@ import os
 import ssl
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable, cast
+from itertools import chain
+from typing import Callable, Iterable, Iterator, cast
 from urllib.parse import quote, urlsplit
 
 import h11
@@ -131,6 +132,22 @@ def default_ssl_context() -> ssl.SSLContext:
     return context
 
 
+def _pieces(count: int, kept: list[bytes | bytearray] | None) -> Iterator[memoryview]:
+    """Buffers for the next `count` body bytes, each made when its turn comes: new pieces of at
+    most BODY_PIECE bytes appended to `kept`, or (`kept` None: bytes to drop) one reused buffer."""
+    scratch = memoryview(bytearray(min(count, RECEIVE_SIZE))) if kept is None and count > 0 else None
+    while count > 0:
+        if scratch is not None:
+            view = scratch[:count]
+        else:
+            piece = bytearray(min(BODY_PIECE, count))
+            assert kept is not None
+            kept.append(piece)
+            view = memoryview(piece)
+        count -= len(view)
+        yield view
+
+
 class _Connection:
     """One keep-alive connection: a trio stream over `socket`; with `into`, bodies are received
     straight into their buffer (plain TCP), else through the stream (TLS)."""
@@ -202,37 +219,63 @@ class Response:
             return None
         return await self._read_exact(size)
 
-    async def _read_exact(self, size: int) -> bytes:
-        """A body of a declared length, received in place into pieces of at most BODY_PIECE bytes:
-        a declared length costs memory only as its bytes arrive (a server announcing the whole
-        allowed size and then stalling holds one piece, not all of it)."""
+    async def read_part(self, start: int, size: int) -> bytes:
+        """Bytes [start, start+size) of the body, holding no more than those: the bytes before
+        them are received and dropped, the ones after are never read (the connection is dropped
+        with them). Fewer bytes only where a body whose end is known (a declared length, a last
+        chunk) ends sooner; a body delimited by the connection's close (no length, not chunked)
+        that ends sooner is an error, because a connection cut (over TLS, without close_notify)
+        looks the same as that end. For an answer that ignored a Range request."""
+        if self._conn is None:
+            raise RemoteProtocolError("body already read")
+        length = self.headers.get("content-length")
+        if self._bodiless or length is None or "transfer-encoding" in self.headers:
+            return await self._read_framed_part(start, start + size)
+        total = int(length)
+        skip = min(start, total)
+        return await self._read_exact(min(start + size, total) - skip, skip, total)
+
+    async def _read_exact(self, size: int, skip: int = 0, declared: int | None = None) -> bytes:
+        """`size` bytes of a body of a declared length (`declared`, default `size`) after its
+        first `skip`, received in place into pieces of at most BODY_PIECE bytes: a declared
+        length costs memory only as its bytes arrive (a server announcing the whole allowed
+        size and then stalling holds one piece, not all of it); skipped bytes pass through one
+        reused buffer."""
+        declared = size if declared is None else declared
+        early, _closed = self._protocol.trailing_data  # what came with the head
+        dropped = min(len(early), skip)
+        parts: list[bytes | bytearray] = [early[dropped:skip + size]] if len(early) > dropped else []
+        kept = len(parts[0]) if parts else 0
+        await self._receive(chain(_pieces(skip - dropped, None), _pieces(size - kept, parts)), skip + size,
+                            dropped + kept, declared)
+        # The body's end not reached, or more than it already here (never read that as the next
+        # answer): the connection ends with this exchange.
+        self._reusable = self._keep_alive and skip + size == declared and len(early) <= declared
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+
+    async def _receive(self, views: Iterable[memoryview], end: int, got: int, declared: int) -> None:
+        """Fill each of `views` in turn with body bytes, up to byte `end` (`got` already here; for
+        messages), each receive within the timeout."""
         conn = self._conn
         assert conn is not None
-        early, _closed = self._protocol.trailing_data  # what came with the head
-        parts: list[bytes | bytearray] = [early[:size]] if early else []
-        got = min(len(early), size)
         scope = trio.CancelScope()
         with scope:
-            while got < size:
-                piece = bytearray(min(BODY_PIECE, size - got))
-                parts.append(piece)
-                view = memoryview(piece)
+            for view in views:
                 filled = 0
-                while filled < len(piece):
+                while filled < len(view):
                     scope.deadline = trio.current_time() + self._timeout
                     try:
                         received = await conn.receive_into(view[filled:])
                     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                        raise RemoteProtocolError(f"connection lost after {got} of {size} body bytes: {e}") from None
+                        raise RemoteProtocolError(f"connection lost after {got} of {declared} body bytes: {e}"
+                                                  ) from None
                     if not received:
-                        raise RemoteProtocolError(f"server closed the connection after {got} of {size} body bytes")
+                        raise RemoteProtocolError(f"server closed the connection after {got} of {declared} body "
+                                                  "bytes")
                     filled += received
                     got += received
         if scope.cancelled_caught:
-            raise ReadTimeout(f"no body bytes for {self._timeout:g} s ({got} of {size} received)")
-        # More than the declared length already here: never read that as the next answer.
-        self._reusable = self._keep_alive and len(early) <= size
-        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+            raise ReadTimeout(f"no body bytes for {self._timeout:g} s ({got} of {end} wanted received)")
 
     async def _read_framed(self, limit: int) -> bytes | None:
         """A chunked, undeclared (until close) or absent body, framed by h11."""
@@ -253,6 +296,31 @@ class Response:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__} in a response body")
         self._reusable = (self._keep_alive and protocol.our_state is h11.DONE and protocol.their_state is h11.DONE
                           and not protocol.trailing_data[0])
+        return bytes(body)
+
+    async def _read_framed_part(self, start: int, end: int) -> bytes:
+        """`read_part` of a chunked, undeclared or absent body: bytes before `start` dropped as
+        they come, none read past `end`."""
+        protocol, conn = self._protocol, self._conn
+        assert conn is not None
+        body = bytearray()
+        at = 0  # body bytes seen so far
+        while at < end:
+            event = await self._pool.next_event(conn, protocol, self._timeout)
+            if type(event) is h11.Data:
+                data = event.data
+                if at + len(data) > start:
+                    body += data[max(0, start - at):end - at]
+                at += len(data)
+            elif type(event) is h11.EndOfMessage:
+                if not self._bodiless and "transfer-encoding" not in self.headers:
+                    raise RemoteProtocolError(f"a body of unknown length ended after {at} bytes, before byte "
+                                              f"{end} asked for: cut short or not, it cannot be told")
+                self._reusable = (self._keep_alive and protocol.our_state is h11.DONE
+                                  and protocol.their_state is h11.DONE and not protocol.trailing_data[0])
+                break
+            else:
+                raise RemoteProtocolError(f"unexpected {type(event).__name__} in a response body")
         return bytes(body)
 
     async def aclose(self) -> None:

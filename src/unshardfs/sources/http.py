@@ -99,8 +99,9 @@ class Reply:
     body: bytes | None  # None: longer than that limit (or a HEAD), not read
 
 
-# How many body bytes a response of each status may bring.
-BodyLimit = Callable[[int], int]
+# How many body bytes a response of each status may bring (an int: the body, None beyond), or
+# which of them to take (a slice: those bytes of the body, never reading or holding more).
+BodyLimit = Callable[[int], "int | slice"]
 
 
 def _error_bodies(status: int) -> int:
@@ -284,7 +285,9 @@ class HttpSource:
                 if 200 <= status < 300 and encoding is not None:
                     # Data we would have to decode (`gzip, gzip` of zeros is a bomb): we asked for identity.
                     raise SourceError(f"{method} {url}: refusing Content-Encoding {encoding!r}")
-                body = await response.read(limit(status))
+                cap = limit(status)
+                body = (await response.read_part(cap.start, cap.stop - cap.start) if isinstance(cap, slice)
+                        else await response.read(cap))
         finally:
             await response.aclose()
         self.counters.bytes += len(body or b"")
@@ -383,7 +386,10 @@ class HttpSource:
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         if version and version[0] and version[0].startswith(('"', 'W/"')):
             headers["If-Match"] = version[0]
-        limits = {206: size, 200: self.options.whole_object_limit}
+        # A 200 is the whole object (the server ignored Range): only the bytes asked for are kept,
+        # the ones before them dropped as they arrive, the connection dropped after them.
+        whole = slice(offset, offset + size) if offset + size <= self.options.whole_object_limit else 0
+        limits: dict[int, int | slice] = {206: size, 200: whole}
         reply = await self.request("GET", url, headers, lambda status: limits.get(status, ERROR_BODY_LIMIT))
         status = reply.status
         if status == 206:
@@ -392,13 +398,13 @@ class HttpSource:
             # The server ignores Range and sent the whole object.
             self.counters.whole_object_fallbacks += 1
             if reply.body is None:
-                raise SourceError(f"GET {url}: the server ignores Range requests and the object has more "
-                                  f"than the {self.options.whole_object_limit >> 20} MiB accepted whole; serve "
-                                  "the data with Range support")
-            log_once(log, f"norange:{self.base_url}", "%s ignores Range requests: fetching whole objects "
-                     "(up to %d MiB each); a server with Range support is far faster", self.base_url,
+                raise SourceError(f"GET {url}: the server ignores Range requests, and bytes {offset}-"
+                                  f"{offset + size - 1} lie beyond the first {self.options.whole_object_limit >> 20}"
+                                  " MiB of an object read that way; serve the data with Range support")
+            log_once(log, f"norange:{self.base_url}", "%s ignores Range requests: reading objects from their "
+                     "start (up to %d MiB into each); a server with Range support is far faster", self.base_url,
                      self.options.whole_object_limit >> 20)
-            return reply.body[offset:offset + size]
+            return reply.body
         if status == 416:
             return b""  # the range starts at or past the end
         if status == 412 or (version and self.is_absent(status)):
