@@ -291,3 +291,39 @@ def test_a_length_less_whole_object_cut_short_is_an_error(tls, secure):
                             "1000 bytes, before byte 1500 asked for: cut short or not, it cannot be told (after 2 "
                             "attempts)")
 
+
+def _informational(count: int | None) -> Answer:
+    """`count` 100 Continue answers (None: without end), then the range asked for."""
+    async def answer(stream: trio.abc.Stream, request: bytes, number: int) -> bool:
+        sent = 0
+        while count is None or sent < count:
+            await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            sent += 1
+        await stream.send_all(b"HTTP/1.1 206 X\r\nContent-Length: 3\r\nContent-Range: bytes 0-2/9\r\n\r\nabc")
+        return True
+    return answer
+
+
+def test_endless_informational_answers_end_the_request():
+    """A server answering 100 Continue forever held the request until its deadline."""
+    outcome, source = against(_informational(None), lambda s: s.read("x", 0, 3),
+                              HttpOptions(timeout=2, retries=0, deadline=3))
+    assert str(outcome) == (f"GET {source.base_url}/x: RemoteProtocolError: more than {h1.MAX_INFORMATIONAL} "
+                            "informational (1xx) answers before the response (after 1 attempts)")
+
+
+def test_a_few_informational_answers_are_skipped():
+    assert against(_informational(h1.MAX_INFORMATIONAL), lambda s: s.read("x", 0, 3))[0] == b"abc"
+
+
+def test_a_head_of_too_many_fields_is_refused():
+    """h11 bounds a head's bytes only while it is incomplete: one arriving whole in a receive may
+    be 256 KiB of short fields (65,000 of them)."""
+    async def answer(stream: trio.abc.Stream, request: bytes, number: int) -> bool:
+        await stream.send_all(b"HTTP/1.1 206 X\r\nContent-Length: 3\r\nContent-Range: bytes 0-2/9\r\n"
+                              + b"a:\r\n" * 1000 + b"\r\nabc")
+        return True
+
+    outcome, source = against(answer, lambda s: s.read("x", 0, 3), HttpOptions(timeout=2, retries=0, deadline=3))
+    assert str(outcome) == (f"GET {source.base_url}/x: RemoteProtocolError: more than {h1.MAX_FIELDS} header "
+                            "fields in an answer (after 1 attempts)")

@@ -36,7 +36,13 @@ import trio
 
 KEEPALIVE = 5.0  # seconds an idle connection is kept (as httpx does)
 HEAD_LIMIT = 64 << 10  # bytes of a response head (status line and headers)
+# Header fields of one answer (Python's http.client allows 100). h11 bounds a head's bytes only
+# while it is incomplete: one arriving whole in a receive may be up to RECEIVE_SIZE.
+MAX_FIELDS = 256
 RECEIVE_SIZE = 256 << 10  # bytes asked of the stream per receive where `recv_into` cannot be used
+# 1xx answers (100 Continue, 103 Early Hints) skipped before the response: a server sends one or
+# two; one sending them without end would hold the request until its deadline.
+MAX_INFORMATIONAL = 8
 BODY_PIECE = 1 << 20  # a body is received into buffers of at most this size, each once its turn comes
 # A request target keeps what is already valid URL syntax (our paths arrive percent-quoted);
 # anything else (a space or non-ASCII in a redirect's Location) is quoted rather than refused.
@@ -108,12 +114,10 @@ def endpoint(url: str) -> Endpoint:
 
 def headers_of(fields: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     """Header fields as a dict of lower-case names; repeated fields joined with ", " (RFC 9110 5.3)."""
-    out: dict[str, str] = {}
+    values: dict[str, list[str]] = {}
     for name, value in fields:
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        out[key] = f"{out[key]}, {text}" if key in out else text
-    return out
+        values.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+    return {key: ", ".join(texts) for key, texts in values.items()}
 
 
 def default_ssl_context() -> ssl.SSLContext:
@@ -368,12 +372,15 @@ class Pool:
                 await conn.stream.send_all(data)
             if scope.cancelled_caught:
                 raise WriteTimeout(f"request not sent within {timeout:g} s")
-            while True:
+            for _ in range(MAX_INFORMATIONAL + 1):
                 event = await self.next_event(conn, protocol, timeout)
+                if isinstance(event, (h11.Response, h11.InformationalResponse)) and len(event.headers) > MAX_FIELDS:
+                    raise RemoteProtocolError(f"more than {MAX_FIELDS} header fields in an answer")
                 if type(event) is h11.Response:
                     return Response(self, where.key, conn, protocol, event, request.method, timeout)
                 if type(event) is not h11.InformationalResponse:
                     raise RemoteProtocolError(f"unexpected {type(event).__name__} instead of a response")
+            raise RemoteProtocolError(f"more than {MAX_INFORMATIONAL} informational (1xx) answers before the response")
         except BaseException as e:
             await conn.aclose()
             if isinstance(e, h11.ProtocolError):
