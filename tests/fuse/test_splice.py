@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from unshardfs.fuse import abi, splice
-from unshardfs.fuse.kernel import SPLICE_MIN
+from unshardfs.fuse.kernel import SPLICE_MIN, KernelOps
 from unshardfs.fuse.ops import ROOT
 from unshardfs.fuse.server import Session as FuseSession
 from unshardfs.sources.local import LocalSource
@@ -245,3 +245,42 @@ def test_a_kernel_without_cachestat_reads_as_before(tmp_path, monkeypatch, code)
         assert len(asked) == 1 and page_cache.cached(0, 0, 4096) is None
     finally:
         source.close()
+
+
+def test_a_read_whose_splice_failed_is_counted_once(volume, monkeypatch):
+    """A spliced reply that could not be sent is answered through `read`: one READ, counted once
+    (`read_cached` counted it too, so it was two reads and twice the bytes)."""
+    warm(volume)
+    name = sorted(os.listdir(volume["plain"] / KEY))[0]
+    expected = (volume["plain"] / KEY / name).read_bytes()
+    real = os.splice
+
+    def refused_from_the_file(src, dst, count, offset_src=None, *args, **kwargs):
+        if offset_src is not None:
+            raise OSError(errno.EIO, "refused")
+        return real(src, dst, count, offset_src, *args, **kwargs)
+
+    async def main() -> tuple[bytes, dict, int]:
+        out_r, out_w = os.pipe2(os.O_NONBLOCK)
+        fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, 1 << 20)
+        try:
+            async with served(volume["sharded"],
+                              lambda session: setattr(session, "splicer", splice.Splicer(out_w, 1 << 20))
+                              ) as (kernel, session):
+                ino = await kernel.lookup(await kernel.lookup(ROOT, KEY), name)
+                size = 128 << 10  # a reply the socket standing for /dev/fuse carries whole
+                assert SPLICE_MIN <= size <= session.splice_max
+                monkeypatch.setattr(os, "splice", refused_from_the_file)
+                with trio.fail_after(10):
+                    data = await kernel.read(ino, size)
+                monkeypatch.setattr(os, "splice", real)
+                assert isinstance(session.dispatcher, KernelOps)
+                return data, dict(session.dispatcher.ops.counters), size
+        finally:
+            monkeypatch.setattr(os, "splice", real)
+            for fd in (out_r, out_w):
+                os.close(fd)
+
+    data, counters, size = trio.run(main)
+    assert data == expected[:size]
+    assert (counters["reads"], counters["read_bytes"]) == (1, size)

@@ -278,6 +278,7 @@ class KernelOps:
             # Page-cached bytes of a local file: moved by the kernel, answered here and now.
             found = self.ops.read_cached(request.nodeid, offset, size)
             if found is not None and session.splice_reply(request.unique, *found):
+                self.ops.sent(request.nodeid, found)
                 return None
         return self._read(request.nodeid, offset, size)
 

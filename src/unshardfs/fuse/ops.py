@@ -570,18 +570,19 @@ class TreeOps:
 
         Only for a file whose node is at hand, read as resolved (a changed shard fails the
         source's version check and is left to `read`, which follows or refuses it). The caller
-        must move exactly `size` bytes, or answer through `read` instead."""
+        must move exactly `size` bytes and then call `sent`, or answer through `read` instead
+        (which counts the read itself: counted here too, a fallback was counted twice)."""
         node = self.inodes.peek(ino)
         if not isinstance(node, FileNode) or offset >= node.size or ino in self.dropping:
             return None
-        found = node.cached_range(offset, size)
-        if found is None:
-            return None
+        return node.cached_range(offset, size)
+
+    def sent(self, ino: int, found: FdRange) -> None:
+        """The bytes `read_cached` found went to the kernel: counted, and its pages may now hold them."""
         if self.invalidate is not None:
             self.served[ino] = True
         self.counters["reads"] += 1
         self.counters["read_bytes"] += found.size
-        return found
 
     # -- extended attributes and statistics -----------------------------------------------
 
