@@ -12,6 +12,8 @@ from typing import Any, Hashable, Sequence, Sized, cast
 
 from cachetools import LRUCache
 
+from .core.blob import RecentBlobs
+
 MiB = 1 << 20
 
 
@@ -102,8 +104,8 @@ class CacheSizes:
 
 @dataclass
 class Caches:
-    """The mount's caches: one per declared index level (in declaration order), decoded chunks and
-    encoded payloads waiting for their read."""
+    """The mount's caches: one per declared index level (in declaration order), decoded chunks,
+    encoded payloads waiting for their read, and the shards' recent `Blob`s."""
 
     sizes: CacheSizes = field(default_factory=CacheSizes)
     levels: Sequence[IndexLevel] = ()
@@ -115,6 +117,7 @@ class Caches:
         self.decoded_chunk = CountedLRU(self.sizes.decoded_chunk_bytes)
         self.encoded_chunk = CountedLRU(self.sizes.encoded_chunk_bytes)
         self.metadata = CountedLRU(self.sizes.metadata_bytes)
+        self.blobs = RecentBlobs()
 
     def index(self, level: IndexLevel) -> CountedLRU:
         """The cache of one index level (made on first use, from its declaration)."""

@@ -12,6 +12,7 @@ import trio
 
 from unshardfs.abc import SHARD_INDEX, Blob, ChunkTable, DataError, IndexLevel, Limits, Runtime, ShardedStore
 from unshardfs.caches import Caches, CacheSizes
+from unshardfs.core.blob import RECENT_BLOBS
 from unshardfs.core.store import shard_token
 from unshardfs.testing.memory import MemorySource
 
@@ -37,7 +38,7 @@ class Store(ShardedStore[int, ChunkTable]):
 
     async def open_shard(self, shard: int) -> Blob | None:
         st = await self.source.stat(str(shard))
-        return None if st is None else Blob.of(str(shard), st)
+        return None if st is None else self.blob(str(shard), st)
 
     async def read_index(self, shard: int, blob: Blob) -> ChunkTable:
         self.index_reads += 1
@@ -174,6 +175,28 @@ def test_a_batch_of_index_entries_is_one_read_cached_and_failures_are_remembered
         assert source.requests["read"] - reads == 1 and decoded == ["a", "b", "c"]
 
     blob: Blob
+    trio.run(main)
+
+
+def test_recent_blobs_belong_to_their_session_and_are_bounded():
+    """Two sessions over the same objects in one process (Dask workers, tests): each keeps the
+    blobs it made (`Blob.of` kept them in one module-global map, where one session's shards
+    evicted the other's and every session saw every other's), at most RECENT_BLOBS of them."""
+    source = MemorySource(FILES)
+    a, b = Store(Runtime(source)), Store(Runtime(source))  # type: ignore[arg-type]
+
+    async def main() -> None:
+        st = await source.stat("0")
+        assert st is not None
+        first = a.blob("0", st)
+        assert a.blob("0", st) is first  # the same stat: the same blob
+        assert (len(a.caches.blobs), len(b.caches.blobs)) == (1, 0)
+        assert b.blob("0", st) is not first
+        for n in range(2 * RECENT_BLOBS):  # b's shards fill b's map only
+            b.blob(str(n), st)
+            assert len(b.caches.blobs) <= RECENT_BLOBS
+        assert a.blob("0", st) is first and len(a.caches.blobs) == 1
+
     trio.run(main)
 
 

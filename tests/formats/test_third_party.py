@@ -51,7 +51,7 @@ class PackStore(ShardedStore[int, ChunkTable]):
 
     async def open_shard(self, shard):
         st = await self.source.stat(f"{shard}.pack")
-        return None if st is None or st.is_dir else Blob.of(f"{shard}.pack", st)
+        return None if st is None or st.is_dir else self.blob(f"{shard}.pack", st)
 
     async def read_index(self, shard, blob):
         if blob.size < 8:

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from unshardfs import fdpath
-from unshardfs.core.blob import Blob
+from unshardfs.core.blob import RecentBlobs
 from unshardfs.sources.local import LocalSource
 
 
@@ -58,7 +58,8 @@ def test_an_unchanged_shard_costs_one_fstatat_and_keeps_its_blob(tree, monkeypat
         again = stat(source, "s/0.shard")
         assert again is first  # the same answer: formats keep their Blob and cached indexes
     assert (calls.opens, calls.stats) == (0, 100)
-    assert Blob.of("s/0.shard", again) is Blob.of("s/0.shard", first)
+    blobs = RecentBlobs()
+    assert blobs.of("s/0.shard", again) is blobs.of("s/0.shard", first)
     source.close()
 
 

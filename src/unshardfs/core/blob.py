@@ -19,7 +19,6 @@ Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob
 
 
 RECENT_BLOBS = 1 << 12
-_RECENT: dict[str, tuple[ObjectStat, "Blob"]] = {}  # path -> (the stat it was made from, the blob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,17 +47,9 @@ class Blob:
 
     @classmethod
     def of(cls, path: str, st: ObjectStat) -> "Blob":
-        """The blob of one object; the same Blob again while its source answers with the same
-        ObjectStat (a local source does while the file is unchanged): a shard is revalidated on
-        every lookup of one of its chunks, and this spares building (and hashing) a new one."""
-        recent = _RECENT.get(path)
-        if recent is not None and recent[0] is st:
-            return recent[1]
-        blob = cls(((path, st.size, st.version),), st.size, st.mtime_ns)
-        if len(_RECENT) >= RECENT_BLOBS:
-            _RECENT.clear()
-        _RECENT[path] = (st, blob)
-        return blob
+        """The blob of one object as `st` describes it (`RecentBlobs.of` returns the same one
+        again while the source answers with the same ObjectStat)."""
+        return cls(((path, st.size, st.version),), st.size, st.mtime_ns)
 
     @property
     def versioned(self) -> bool:
@@ -110,3 +101,31 @@ class Blob:
         if offset < 0 or want_end > base:
             raise DataError(self.label, f"range [{offset}, {want_end}) lies outside the file ({base} bytes)")
         return out[0] if len(out) == 1 else b"".join(out)
+
+
+class RecentBlobs:
+    """The Blob last made for each path, with the ObjectStat it was made from: the same Blob
+    again while the source answers with the same ObjectStat (a local source does while the
+    file is unchanged). A shard is revalidated on every lookup of one of its chunks, and this
+    spares building (and hashing) a new one.
+
+    One per session (its `Caches` owns it): paths are those of one source, and sessions in one
+    process (Dask workers, tests) neither see nor evict each other's. At most `size` entries,
+    all dropped when full (each is rebuilt by its next lookup)."""
+
+    def __init__(self, size: int = RECENT_BLOBS) -> None:
+        self.size = size
+        self._recent: dict[str, tuple[ObjectStat, Blob]] = {}
+
+    def of(self, path: str, st: ObjectStat) -> Blob:
+        recent = self._recent.get(path)
+        if recent is not None and recent[0] is st:
+            return recent[1]
+        blob = Blob.of(path, st)
+        if len(self._recent) >= self.size:
+            self._recent.clear()
+        self._recent[path] = (st, blob)
+        return blob
+
+    def __len__(self) -> int:
+        return len(self._recent)

@@ -28,6 +28,7 @@ from cachetools import LRUCache
 from ..caches import SHARD_INDEX, CountedLRU, IndexLevel
 from ..errors import DataError
 from ..logonce import log_once
+from ..sources.base import ObjectStat
 from .blob import Blob
 from .fetch import Extent
 from .runtime import Runtime
@@ -222,6 +223,13 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         return out
 
     # -- index reads: cached, de-duplicated, bounded --------------------------------------
+
+    @final
+    def blob(self, path: str, st: ObjectStat) -> Blob:
+        """The `Blob` of the object at `path` as `st` describes it, the same one again while the
+        source answers with the same ObjectStat (this session's `RecentBlobs`): what `open_shard`
+        returns for a one-object shard, revalidated on every lookup."""
+        return self.caches.blobs.of(path, st)
 
     def cache(self, level: IndexLevel) -> CountedLRU:
         return self.caches.index(level)

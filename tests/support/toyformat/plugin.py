@@ -49,7 +49,7 @@ class ToyStore(ShardedStore[int, ChunkTable]):
 
     async def open_shard(self, shard: int) -> Blob | None:
         st = await self.source.stat(f"{shard}{SUFFIX}")
-        return None if st is None or st.is_dir else Blob.of(f"{shard}{SUFFIX}", st)
+        return None if st is None or st.is_dir else self.blob(f"{shard}{SUFFIX}", st)
 
     async def read_index(self, shard: int, blob: Blob) -> ChunkTable:
         if blob.size < HEADER:

@@ -94,7 +94,7 @@ class DvidStore(ShardedStore[int, ShardIndex]):
             return None
         path = join_path(self.dir_path, name)
         st = await self.source.stat(path)
-        return None if st is None or st.is_dir else Blob.of(path, st)
+        return None if st is None or st.is_dir else self.blob(path, st)
 
     async def read_index(self, shard: int, blob: Blob) -> ShardIndex:
         return await self.reader.load(blob, blob.label.removesuffix(".arrow"), shard)

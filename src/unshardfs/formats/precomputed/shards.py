@@ -129,7 +129,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         stem = join_path(self.dir_path, self.spec.shard_name(number))
         st = await self.source.stat(stem + ".shard")
         if st is not None and not st.is_dir:
-            return Blob.of(stem + ".shard", st)
+            return self.blob(stem + ".shard", st)
         index_st = await self.source.stat(stem + ".index")
         if index_st is None or index_st.is_dir:
             return None

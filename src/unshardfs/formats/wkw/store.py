@@ -114,7 +114,7 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
     async def open_shard(self, shard: FileCell) -> Blob | None:
         path = self.view.file_path(shard)
         st = await self.source.stat(path)
-        return None if st is None or st.is_dir else Blob.of(path, st)
+        return None if st is None or st.is_dir else self.blob(path, st)
 
     async def read_index(self, shard: FileCell, blob: Blob) -> ChunkTable:
         """The blocks of the file inside the volume, from its header and (LZ4) jump table."""

@@ -107,7 +107,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         st = await self.source.stat(path)
         if st is None or st.is_dir:
             return None
-        return Blob.of(path, st)
+        return self.blob(path, st)
 
     def is_shard_file(self, name: str) -> bool:
         return self.source_keys.claims(name)
