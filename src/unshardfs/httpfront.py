@@ -274,19 +274,29 @@ class TreeApp:
         offset = start + len(first)
         await send({"type": "http.response.body", "body": first, "more_body": offset < end})
         self.counters["bytes"] += len(first)
-        while offset < end:
-            node, data = await self._read(node, names, offset, min(PIECE, end - offset))
-            offset += len(data)
-            self.counters["bytes"] += len(data)
-            await send({"type": "http.response.body", "body": data, "more_body": offset < end})
+        try:
+            while offset < end:
+                # The rest from the very version the head (its ETag) and first piece came from:
+                # a shard replaced now fails the response instead of finishing it with new bytes.
+                node, data = await self._read(node, names, offset, min(PIECE, end - offset), follow=False)
+                offset += len(data)
+                self.counters["bytes"] += len(data)
+                await send({"type": "http.response.body", "body": data, "more_body": offset < end})
+        except DataError as e:
+            # The head is out: no other answer can follow. Left unfinished, the response is cut
+            # (the server ends the connection), which a client sees as a failure, not a file.
+            self.counters["errors"] += 1
+            edge.report(log, edge.classify(e), "/".join(names), e, answered="a response cut short")
 
-    async def _read(self, node: FileNode, names: list[str], offset: int, size: int) -> tuple[FileNode, bytes]:
-        """Exactly `size` bytes (or DataError); a file whose shard was replaced is re-resolved once."""
+    async def _read(self, node: FileNode, names: list[str], offset: int, size: int,
+                    follow: bool = True) -> tuple[FileNode, bytes]:
+        """Exactly `size` bytes (or DataError); a file whose shard was replaced is re-resolved once
+        (with `follow`; else that is a DataError too)."""
         if size <= 0:
             return node, b""
 
         async def resolve() -> Node | None:
-            return await self._resolve(names) if names else None
+            return await self._resolve(names) if names and follow else None
 
         node, data = await edge.read_current(node, offset, size, resolve)
         if len(data) != size:
