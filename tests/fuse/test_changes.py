@@ -230,3 +230,42 @@ def test_reads_fail_until_the_kernel_has_dropped_old_pages(versions, tmp_path):
         await source.aclose()
 
     trio.run(main)
+
+
+def test_an_inode_forgotten_by_the_served_record_still_may_hold_pages(versions, tmp_path):
+    """In-process: the record of inodes whose pages the kernel may hold is bounded (an LRU of
+    65,536). A file read before 65,536 others were read was forgotten there and looked as if
+    the kernel held none of its pages: its replaced shard was served new bytes at once, after
+    whatever old pages the kernel still had. Now EIO and a page drop, as for one remembered."""
+    old, new = versions
+    src = tmp_path / "src"
+    shutil.copytree(old["sharded"], src)
+    name = sorted(os.listdir(old["plain"] / KEY))[0]
+
+    async def main() -> tuple[int, bool]:
+        source = await Session.open(str(src))
+        async with source.running():
+            ops = TreeOps(source.tree)
+            asked: list = []
+            ops.invalidate = lambda ino, done: asked.append((ino, done))
+            scale = await ops.lookup(ROOT, KEY.encode())
+            assert scale is not None
+            found = await ops.lookup(scale[0], name.encode())
+            assert found is not None
+            ino = found[0]
+            ops.served[ino] = True  # as after a READ: the kernel may hold its pages
+            for other in range(ops.served.maxsize):  # as after READs of as many other files
+                ops.served[(1 << 62) + other] = True
+            assert ino not in ops.served
+            replace_shards(src, new["sharded"])
+            try:
+                await ops.read(ino, 0, 1 << 20)
+                error = 0
+            except FsError as e:
+                error = e.errno
+            dropping = ino in ops.dropping and [i for i, _ in asked] == [ino]
+        await source.aclose()
+        return error, dropping
+
+    # Before: (0, False), the new bytes served at once.
+    assert trio.run(main) == (errno.EIO, True)

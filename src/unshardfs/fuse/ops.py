@@ -252,6 +252,24 @@ class Listing:
     done: bool = False
 
 
+class Served(LRUCache):
+    """Whether the kernel may hold pages of an inode, for the last `maxsize` inodes read or
+    revalidated. Forgetting one must not make it look clean: once any was evicted, an inode
+    not here may hold pages (its replaced shard then costs an EIO and a page drop, never a
+    mix of old cached pages and new bytes)."""
+
+    evicted = False
+
+    def popitem(self) -> tuple:  # cachetools calls it to evict
+        self.evicted = True
+        return super().popitem()
+
+    def may_hold(self, ino: int) -> bool:
+        """Whether pages of `ino` may be in the kernel (and it is forgotten here: it is re-served)."""
+        known = self.pop(ino, None)
+        return known if known is not None else self.evicted
+
+
 class TreeOps:
     """The virtual tree as the FUSE engines see it (see the module docstring)."""
 
@@ -268,9 +286,10 @@ class TreeOps:
         self.next_fh = 1
         self.uid = os.getuid()
         self.gid = os.getgid()
-        # Inodes whose pages the kernel may hold (served a READ since their last invalidation):
-        # a replaced shard is re-served to these only after their pages are dropped.
-        self.served: LRUCache = LRUCache(maxsize=1 << 16)
+        # Inodes whose pages the kernel may hold (True: served a READ since their last
+        # invalidation) or cannot (False: it learnt new attributes since): a replaced shard is
+        # re-served to the first only after their pages are dropped.
+        self.served = Served(maxsize=1 << 16)
         # Engines that can tell the kernel to drop what it cached set this: (ino, done) -> None,
         # called for an inode whose backing data changed; never from inside that request. The
         # engine calls `done` (on the loop) once the kernel has dropped them, or cannot hold them.
@@ -332,7 +351,7 @@ class TreeOps:
         old = self.inodes.peek(ino)
         if old is not None and old is not node and isinstance(old, FileNode) and isinstance(node, FileNode):
             if (old.size, old.mtime_ns) != (node.size, node.mtime_ns):
-                self.served.pop(ino, None)
+                self.served[ino] = False
 
     # -- directories -------------------------------------------------------------------
 
@@ -540,7 +559,7 @@ class TreeOps:
         if served is not node:
             self.inodes.replace(ino, served)
             if self.invalidate is not None:
-                if self.served.pop(ino, None) is None:
+                if not self.served.may_hold(ino):
                     self.invalidate(ino, _nothing)
                 else:
                     self._drop_pages(ino)
