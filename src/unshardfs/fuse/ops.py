@@ -14,6 +14,7 @@ else is classified by the engine through `unshardfs.edge`.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
@@ -21,8 +22,6 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
-
-from cachetools import LRUCache
 
 from ..edge import read_current
 from ..errors import DataError, StaleError
@@ -36,6 +35,7 @@ FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 1 << 17
 ENOATTR = errno.ENODATA
 FS_ENCODING = sys.getfilesystemencoding()
+SERVED_MAX = 1 << 16  # inodes remembered as served (`TreeOps.served`), least recently served forgotten
 
 
 @dataclass
@@ -94,6 +94,7 @@ class InodeTable:
         self.slot_dirs: list[DirNode | None] = [None]
         self.recent = RecentNodes(recent_nodes)
         self.outstanding = 0
+        self._last_slot: tuple[Node | None, int] = (None, 0)  # `slot_of`'s last directory node and its slot
 
     def __len__(self) -> int:
         return len(self.nodes) + len(self.recent)
@@ -117,7 +118,13 @@ class InodeTable:
 
     def slot_of(self, parent: int) -> int:
         """The slot of directory `parent` (0: its children get tabled inodes)."""
-        return self._slot(self.nodes.get(parent))
+        node = self.nodes.get(parent)
+        last, slot = self._last_slot
+        if node is last and node is not None:  # every lookup asks, mostly of the same directory
+            return slot
+        slot = self._slot(node)
+        self._last_slot = (node, slot)
+        return slot
 
     def add(self, parent: int, name: bytes, node: Node, slot: int | None = None) -> int:
         """The inode for `parent/name`, now showing `node`; no lookup reference taken.
@@ -270,7 +277,7 @@ class TreeOps:
         self.gid = os.getgid()
         # Inodes whose pages the kernel may hold (served a READ since their last invalidation):
         # a replaced shard is re-served to these only after their pages are dropped.
-        self.served: LRUCache = LRUCache(maxsize=1 << 16)
+        self.served: OrderedDict[int, bool] = OrderedDict()
         # Engines that can tell the kernel to drop what it cached set this: (ino, done) -> None,
         # called for an inode whose backing data changed; never from inside that request. The
         # engine calls `done` (on the loop) once the kernel has dropped them, or cannot hold them.
@@ -287,7 +294,9 @@ class TreeOps:
     async def lookup(self, parent_ino: int, name: bytes) -> tuple[int, Node] | None:
         """The child `name` of `parent_ino` with a lookup reference taken; None if absent."""
         self.counters["lookups"] += 1
-        parent = await self.directory(parent_ino)
+        parent = self.inodes.peek(parent_ino)
+        if not isinstance(parent, DirNode):
+            parent = await self.directory(parent_ino)
         try:
             text = name.decode(FS_ENCODING, "surrogateescape")  # os.fsdecode, minus its calls
         except UnicodeError:
@@ -299,7 +308,6 @@ class TreeOps:
             return None
         ino = self.inodes.add(parent_ino, name, node)
         self.inodes.ref(ino)
-        self._note_changed(ino, node)
         return ino, node
 
     def forget(self, ino: int, n: int) -> None:
@@ -518,21 +526,15 @@ class TreeOps:
         the new bytes or an error, never a mix.
         """
         if node is None:
-            node = await self.file(ino)
+            found = self.inodes.peek(ino)
+            node = found if isinstance(found, FileNode) else await self.file(ino)
         if offset >= node.size or size <= 0:
             return node, b""
-        parent, name = None, ""
-
-        async def resolve() -> Node | None:
-            nonlocal parent, name
-            parent, name = self.inodes.locate(ino)
-            return await parent.lookup(name) if parent is not None and name else None
-
         if ino in self.dropping:
             self.counters["eio"] += 1
             raise FsError(errno.EIO)
         try:
-            served, data = await read_current(node, offset, size, resolve)
+            served, data = await read_current(node, offset, size, functools.partial(self._resolve, ino))
         except DataError as e:
             if isinstance(e.__cause__, StaleError) and self.invalidate is not None:
                 self.invalidate(ino, _nothing)  # its size changed: the kernel must ask for attributes again
@@ -547,10 +549,24 @@ class TreeOps:
                     self.counters["eio"] += 1
                     raise FsError(errno.EIO)
         if self.invalidate is not None:
-            self.served[ino] = True
+            self._mark_served(ino)
         self.counters["reads"] += 1
         self.counters["read_bytes"] += len(data)
         return served, data
+
+    async def _resolve(self, ino: int) -> Node | None:
+        """The node now found under the name of `ino` (a read's shard was replaced)."""
+        parent, name = self.inodes.locate(ino)
+        return await parent.lookup(name) if parent is not None and name else None
+
+    def _mark_served(self, ino: int) -> None:
+        served = self.served
+        if ino in served:
+            served.move_to_end(ino)
+        else:
+            served[ino] = True
+            if len(served) > SERVED_MAX:
+                served.popitem(last=False)
 
     def _drop_pages(self, ino: int) -> None:
         """Have the engine drop the kernel's pages of `ino`; its reads fail until that is done."""
@@ -578,7 +594,7 @@ class TreeOps:
         if found is None:
             return None
         if self.invalidate is not None:
-            self.served[ino] = True
+            self._mark_served(ino)
         self.counters["reads"] += 1
         self.counters["read_bytes"] += found.size
         return found

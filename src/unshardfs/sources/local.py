@@ -9,8 +9,7 @@ import stat as statmod
 from typing import Any, AsyncIterator
 
 import trio
-from cachetools import LRUCache
-
+from ..caches import QuickLRU
 from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
 from ..fdpath import Beneath, regular_file
@@ -21,7 +20,7 @@ from .pagecache import page_cache
 log = logging.getLogger(__name__)
 
 
-class _FdCache(LRUCache):
+class _FdCache(QuickLRU):
     """Open descriptors of recently read files; evicted ones are closed.
 
     Keeping descriptors open turns a chunk read into a single pread instead of
