@@ -65,10 +65,18 @@ class CountedLRU(QuickLRU):
 
     # cachetools has no type information: values come back as Any, callers say what they hold.
     def get(self, key: Hashable, default: Any = None) -> Any:
-        value = super().get(key, _MISSING)
-        if value is _MISSING:
-            self.misses += 1
-            return default
+        if _QUICK:  # QuickLRU.get, not called: every lookup asks twice
+            try:
+                value = self._Cache__data[key]  # type: ignore[attr-defined]
+            except KeyError:
+                self.misses += 1
+                return default
+            self._LRUCache__order.move_to_end(key)  # type: ignore[attr-defined]
+        else:
+            value = super().get(key, _MISSING)
+            if value is _MISSING:
+                self.misses += 1
+                return default
         self.hits += 1
         return value
 

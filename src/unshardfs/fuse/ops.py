@@ -151,7 +151,7 @@ class InodeTable:
 
     def ref(self, ino: int) -> None:
         self.outstanding += 1
-        if not self.computed(ino):
+        if not ino >> CHILD_ID_BITS:  # `computed`, inline: every lookup asks
             self.counts[ino] += 1
 
     def forget(self, ino: int, n: int) -> None:
@@ -203,7 +203,7 @@ class InodeTable:
 
     def peek(self, ino: int) -> Node | None:
         """The node of `ino` if it is at hand (no I/O)."""
-        return self.recent.get(ino) if self.computed(ino) else self.nodes.get(ino)
+        return self.recent.get(ino) if ino >> CHILD_ID_BITS else self.nodes.get(ino)  # (`computed`, inline)
 
     async def get(self, ino: int) -> Node:
         node = self.peek(ino)
