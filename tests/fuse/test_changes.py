@@ -116,12 +116,8 @@ def test_replaced_under_cached_pages_is_new_or_eio_never_mixed(big_versions, tmp
     old first page followed by new bytes -- and once the attributes are revalidated (after
     --cache-timeout: new size and mtime), only new bytes."""
     old, new = big_versions
-    src = tmp_path / "src"
-    shutil.copytree(old["sharded"], src)
-    m = mount(src, "--fuse-engine", engine, "--cache-timeout", "1")
-    names = sorted(os.listdir(old["plain"] / KEY))
-    _cache_first_pages(m.path, old, names)
-    replace_shards(src, new["sharded"])
+    m, names = _replaced_under_cached_pages(big_versions, tmp_path, mount, "--fuse-engine", engine,
+                                            "--cache-timeout", "1")
     outcomes = {"old": 0, "new": 0, "eio": 0}
     for name in names:
         want_old = (old["plain"] / KEY / name).read_bytes()
@@ -145,13 +141,9 @@ def test_replaced_under_cached_pages_is_new_or_eio_never_mixed(big_versions, tmp
 def test_after_the_attribute_timeout_only_new_bytes(big_versions, tmp_path, mount, engine):
     """Pages cached, shards replaced, the attribute timeout passed: the kernel fetches the
     attributes again (new mtime) and drops its pages, or the daemon refuses once: new or EIO."""
-    old, new = big_versions
-    src = tmp_path / "src"
-    shutil.copytree(old["sharded"], src)
-    m = mount(src, "--fuse-engine", engine, "--cache-timeout", "1")
-    names = sorted(os.listdir(old["plain"] / KEY))
-    _cache_first_pages(m.path, old, names)
-    replace_shards(src, new["sharded"])
+    _, new = big_versions
+    m, names = _replaced_under_cached_pages(big_versions, tmp_path, mount, "--fuse-engine", engine,
+                                            "--cache-timeout", "1")
     time.sleep(1.5)
     for name in names:
         want_new = (new["plain"] / KEY / name).read_bytes()
@@ -165,15 +157,11 @@ def test_noticed_by_the_daemon_under_cached_pages_is_eio_then_new(big_versions, 
     notices the replaced shards itself (a listing stats them). The first read of each file is
     EIO -- its old first page is still cached, new bytes after it would be a mix -- and once the
     daemon has had the pages dropped, reads give the new bytes."""
-    old, new = big_versions
-    src = tmp_path / "src"
-    shutil.copytree(old["sharded"], src)
+    _, new = big_versions
     # No decoded-chunk cache: the old chunks are not kept whole in the daemon either, so every
     # read reaches the shards and finds them changed.
-    m = mount(src, "--fuse-engine", engine, "--cache-timeout", "600", "--chunk-cache", "0")
-    names = sorted(os.listdir(old["plain"] / KEY))
-    _cache_first_pages(m.path, old, names)
-    replace_shards(src, new["sharded"])
+    m, names = _replaced_under_cached_pages(big_versions, tmp_path, mount, "--fuse-engine", engine,
+                                            "--cache-timeout", "600", "--chunk-cache", "0")
     os.listdir(m.path / KEY)
     for name in names:
         with pytest.raises(OSError) as caught:
@@ -185,15 +173,24 @@ def test_noticed_by_the_daemon_under_cached_pages_is_eio_then_new(big_versions, 
         assert got == want_new, name
 
 
-def _cache_first_pages(mountpoint, old, names) -> None:
-    """Have the kernel cache the first page of each file (and nothing after it)."""
+def _replaced_under_cached_pages(big_versions, tmp_path, mount, *options):
+    """A copy of the old version mounted with `options`, the first page of each chunk file
+    cached by the kernel (and nothing after it), then the shards replaced by the new version's.
+    Returns the mount and the chunk names."""
+    old, new = big_versions
+    src = tmp_path / "src"
+    shutil.copytree(old["sharded"], src)
+    m = mount(src, *options)
+    names = sorted(os.listdir(old["plain"] / KEY))
     for name in names:
-        fd = os.open(mountpoint / KEY / name, os.O_RDONLY)
+        fd = os.open(m.path / KEY / name, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: just the first page
             assert os.pread(fd, 4096, 0) == (old["plain"] / KEY / name).read_bytes()[:4096]
         finally:
             os.close(fd)
+    replace_shards(src, new["sharded"])
+    return m, names
 
 
 def test_reads_fail_until_the_kernel_has_dropped_old_pages(versions, tmp_path):

@@ -40,7 +40,7 @@ def run(ctx: Context) -> None:
     warm_page_cache(small["sharded"])
 
     def first_read(source: str) -> float:
-        with mounted("unshardfs", source, work) as m:  # type: ignore[arg-type]
+        with mounted("unshardfs", source, work) as m:
             return len(files) / parallel_read([str(m / f) for f in files], 8)
 
     local = max(first_read(str(small["sharded"])) for _ in range(2))
@@ -53,9 +53,9 @@ def run(ctx: Context) -> None:
             requests = len(server.requests())
         # What the server itself sustains: the same number of 16 KiB ranged GETs from a bare
         # httpx client (8 in flight), in a process of its own like the daemon.
-        ctx = multiprocessing.get_context("fork")
-        queue = ctx.Queue()
-        proc = ctx.Process(target=_bare_client, args=(f"{server.url}/{key}", shards, len(files), queue))
+        fork = multiprocessing.get_context("fork")  # (not `ctx`: that is the benchmark's)
+        queue = fork.Queue()
+        proc = fork.Process(target=_bare_client, args=(f"{server.url}/{key}", shards, len(files), queue))
         proc.start()
         bare = queue.get()
         proc.join()

@@ -29,7 +29,7 @@ def _client(url: str, paths: list[str], threads: int, queue) -> None:
     lock = threading.Lock()
 
     def work(mine: list[str]) -> None:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)  # keep-alive
+        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)  # keep-alive
         for p in mine:
             conn.request("GET", p)
             response = conn.getresponse()

@@ -210,7 +210,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         return self.index_size + start, end - start
 
     async def minishard(self, blob: Blob, index: np.ndarray, m: int) -> ChunkTable:
-        cached: ChunkTable | None = self.recall(MINISHARD_INDEX, (blob.ident, m))  # type: ignore[assignment]
+        cached = cast("ChunkTable | None", self.recall(MINISHARD_INDEX, (blob.ident, m)))
         if cached is not None:
             return cached
         wanted = [m]
