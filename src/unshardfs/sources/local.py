@@ -198,6 +198,12 @@ class LocalSource:
         fd = self._fd(path, version)
         try:
             if self._nowait and size <= NOWAIT_MAX:
+                buffer = bytearray(size)
+                try:
+                    if os.preadv(fd, [buffer], offset, _RWF_NOWAIT) == size:  # the usual case: one call
+                        return bytes(buffer)
+                except OSError:
+                    pass  # (not in the page cache, no RWF_NOWAIT here, an error): sorted out below
                 return await self._read_nowait(fd, offset, size)
             return _pread_all(fd, offset, size)
         except OSError as e:
@@ -250,7 +256,8 @@ class LocalSource:
         return True
 
     async def _read_nowait(self, fd: int, offset: int, size: int) -> bytes:
-        """The bytes in the page cache are read here, on the event loop, without waiting
+        """The bytes in the page cache are read here (`read` tries the usual one-call case
+        first), on the event loop, without waiting
         (preadv2 with RWF_NOWAIT); only what must come from the disk is read on a worker thread,
         so a cold disk never stalls the requests the loop is serving meanwhile."""
         buffer = bytearray(size)

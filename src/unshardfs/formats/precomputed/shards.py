@@ -301,8 +301,8 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
     async def table_for(self, shard: int, blob: Blob, index: np.ndarray, chunk_id: int) -> ChunkTable | None:
         m = self._location(chunk_id)[1]
         # A cached minishard first: only non-empty ones are ever read (here and by listings).
-        cached: ChunkTable | None = self.recall(MINISHARD_INDEX, (blob.ident, m))  # type: ignore[assignment]
-        if cached is not None:
+        cached = self.recall(MINISHARD_INDEX, (blob.ident, m))
+        if isinstance(cached, ChunkTable):
             return cached
         if index[m, 0] == index[m, 1]:
             return None
