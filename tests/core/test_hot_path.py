@@ -162,7 +162,9 @@ def test_scalar_morton_decode_agrees_with_the_vectorised_one():
 def test_scalar_chunk_sizes_agree_with_the_arrays():
     grid = ChunkGrid((100, 70, 33), (32, 32, 16), (5, -3, 0))
     ids = np.arange(1 << (grid.coder.total_bits + 1), dtype=np.uint64)  # valid codes and invalid ones
-    for raw in (True, False):
+    for raw, tables in ((True, False), (False, False), (True, True), (False, True)):
+        if tables:  # a lookup's parse builds the per-axis tables, and sizes come from their extents
+            assert grid.parse_id(grid.chunk_name((3, 2, 2))) is not None and grid.cell_extents() is not None
         geometry = VolumeGeometry(grid, 2, raw, limit=20_000)
         exact, cap = geometry.exact(ids), geometry.cap(ids)
         for i, chunk_id in enumerate(ids.tolist()):

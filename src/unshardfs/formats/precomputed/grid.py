@@ -33,7 +33,7 @@ def as_cell(values: Sequence[int]) -> Cell:
 
 class ChunkGrid:
     __slots__ = ("size", "chunk_size", "voxel_offset", "shape", "coder", "chunk_array", "size_array", "_offset",
-                 "_texts", "_decoded", "_parser", "_parsed")
+                 "_texts", "_decoded", "_parser", "_parsed", "_extents")
 
     # Axes up to this many cells keep their spelled-out "begin-end" texts (`names`).
     TEXTS_MAX = 1 << 16
@@ -54,6 +54,7 @@ class ChunkGrid:
         self._decoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._parser: tuple[list[dict[str, int]], list[list[int]]] | None = None
         self._parsed: tuple[int, Cell] = (-1, (0, 0, 0))  # the last id `parse_id` returned, and its cell
+        self._extents: list[list[int]] | None = None  # `extents`, per axis, once `parse_id` has tables
 
     def cells(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`coder.decode_array(ids)`, read-only, kept for the last `ids` array: a listing batch
@@ -156,6 +157,14 @@ class ChunkGrid:
             bits.append(int_list(code))
         return indexes, bits
 
+    def cell_extents(self) -> list[list[int]] | None:
+        """The voxel count of each grid index along each axis (smaller at the volume edge), on
+        grids that parse through tables (`parse_id`); None on others."""
+        if self._extents is None and self._parser is not None:
+            self._extents = [[max(min(c, s - g * c), 0) for g in range(n)]
+                             for c, s, n in zip(self.chunk_size, self.size, self.shape)]
+        return self._extents
+
     def cell_of(self, chunk_id: int) -> tuple[int, ...] | None:
         """`coder.decode(chunk_id)`, without decoding the id `parse_id` just returned."""
         parsed_id, cell = self._parsed
@@ -231,6 +240,9 @@ class VolumeGeometry(Geometry):
         cell = self.grid.cell_of(chunk_id)
         if cell is None:
             return 0
+        extents = self.grid.cell_extents()
+        if extents is not None:  # a decoded cell lies inside the grid
+            return self.voxel_bytes * extents[0][cell[0]] * extents[1][cell[1]] * extents[2][cell[2]]
         size = self.voxel_bytes
         for g, c, s in zip(cell, self.grid.chunk_size, self.grid.size):
             size *= max(min(c, s - g * c), 0)
