@@ -104,7 +104,7 @@ def test_reads_that_must_wait_on_the_disk_go_to_a_thread_and_the_session_reads_o
 
 
 # Python calls of the daemon's own code (session, engine, operations, core, format, source) per
-# first read (LOOKUP + READ) of a chunk whose indexes are cached: 100 on main (b531e1d), 78 since
+# first read (LOOKUP + READ) of a chunk whose indexes are cached: 100 on main (b531e1d), 79 since
 # the name tables, cache probes and fewer coroutines of branch firstread2. Each is ~0.3-1 us of a
 # daemon that is one Python thread: first reads against ratarmount move with this number.
 CALLS_PER_CHUNK = 80
