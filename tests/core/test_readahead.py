@@ -96,6 +96,37 @@ def test_a_guess_is_confirmed_by_two_reads_then_the_window_covers_the_shards_run
     assert prefetched(target) == [("a", k) for k in range(3, 40)]
 
 
+def test_a_listed_directory_read_from_its_first_entry_is_confirmed_by_one_follow():
+    """`cp -r`, `tar` or `find -exec` list a directory, then read its files from the first: the
+    second read confirms the scan (a round trip sooner); read from elsewhere, it needs three."""
+    table = shard("a", list(range(40)))
+    target = Target([table])
+    scope = ScanScope(target)
+    scope.listed(table)
+    observe(scope, [0])
+    assert prefetched(target) == []
+    observe(scope, [1])
+    assert prefetched(target) == [("a", k) for k in range(2, 40)]
+    elsewhere = Target([table])
+    scope = ScanScope(elsewhere)
+    scope.listed(table)
+    observe(scope, [5, 6])
+    assert prefetched(elsewhere) == []
+
+
+def test_the_id_stream_carries_on_once_the_listing_streams_window_reaches_its_directorys_end():
+    """Nested chunk directories (`cp -r` of Zarr's c/i/j/k): the listing of one directory ends
+    with it; the id stream beside it prefetches the next directories' chunks at once, not only
+    after the reader has read the listed ones (a round trip's stall)."""
+    listed = shard("a", list(range(8)))  # the directory being copied
+    target = Target([listed, shard("b", list(range(8, 80)))])  # b: the next directories' chunks
+    scope = ScanScope(target)
+    scope.listed(listed)
+    observe(scope, [0, 1])
+    assert sorted({k for s, k in prefetched(target) if s == "a"}) == list(range(2, 8))
+    assert [k for s, k in prefetched(target) if s == "b"] == list(range(72))  # its whole run, at once
+
+
 def test_scattered_reads_start_no_prefetch():
     target = Target([shard("a", list(range(40)))])
     observe(ScanScope(target), [5, 17, 3, 30, 11, 25])
@@ -128,10 +159,10 @@ def test_sparse_keys_follow_the_listing_order():
     target = Target([shard("a", sorted(ids))], dense=False)
     scope = ScanScope(target)
     scope.listed(table)
-    observe(scope, [7, 3, 11])
+    observe(scope, [7, 3])  # the listing's first entry, then the one after it
     # the rest of the listing, in its order
     wanted = {k: int(target.tables[0].starts[target.tables[0].find(k)]) // CHUNK for k in ids}
-    assert prefetched(target) == [("a", wanted[k]) for k in [5, 42, 19, 23, 8]]
+    assert prefetched(target) == [("a", wanted[k]) for k in [11, 5, 42, 19, 23, 8]]
 
 
 # -- name order: readers that split the sorted names between them -----------------------------

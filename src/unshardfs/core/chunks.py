@@ -197,6 +197,12 @@ class ChunkContext:
 
     async def payload_of(self, ext: Extent) -> bytes:
         """A payload fetched whole (once, however many ask) and kept in the encoded-chunk cache."""
+        # A scan's next chunk is waiting in the prefetch cache: taken without the flight and
+        # batch machinery (a fifth of its cost), on the hot path of every prefetched read.
+        hit = self.fetcher.take_prefetched(ext)
+        if hit is not None:
+            self.caches.encoded_chunk.put(ext.key, hit)
+            return hit
         return await self.fetcher.flights.cached(self.caches.encoded_chunk, ext.key, lambda: self.fetcher.read(ext))
 
     async def payload(self, f: ChunkFile) -> bytes:

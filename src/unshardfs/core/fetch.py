@@ -299,6 +299,15 @@ class Fetcher:
             return [_slice(runs[0], ext) for ext in extents]
         return [_slice(self._run_of(runs, ext), ext) for ext in extents]
 
+    def take_prefetched(self, ext: Extent) -> bytes | None:
+        """The extent's bytes if a prefetch brought them (taken out of the prefetch cache, a hit),
+        without a batch: `read`'s answer when it would find them there, counted like it."""
+        hit = self._prefetched(ext)
+        if hit is not None:
+            self.counters.batches += 1
+            self.counters.extents += 1
+        return hit
+
     def _prefetched(self, ext: Extent) -> bytes | None:
         """The extent's bytes if a prefetch brought them (taken out of the prefetch cache)."""
         hit: bytes | None = self.prefetched.pop(ext.key, None)

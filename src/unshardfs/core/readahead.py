@@ -15,7 +15,9 @@ of scan:
   as scripts that split a sorted file list over parallel readers walk it.
 
 A guess becomes a stream after two reads that match it exactly, so a viewer
-reading scattered chunks starts no prefetch. Several readers walking one
+reading scattered chunks starts no prefetch; after one where the guess began
+at the start of a listing batch (a tool that lists a directory and reads it
+from its first file, which a viewer does not do). Several readers walking one
 order together (each taking every n-th name) reach the daemon out of order:
 a guess also becomes a stream once JOINT_CONFIRM of the JOINT_READS reads
 that follow its first read were of distinct chunks among the JOINT_SPAN
@@ -58,6 +60,7 @@ JOINT_CONFIRM = POLICY.joint_confirm
 JOINT_READS = POLICY.joint_reads
 BEHIND = POLICY.behind
 READY_MAX = 1 << 16  # index tables remembered as read (a cache may drop them since: then a window waits)
+CARRY = FIRST_WINDOW // 2  # chunks prefetched ahead of an ending stream that still carry a scan alone
 
 Picked = tuple[int, Extent, ChunkTable]  # a stream position, its chunk's extent, and the chunk's table
 
@@ -99,6 +102,11 @@ class _Stream:
     exact: bool = True  # whether the last read matched so (and every read before it)
     seen: set[int] = field(default_factory=set)  # ids read while a guess
     age: int = 0  # reads observed since the guess was made
+    ended: bool = False  # no ids are expected after `upcoming` (a listing stream's directory ends)
+    # The guess began where a listing batch begins (its first entry, its lowest id): a tool that
+    # lists a directory and then reads its files from the first one (`cp -r`, `tar`, `find
+    # -exec`), which a viewer never does; one exact follow confirms it.
+    opens: bool = False
 
     def match(self, chunk_id: int) -> bool:
         self.age += 1
@@ -135,7 +143,7 @@ class _Stream:
         self._confirm()
 
     def _confirm(self) -> None:
-        self.confirmed = (self.exact and self.follows >= CONFIRM) or \
+        self.confirmed = (self.exact and self.follows >= (1 if self.opens else CONFIRM)) or \
             (len(self.seen) >= JOINT_CONFIRM and self.age <= JOINT_READS)
 
     def _find(self, chunk_id: int, lo: int, hi: int) -> int | None:
@@ -155,6 +163,7 @@ class Listings:
         self.batches: list[np.ndarray] = []
         self.count = 0
         self._seen: set[tuple[Ident, int, int]] = set()
+        self.firsts: set[int] = set()  # each batch's first id and its lowest (a scan in id order starts there)
         self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its ids (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
@@ -167,6 +176,7 @@ class Listings:
         if mark in self._seen or self.count >= LISTED_IDS_MAX:
             return
         self._seen.add(mark)
+        self.firsts.update((int(table.ids[0]), int(table.ids.min())))
         self.batches.append(table.ids)
         self.count += len(table.ids)
         self._sorted = None
@@ -271,22 +281,20 @@ class ScanScope:
 
     async def _refill(self) -> None:
         """Extend the leading stream again (an index table it waited for has been read)."""
-        for stream in self.streams:
-            if stream.confirmed and await self._extend(stream):
-                break
+        await self._lead([stream for stream in self.streams if stream.confirmed])
 
     async def _observe(self, chunk_id: int) -> None:
         self._ready(self.ctx.table_of(chunk_id))  # the reader's lookup found the id in its table
         # Every stream that predicted the id moves on, not only the first; the first
-        # confirmed one reads ahead, or the next where it has nothing more ahead: a
-        # listing stream ends with its directory, and the id stream beside it then
-        # carries the scan into the next one (`cp -r` of nested Zarr chunk directories).
+        # confirmed one reads ahead, and the next too once the first's window has reached its
+        # end: a listing stream ends with its directory, and the id stream beside it then
+        # carries the scan into the next one (`cp -r` of nested Zarr chunk directories) as
+        # soon as the listing stream has prefetched its last chunks, not only once its
+        # reader has read them (a round trip's stall at every directory otherwise).
         matched = self._one_per_order([stream for stream in self.streams if stream.match(chunk_id)])
         if matched:
             self.streams = matched + [stream for stream in self.streams if stream not in matched]
-            for stream in matched:
-                if stream.confirmed and await self._extend(stream):
-                    break
+            await self._lead([stream for stream in matched if stream.confirmed])
             if any(stream.confirmed for stream in matched):
                 return
         # A new guess in each order no stream of which follows the id exactly (a guess matched
@@ -296,7 +304,8 @@ class ScanScope:
             if order not in followed:
                 upcoming = await self._successors(order, chunk_id, FIRST_WINDOW + SLACK)
                 if upcoming:
-                    self.streams.insert(0, _Stream(order, upcoming))
+                    opens = order != "name" and chunk_id in self.listings.firsts
+                    self.streams.insert(0, _Stream(order, upcoming, opens=opens))
         del self.streams[MAX_STREAMS:]
 
     def _one_per_order(self, matched: list[_Stream]) -> list[_Stream]:
@@ -324,10 +333,20 @@ class ScanScope:
         self.streams = [stream for stream in self.streams if stream not in dropped]
         return [stream for stream in matched if best[stream.order] is stream]
 
-    async def _extend(self, stream: _Stream) -> bool:
-        """Keep `window` chunks prefetched ahead of the stream's reader; whether any are."""
+    async def _lead(self, streams: list[_Stream]) -> None:
+        """The first stream reads ahead; the next ones too while those before them do not carry
+        the scan alone, each passing over what those before it have prefetched."""
+        skip: set[int] = set()
+        for stream in streams:
+            if await self._extend(stream, skip):
+                return
+            skip.update(stream.upcoming[:stream.frontier])  # (readers lagging behind have yet to read some)
+
+    async def _extend(self, stream: _Stream, skip: set[int] | frozenset[int] = frozenset()) -> bool:
+        """Keep `window` chunks prefetched ahead of the stream's reader (but those in `skip`);
+        whether it carries the scan (`_carries`)."""
         if stream.frontier - stream.cursor >= stream.window // 2:
-            return True
+            return self._carries(stream)
         if stream.cursor > MAX_WINDOW + BEHIND:  # forget what the readers have passed
             passed = stream.cursor - BEHIND
             del stream.upcoming[:passed]
@@ -336,7 +355,7 @@ class ScanScope:
         start = max(stream.frontier, stream.cursor)
         if not stream.frontier:  # the first window: also what joint readers passed and have not read yet
             start = min((i for i in range(stream.cursor) if stream.upcoming[i] not in stream.seen), default=start)
-        picked, stop = await self._window(stream, start, stream.cursor + stream.window)
+        picked, stop = await self._window(stream, start, stream.cursor + stream.window, skip)
         tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
@@ -357,9 +376,17 @@ class ScanScope:
         # early): the rest is asked for again at the next extension.
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
         stream.window = min(stream.window * 2, MAX_WINDOW)
-        return stream.frontier > stream.cursor
+        return self._carries(stream)
 
-    async def _window(self, stream: _Stream, start: int, want: int) -> tuple[list[Picked], int]:
+    @staticmethod
+    def _carries(stream: _Stream) -> bool:
+        """Whether the stream has chunks prefetched ahead of its reader, and more than the last few
+        of its order (a directory's listing ending): else the next stream reads ahead as well."""
+        ahead = stream.frontier - stream.cursor
+        return ahead > 0 and (not stream.ended or ahead >= CARRY)
+
+    async def _window(self, stream: _Stream, start: int, want: int,
+                      skip: set[int] | frozenset[int] = frozenset()) -> tuple[list[Picked], int]:
         """(position, extent, table) of the stream's upcoming ids from `start` on, and where they stop:
         up to `want`, then on while they stay in the last one's blob (a window never splits
         a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW more
@@ -373,11 +400,12 @@ class ScanScope:
             if i >= len(stream.upcoming):
                 more = await self._successors(stream.order, stream.upcoming[-1], max(want - i, FIRST_WINDOW) +
                                               SLACK) if stream.upcoming else []
+                stream.ended = not more
                 if not more:
                     break
                 stream.upcoming.extend(more)
             chunk_id = stream.upcoming[i]
-            if chunk_id in stream.seen:
+            if chunk_id in stream.seen or chunk_id in skip:
                 found = None
             elif not self._opened(chunk_id):
                 break
