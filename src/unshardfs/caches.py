@@ -24,7 +24,33 @@ def _nbytes(value: object) -> int:
     return max(int(size), 1) + 64
 
 
-class CountedLRU(LRUCache):
+def _internals_known() -> bool:
+    probe: LRUCache[str, int] = LRUCache(maxsize=2)
+    probe["a"], probe["b"] = 1, 2
+    return (getattr(probe, "_Cache__data", None) == {"a": 1, "b": 2}
+            and list(getattr(probe, "_LRUCache__order", ())) == ["a", "b"])
+
+
+# cachetools' `get` is four Python calls (`in`, then `[]`, which updates the order in turn); every
+# lookup and read asks several caches, so `QuickLRU.get` reaches into its two dictionaries
+# directly when they are where cachetools (5.x-8.x) keeps them.
+_QUICK = _internals_known()
+
+
+class QuickLRU(LRUCache):
+    """cachetools' LRUCache whose `get` costs one dict probe and one `move_to_end` on a hit."""
+
+    if _QUICK:
+        def get(self, key: Hashable, default: Any = None) -> Any:
+            try:
+                value = self._Cache__data[key]  # type: ignore[attr-defined]
+            except KeyError:
+                return default
+            self._LRUCache__order.move_to_end(key)  # type: ignore[attr-defined]
+            return value
+
+
+class CountedLRU(QuickLRU):
     """An LRU cache bounded by bytes that counts its hits and misses for `stats`."""
 
     def __init__(self, maxsize: int) -> None:
@@ -41,13 +67,18 @@ class CountedLRU(LRUCache):
 
     # cachetools has no type information: values come back as Any, callers say what they hold.
     def get(self, key: Hashable, default: Any = None) -> Any:
-        # Every lookup asks several caches: one dict probe on a hit (not
-        # cachetools' `in` followed by `[]`).
-        try:
-            value = self[key]
-        except KeyError:
-            self.misses += 1
-            return default
+        if _QUICK:  # QuickLRU.get, not called: every lookup asks twice
+            try:
+                value = self._Cache__data[key]  # type: ignore[attr-defined]
+            except KeyError:
+                self.misses += 1
+                return default
+            self._LRUCache__order.move_to_end(key)  # type: ignore[attr-defined]
+        else:
+            value = super().get(key, _MISSING)
+            if value is _MISSING:
+                self.misses += 1
+                return default
         self.hits += 1
         return value
 

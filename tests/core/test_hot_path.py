@@ -162,10 +162,33 @@ def test_scalar_morton_decode_agrees_with_the_vectorised_one():
 def test_scalar_chunk_sizes_agree_with_the_arrays():
     grid = ChunkGrid((100, 70, 33), (32, 32, 16), (5, -3, 0))
     ids = np.arange(1 << (grid.coder.total_bits + 1), dtype=np.uint64)  # valid codes and invalid ones
-    for raw in (True, False):
+    for raw, tables in ((True, False), (False, False), (True, True), (False, True)):
+        if tables:  # a lookup's parse builds the per-axis tables, and sizes come from their extents
+            assert grid.parse_id(grid.chunk_name((3, 2, 2))) is not None and grid.cell_extents() is not None
         geometry = VolumeGeometry(grid, 2, raw, limit=20_000)
         exact, cap = geometry.exact(ids), geometry.cap(ids)
         for i, chunk_id in enumerate(ids.tolist()):
             assert geometry.sizes_one(chunk_id) == (None if exact is None else int(exact[i]), int(cap[i]))
             assert geometry.exact_one(chunk_id) == (None if exact is None else int(exact[i]))
             assert geometry.cap_one(chunk_id) == int(cap[i])
+
+
+def test_name_tables_parse_as_the_regex_does():
+    """A lookup parses its name through per-axis tables (`ChunkGrid.parse_id`): the same ids as the
+    regular expression and `coder.encode`, None for every spelling that is not canonical."""
+    for size, chunk, offset in [((512, 512, 256), (32, 32, 16), (0, 0, 0)), ((100, 70, 33), (32, 32, 16), (5, -3, 0)),
+                                ((1000, 7, 3000), (7, 3, 11), (-50, 2, 9))]:
+        grid, reference = ChunkGrid(size, chunk, offset), ChunkGrid(size, chunk, offset)
+        cells = [(x, y, z) for x in range(grid.shape[0]) for y in range(0, grid.shape[1]) for z in range(grid.shape[2])]
+        names = [reference.chunk_name(c) for c in cells[:20000]]
+        odd = ["0-32_0-32_0-16x", "00-32_0-32_0-16", "+0-32_0-32_0-16", "0-32_0-32", "0-31_0-32_0-16", "a_b_c", "",
+               "___", names[0] + "_", "_" + names[-1], names[0].replace("_", "__", 1)]
+        for name in names + odd:
+            cell = reference.parse_chunk_name(name)
+            chunk_id = grid.parse_id(name)
+            assert chunk_id == (None if cell is None else reference.coder.encode(cell)), name
+            if chunk_id is not None:
+                assert grid.cell_of(chunk_id) == cell
+    big = ChunkGrid((1 << 30, 64, 64), (16, 16, 16), (0, 0, 0))  # past the tables' bound: the regex path
+    assert big.parse_id("32-48_16-32_0-16") == big.coder.encode((2, 1, 0))
+    assert big.parse_id("32-48_16-32_0-17") is None and big._parser is None

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from unshardfs.fuse.abi import FsError
-from unshardfs.fuse.ops import ROOT, TreeOps
+from unshardfs.fuse.ops import ROOT, SERVED_MAX, TreeOps
 from unshardfs.session import Session
 from unshardfs.testing.mounts import wait_for
 
@@ -254,8 +254,8 @@ def test_an_inode_forgotten_by_the_served_record_still_may_hold_pages(versions, 
             assert found is not None
             ino = found[0]
             ops.served[ino] = True  # as after a READ: the kernel may hold its pages
-            for other in range(ops.served.maxsize):  # as after READs of as many other files
-                ops.served[(1 << 62) + other] = True
+            for other in range(SERVED_MAX):  # as after READs of as many other files
+                ops._mark_served((1 << 62) + other)
             assert ino not in ops.served
             replace_shards(src, new["sharded"])
             try:

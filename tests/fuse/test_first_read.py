@@ -12,11 +12,14 @@ cost more than the request itself when every request had its own task).
 from __future__ import annotations
 
 import os
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import trio
 
+import unshardfs
 from unshardfs.fuse.ops import ROOT
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
@@ -98,3 +101,43 @@ def test_reads_that_must_wait_on_the_disk_go_to_a_thread_and_the_session_reads_o
     # A new reader task per request that waited: every read, and the lookup that read the indexes
     # of its minishard (and shard).
     assert spawns.spawned == chunks + minishards
+
+
+# Python calls of the daemon's own code (session, engine, operations, core, format, source) per
+# first read (LOOKUP + READ) of a chunk whose indexes are cached: 100 on main (b531e1d), 79 since
+# the name tables, cache probes and fewer coroutines of branch firstread2. Each is ~0.3-1 us of a
+# daemon that is one Python thread: first reads against ratarmount move with this number.
+CALLS_PER_CHUNK = 80
+
+
+def test_a_cached_index_first_read_costs_few_python_calls(volume):
+    """The daemon's Python work per chunk, counted (a timing would not be deterministic): every
+    call of a function of the unshardfs package (a coroutine resumed counts as a call) while
+    the chunks are looked up and read once more, their indexes cached by a first pass."""
+    names = sorted(os.listdir(volume["plain"] / KEY))
+    package = os.path.dirname(unshardfs.__file__)
+    calls: Counter = Counter()
+
+    def profile(frame, event, arg) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            calls[frame.f_code.co_qualname] += 1
+
+    async def main() -> None:
+        async with served(volume["sharded"]) as (kernel, _):
+            directory = await kernel.lookup(ROOT, KEY)
+            for name in names:  # reads every index (and every chunk) once
+                await kernel.read(await kernel.lookup(directory, name), 1 << 14)
+            sys.setprofile(profile)
+            try:
+                for name in names:
+                    await kernel.read(await kernel.lookup(directory, name), 1 << 14)
+            finally:
+                sys.setprofile(None)
+
+    trio.run(main)
+    per_chunk = sum(calls.values()) / len(names)
+    assert per_chunk <= CALLS_PER_CHUNK, (per_chunk, calls.most_common(20))
+    # The lookup's name is parsed once, through the per-axis tables, and its size found from the
+    # cell the parse kept; nothing of the regular-expression path runs.
+    assert calls["ChunkGrid.parse_id"] == len(names)
+    assert calls["ChunkGrid.parse_chunk_name"] == 0 and calls["MortonCoder.decode"] == 0

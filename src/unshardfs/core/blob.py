@@ -9,10 +9,13 @@ with new bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import DataError, SourceError
-from ..sources.base import ByteSource, ObjectStat
-from ..vtree import FdRange
+
+if TYPE_CHECKING:  # annotations only: `caches` imports this module, and `sources` imports `caches`
+    from ..sources.base import ByteSource, ObjectStat
+    from ..vtree import FdRange
 
 Version = tuple[object, ...]  # an object version, as its source gives it (`ObjectStat.version`)
 Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)

@@ -159,14 +159,15 @@ class ChunkContext:
 
     async def lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         """The chunk file called `name`: Verdict.PASS if the name is not of the computed form."""
-        if not self.naming.claims(name):
-            return Verdict.PASS
-        chunk_id = self.naming.parse(name)
-        return None if chunk_id is None else await self.file(chunk_id)
+        chunk_id = self.naming.parse(name)  # a name it parses is one it claims (`Naming.parse`)
+        if chunk_id is None:
+            return None if self.naming.claims(name) else Verdict.PASS
+        return await self.file(chunk_id)
 
     def make(self, table: ChunkTable, i: int, size: int, ident: int | None) -> ChunkFile:
-        extra = 0 if table.extra is None else int(table.extra[i])
-        return ChunkFile(self, table.blob, int(table.starts[i]), int(table.lengths[i]), int(table.ids[i]), size,
+        # `item`: Python ints straight from the arrays (no numpy scalar per field).
+        extra = 0 if table.extra is None else table.extra.item(i)
+        return ChunkFile(self, table.blob, table.starts.item(i), table.lengths.item(i), table.ids.item(i), size,
                          ident, extra)
 
     async def file(self, chunk_id: int, prefetch: bool = True) -> ChunkFile | None:
@@ -181,7 +182,7 @@ class ChunkContext:
             return None
         table, i = found
         where = f"{table.blob.label} {self.store.describe(chunk_id)}"
-        length = int(table.lengths[i])
+        length = table.lengths.item(i)
         exact, cap = self.geometry.sizes_one(chunk_id)
         size = self.codec.size(length, exact, cap, where)
         if size is None:

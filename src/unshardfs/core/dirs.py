@@ -8,7 +8,7 @@ Formats only choose the store, naming and codec (a `ChunkContext`).
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Literal
+from typing import Any, AsyncIterator, Coroutine, Literal
 
 from ..overlay import OverlayDir
 from ..sources.base import ByteSource, ObjectStat
@@ -30,8 +30,8 @@ class ShardedDir(OverlayDir):
     def hides(self, name: str) -> bool:
         return self.chunks.store.is_shard_file(name)
 
-    async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
-        return await self.chunks.lookup(name)
+    def virtual_lookup(self, name: str) -> Coroutine[Any, Any, Node | None | Literal[Verdict.PASS]]:
+        return self.chunks.lookup(name)  # its coroutine, awaited by the caller (no frame of ours per lookup)
 
     def virtual_entries(self) -> AsyncIterator[Batch]:
         return self.chunks.listing()

@@ -201,13 +201,14 @@ class Fetcher:
             return await self.read_direct(ext.blob, ext.start, ext.length, index)
         return (await self.read_many([ext], index=index))[0]
 
-    async def read_direct(self, blob: Blob, start: int, length: int, index: bool = False) -> bytes:
-        """One read of a `direct` source (the caller checked `direct`): counted like a batch of one."""
+    def read_direct(self, blob: Blob, start: int, length: int, index: bool = False) -> Awaitable[bytes]:
+        """One read of a `direct` source (the caller checked `direct`): counted like a batch of one.
+        The blob's read itself is returned, for the caller to await (one coroutine fewer per read)."""
         counters = self.counters
         counters.batches += 1
         counters.extents += 1
         counters.reads += 1
-        return await blob.read(self.source, start, length, index=index)
+        return blob.read(self.source, start, length, index=index)
 
     def cached_direct(self, blob: Blob, start: int, length: int) -> FdRange | None:
         """`read_direct`'s bytes as a page-cached descriptor range, if the source can give one

@@ -36,7 +36,8 @@ class Naming(ABC):
 
     @abstractmethod
     def parse(self, name: str) -> int | None:
-        """The id of a canonical name, or None (no such chunk can exist)."""
+        """The id of a canonical name, or None (no such chunk can exist). A name parsed is one
+        `claims` claims: lookups parse first and ask `claims` only of the names that fail."""
 
     @abstractmethod
     def names(self, ids: np.ndarray) -> list[str | None]:

@@ -85,6 +85,8 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         self.label = label or "."  # for messages: the directory's path
         self.flights = runtime.fetcher.flights
         self._failed: LRUCache[tuple[str, Hashable], tuple[str, str]] = LRUCache(maxsize=FAILED_MAX)
+        self._kind = type(self).__qualname__  # the first part of every cache key (`_full`)
+        self._caches: dict[str, CountedLRU] = {}  # `cache(level)` by level name: every lookup asks twice
 
     # -- the format's own ----------------------------------------------------------------
 
@@ -232,20 +234,26 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         return self.caches.blobs.of(path, st)
 
     def cache(self, level: IndexLevel) -> CountedLRU:
-        return self.caches.index(level)
+        cache = self._caches.get(level.name)
+        if cache is None:
+            cache = self._caches[level.name] = self.caches.index(level)
+        return cache
 
     @final
     async def cached(self, level: IndexLevel, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
         """`load()`'s value kept in `level`'s cache under `key` (this store's kind of index), computed
         once however many ask at once."""
-        cache, full = self.cache(level), (type(self).__qualname__, key)
-        value = cache.get(full)  # the hot path: a hit takes no flight
+        cache = self._caches.get(level.name)
+        if cache is None:
+            cache = self.cache(level)
+        full = (self._kind, key)
+        value: T | None = cache.get(full)  # the hot path: a hit takes no flight (nor a call to `cast`)
         if value is not None:
-            return cast(T, value)  # what `load` returned for this key
+            return value  # what `load` returned for this key
         return await self.flights.fill(cache, full, load)
 
     def _full(self, key: Hashable) -> tuple[str, Hashable]:
-        return type(self).__qualname__, key  # one cache per level is shared by every store of the mount
+        return self._kind, key  # one cache per level is shared by every store of the mount
 
     @final
     def held(self, level: IndexLevel, key: Hashable) -> bool:
@@ -257,8 +265,11 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
     def recall(self, level: IndexLevel, key: Hashable) -> object | None:
         """Entry `key` of `level` from its cache; None when it must be read. DataError (the same one
         again) when it was read and could not be decoded."""
-        full = self._full(key)
-        value: object = self.cache(level).get(full)
+        full = (self._kind, key)
+        cache = self._caches.get(level.name)
+        if cache is None:
+            cache = self.cache(level)
+        value: object = cache.get(full)
         if value is not None:
             return value
         failed = self._failed.get(full)

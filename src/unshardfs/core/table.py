@@ -55,7 +55,7 @@ class ChunkTable:
         if not len(ids) or chunk_id < 0 or chunk_id >= 1 << 64:
             return None
         i = int(ids.searchsorted(U64(chunk_id)))
-        return i if i < len(ids) and ids[i] == chunk_id else None
+        return i if i < len(ids) and ids.item(i) == chunk_id else None
 
     def row(self, i: int) -> tuple[int, int, int]:
         """(id, start, length) of entry `i`."""

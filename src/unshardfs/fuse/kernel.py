@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import trio
 
-from ..vtree import DirNode, Node, size_of
+from ..vtree import DirNode, FileNode, Node, size_of
 from . import abi
 from .abi import FsError
 from .ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, TreeOps
@@ -205,7 +205,7 @@ class KernelOps:
     def node_entry(self, ino: int, node: Node) -> bytes:
         if node.is_dir:
             return self.entry(ino, DIR_MODE, 0, node.mtime_ns)
-        return self.entry(ino, FILE_MODE, size_of(node), node.mtime_ns)
+        return self.entry(ino, FILE_MODE, node.size if isinstance(node, FileNode) else 0, node.mtime_ns)
 
     def node_attr(self, ino: int, node: Node) -> bytes:
         size = size_of(node)

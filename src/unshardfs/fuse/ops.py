@@ -14,6 +14,7 @@ else is classified by the engine through `unshardfs.edge`.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
@@ -21,8 +22,6 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
-
-from cachetools import LRUCache
 
 from ..edge import read_current
 from ..errors import DataError, StaleError
@@ -36,6 +35,7 @@ FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 1 << 17
 ENOATTR = errno.ENODATA
 FS_ENCODING = sys.getfilesystemencoding()
+SERVED_MAX = 1 << 16  # inodes remembered as served (`TreeOps.served`), least recently served forgotten
 
 
 @dataclass
@@ -94,6 +94,7 @@ class InodeTable:
         self.slot_dirs: list[DirNode | None] = [None]
         self.recent = RecentNodes(recent_nodes)
         self.outstanding = 0
+        self._last_slot: tuple[Node | None, int] = (None, 0)  # `slot_of`'s last directory node and its slot
 
     def __len__(self) -> int:
         return len(self.nodes) + len(self.recent)
@@ -117,7 +118,13 @@ class InodeTable:
 
     def slot_of(self, parent: int) -> int:
         """The slot of directory `parent` (0: its children get tabled inodes)."""
-        return self._slot(self.nodes.get(parent))
+        node = self.nodes.get(parent)
+        last, slot = self._last_slot
+        if node is last and node is not None:  # every lookup asks, mostly of the same directory
+            return slot
+        slot = self._slot(node)
+        self._last_slot = (node, slot)
+        return slot
 
     def add(self, parent: int, name: bytes, node: Node, slot: int | None = None) -> int:
         """The inode for `parent/name`, now showing `node`; no lookup reference taken.
@@ -144,7 +151,7 @@ class InodeTable:
 
     def ref(self, ino: int) -> None:
         self.outstanding += 1
-        if not self.computed(ino):
+        if not ino >> CHILD_ID_BITS:  # `computed`, inline: every lookup asks
             self.counts[ino] += 1
 
     def forget(self, ino: int, n: int) -> None:
@@ -196,7 +203,7 @@ class InodeTable:
 
     def peek(self, ino: int) -> Node | None:
         """The node of `ino` if it is at hand (no I/O)."""
-        return self.recent.get(ino) if self.computed(ino) else self.nodes.get(ino)
+        return self.recent.get(ino) if ino >> CHILD_ID_BITS else self.nodes.get(ino)  # (`computed`, inline)
 
     async def get(self, ino: int) -> Node:
         node = self.peek(ino)
@@ -252,24 +259,6 @@ class Listing:
     done: bool = False
 
 
-class Served(LRUCache):
-    """Whether the kernel may hold pages of an inode, for the last `maxsize` inodes read or
-    revalidated. Forgetting one must not make it look clean: once any was evicted, an inode
-    not here may hold pages (its replaced shard then costs an EIO and a page drop, never a
-    mix of old cached pages and new bytes)."""
-
-    evicted = False
-
-    def popitem(self) -> tuple:  # cachetools calls it to evict
-        self.evicted = True
-        return super().popitem()
-
-    def may_hold(self, ino: int) -> bool:
-        """Whether pages of `ino` may be in the kernel (and it is forgotten here: it is re-served)."""
-        known = self.pop(ino, None)
-        return known if known is not None else self.evicted
-
-
 class TreeOps:
     """The virtual tree as the FUSE engines see it (see the module docstring)."""
 
@@ -288,8 +277,10 @@ class TreeOps:
         self.gid = os.getgid()
         # Inodes whose pages the kernel may hold (True: served a READ since their last
         # invalidation) or cannot (False: it learnt new attributes since): a replaced shard is
-        # re-served to the first only after their pages are dropped.
-        self.served = Served(maxsize=1 << 16)
+        # re-served to the first only after their pages are dropped. Forgetting one must not
+        # make it look clean: once any was evicted, an inode not here may hold pages.
+        self.served: OrderedDict[int, bool] = OrderedDict()
+        self.served_evicted = False
         # Engines that can tell the kernel to drop what it cached set this: (ino, done) -> None,
         # called for an inode whose backing data changed; never from inside that request. The
         # engine calls `done` (on the loop) once the kernel has dropped them, or cannot hold them.
@@ -306,7 +297,9 @@ class TreeOps:
     async def lookup(self, parent_ino: int, name: bytes) -> tuple[int, Node] | None:
         """The child `name` of `parent_ino` with a lookup reference taken; None if absent."""
         self.counters["lookups"] += 1
-        parent = await self.directory(parent_ino)
+        parent = self.inodes.peek(parent_ino)
+        if not isinstance(parent, DirNode):
+            parent = await self.directory(parent_ino)
         try:
             text = name.decode(FS_ENCODING, "surrogateescape")  # os.fsdecode, minus its calls
         except UnicodeError:
@@ -318,7 +311,6 @@ class TreeOps:
             return None
         ino = self.inodes.add(parent_ino, name, node)
         self.inodes.ref(ino)
-        self._note_changed(ino, node)
         return ino, node
 
     def forget(self, ino: int, n: int) -> None:
@@ -351,7 +343,7 @@ class TreeOps:
         old = self.inodes.peek(ino)
         if old is not None and old is not node and isinstance(old, FileNode) and isinstance(node, FileNode):
             if (old.size, old.mtime_ns) != (node.size, node.mtime_ns):
-                self.served[ino] = False
+                self._mark_served(ino, False)
 
     # -- directories -------------------------------------------------------------------
 
@@ -537,21 +529,15 @@ class TreeOps:
         the new bytes or an error, never a mix.
         """
         if node is None:
-            node = await self.file(ino)
+            found = self.inodes.peek(ino)
+            node = found if isinstance(found, FileNode) else await self.file(ino)
         if offset >= node.size or size <= 0:
             return node, b""
-        parent, name = None, ""
-
-        async def resolve() -> Node | None:
-            nonlocal parent, name
-            parent, name = self.inodes.locate(ino)
-            return await parent.lookup(name) if parent is not None and name else None
-
         if ino in self.dropping:
             self.counters["eio"] += 1
             raise FsError(errno.EIO)
         try:
-            served, data = await read_current(node, offset, size, resolve)
+            served, data = await read_current(node, offset, size, functools.partial(self._resolve, ino))
         except DataError as e:
             if isinstance(e.__cause__, StaleError) and self.invalidate is not None:
                 self.invalidate(ino, _nothing)  # its size changed: the kernel must ask for attributes again
@@ -559,17 +545,40 @@ class TreeOps:
         if served is not node:
             self.inodes.replace(ino, served)
             if self.invalidate is not None:
-                if not self.served.may_hold(ino):
+                if not self._may_hold(ino):
                     self.invalidate(ino, _nothing)
                 else:
                     self._drop_pages(ino)
                     self.counters["eio"] += 1
                     raise FsError(errno.EIO)
         if self.invalidate is not None:
-            self.served[ino] = True
+            self._mark_served(ino)
         self.counters["reads"] += 1
         self.counters["read_bytes"] += len(data)
         return served, data
+
+    async def _resolve(self, ino: int) -> Node | None:
+        """The node now found under the name of `ino` (a read's shard was replaced)."""
+        parent, name = self.inodes.locate(ino)
+        return await parent.lookup(name) if parent is not None and name else None
+
+    def _mark_served(self, ino: int, may_hold: bool = True) -> None:
+        served = self.served
+        if ino in served and served[ino] is may_hold:
+            served.move_to_end(ino)
+        else:
+            served.pop(ino, None)
+            served[ino] = may_hold
+            if len(served) > SERVED_MAX:
+                served.popitem(last=False)
+                self.served_evicted = True  # an inode not in `served` may now hold pages
+
+    def _may_hold(self, ino: int) -> bool:
+        """Whether the kernel may hold pages of `ino` (forgotten here: it is being re-served).
+        One evicted from `served` may (its replaced shard costs an EIO and a page drop, never
+        old cached pages followed by new bytes)."""
+        known = self.served.pop(ino, None)
+        return known if known is not None else self.served_evicted
 
     def _drop_pages(self, ino: int) -> None:
         """Have the engine drop the kernel's pages of `ino`; its reads fail until that is done."""
@@ -599,7 +608,7 @@ class TreeOps:
     def sent(self, ino: int, found: FdRange) -> None:
         """The bytes `read_cached` found went to the kernel: counted, and its pages may now hold them."""
         if self.invalidate is not None:
-            self.served[ino] = True
+            self._mark_served(ino)
         self.counters["reads"] += 1
         self.counters["read_bytes"] += found.size
 

@@ -8,7 +8,7 @@ them live.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Coroutine
 
 from ..vtree import FdRange
 from .base import ByteSource, ObjectStat, SourceLayer
@@ -30,9 +30,9 @@ class CountingSource(SourceLayer):
         super().__init__(inner)
         self.counters = SourceCounters()
 
-    async def stat(self, path: str) -> ObjectStat | None:
+    def stat(self, path: str) -> Coroutine[Any, Any, ObjectStat | None]:
         self.counters.stats += 1
-        return await self.inner.stat(path)
+        return self.inner.stat(path)  # awaited by the caller: every lookup stats its shard
 
     async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         data = await self.inner.read(path, offset, size, version)

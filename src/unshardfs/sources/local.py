@@ -9,8 +9,7 @@ import stat as statmod
 from typing import Any, AsyncIterator
 
 import trio
-from cachetools import LRUCache
-
+from ..caches import QuickLRU
 from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
 from ..fdpath import Beneath, regular_file
@@ -21,7 +20,7 @@ from .pagecache import page_cache
 log = logging.getLogger(__name__)
 
 
-class _FdCache(LRUCache):
+class _FdCache(QuickLRU):
     """Open descriptors of recently read files; evicted ones are closed.
 
     Keeping descriptors open turns a chunk read into a single pread instead of
@@ -199,6 +198,12 @@ class LocalSource:
         fd = self._fd(path, version)
         try:
             if self._nowait and size <= NOWAIT_MAX:
+                buffer = bytearray(size)
+                try:
+                    if os.preadv(fd, [buffer], offset, _RWF_NOWAIT) == size:  # the usual case: one call
+                        return bytes(buffer)
+                except OSError:
+                    pass  # (not in the page cache, no RWF_NOWAIT here, an error): sorted out below
                 return await self._read_nowait(fd, offset, size)
             return _pread_all(fd, offset, size)
         except OSError as e:
@@ -251,7 +256,8 @@ class LocalSource:
         return True
 
     async def _read_nowait(self, fd: int, offset: int, size: int) -> bytes:
-        """The bytes in the page cache are read here, on the event loop, without waiting
+        """The bytes in the page cache are read here (`read` tries the usual one-call case
+        first), on the event loop, without waiting
         (preadv2 with RWF_NOWAIT); only what must come from the disk is read on a worker thread,
         so a cold disk never stalls the requests the loop is serving meanwhile."""
         buffer = bytearray(size)

@@ -16,6 +16,7 @@ import numpy as np
 from ...core.geometry import Geometry
 from ...core.nameorder import NameOrder
 from ...core.naming import Naming
+from ...core.table import int_list
 from .morton import MortonCoder
 
 _NAME_FORMAT = "%d-%d_%d-%d_%d-%d"
@@ -32,10 +33,13 @@ def as_cell(values: Sequence[int]) -> Cell:
 
 class ChunkGrid:
     __slots__ = ("size", "chunk_size", "voxel_offset", "shape", "coder", "chunk_array", "size_array", "_offset",
-                 "_texts", "_decoded")
+                 "_texts", "_decoded", "_parser", "_parsed", "_extents")
 
     # Axes up to this many cells keep their spelled-out "begin-end" texts (`names`).
     TEXTS_MAX = 1 << 16
+    # Grids of up to this many cells along all axes together parse names through per-axis
+    # tables (`parse_id`), a few MB at most.
+    PARSE_TABLES_MAX = 1 << 16
 
     def __init__(self, size: Sequence[int], chunk_size: Sequence[int], voxel_offset: Sequence[int]) -> None:
         self.size = as_cell(size)
@@ -48,6 +52,9 @@ class ChunkGrid:
         self._offset = np.array(voxel_offset, dtype=np.int64)
         self._texts: list[list[str]] | None = None
         self._decoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._parser: tuple[list[dict[str, int]], list[list[int]]] | None = None
+        self._parsed: tuple[int, Cell] = (-1, (0, 0, 0))  # the last id `parse_id` returned, and its cell
+        self._extents: list[list[int]] | None = None  # `extents`, per axis, once `parse_id` has tables
 
     def cells(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`coder.decode_array(ids)`, read-only, kept for the last `ids` array: a listing batch
@@ -113,6 +120,56 @@ class ChunkGrid:
         # (no leading zeros, '+', or wrong clipped end).
         return cell_t if self.chunk_name(cell_t) == name else None
 
+    def parse_id(self, name: str) -> int | None:
+        """The Morton code of the chunk `name` names (`parse_chunk_name`, then `coder.encode`).
+
+        Every lookup parses one name: on grids small enough, through one table per axis from
+        its "begin-end" text to the cell index, and from the cell index to the bits it adds to
+        the code (a name is canonical exactly when its three '_'-separated parts are texts of
+        the three axes: a text never holds a '_'). The cell of the id returned is remembered
+        for `cell_of`, which the lookup's size check asks next."""
+        parser = self._parser
+        if parser is None:
+            if sum(self.shape) > self.PARSE_TABLES_MAX:
+                cell = self.parse_chunk_name(name)
+                return None if cell is None else self.coder.encode(cell)
+            parser = self._parser = self._parse_tables()
+        parts = name.split("_")
+        if len(parts) != 3:
+            return None
+        (xs, ys, zs), (bx, by, bz) = parser
+        x, y, z = xs.get(parts[0]), ys.get(parts[1]), zs.get(parts[2])
+        if x is None or y is None or z is None:
+            return None
+        chunk_id = bx[x] | by[y] | bz[z]
+        self._parsed = (chunk_id, (x, y, z))
+        return chunk_id
+
+    def _parse_tables(self) -> tuple[list[dict[str, int]], list[list[int]]]:
+        indexes = [{text: g for g, text in enumerate(self.axis_texts(d))} for d in range(3)]
+        bits = []
+        for d in range(3):
+            cells = np.arange(self.shape[d], dtype=np.uint64)
+            code = np.zeros(self.shape[d], dtype=np.uint64)
+            for j, (dim, i) in enumerate(self.coder.plan):  # what `coder.encode` ORs in for axis d
+                if dim == d:
+                    code |= ((cells >> np.uint64(i)) & np.uint64(1)) << np.uint64(j)
+            bits.append(int_list(code))
+        return indexes, bits
+
+    def cell_extents(self) -> list[list[int]] | None:
+        """The voxel count of each grid index along each axis (smaller at the volume edge), on
+        grids that parse through tables (`parse_id`); None on others."""
+        if self._extents is None and self._parser is not None:
+            self._extents = [[max(min(c, s - g * c), 0) for g in range(n)]
+                             for c, s, n in zip(self.chunk_size, self.size, self.shape)]
+        return self._extents
+
+    def cell_of(self, chunk_id: int) -> tuple[int, ...] | None:
+        """`coder.decode(chunk_id)`, without decoding the id `parse_id` just returned."""
+        parsed_id, cell = self._parsed
+        return cell if parsed_id == chunk_id else self.coder.decode(chunk_id)
+
     def axis_texts(self, d: int) -> list[str]:
         """How chunk names spell each grid index of axis `d` ("begin-end", clipped at the edge)."""
         c, s, o = self.chunk_size[d], self.size[d], self.voxel_offset[d]
@@ -138,8 +195,7 @@ class GridNaming(Naming):
         return ChunkGrid.claims(name)
 
     def parse(self, name: str) -> int | None:
-        cell = self.grid.parse_chunk_name(name)
-        return None if cell is None else self.grid.coder.encode(cell)
+        return self.grid.parse_id(name)
 
     def name(self, chunk_id: int) -> str | None:
         cell = self.grid.coder.decode(chunk_id)
@@ -181,9 +237,12 @@ class VolumeGeometry(Geometry):
 
     def _raw_size(self, chunk_id: int) -> int:
         """`_raw_sizes` of one id, without arrays (every lookup asks)."""
-        cell = self.grid.coder.decode(chunk_id)
+        cell = self.grid.cell_of(chunk_id)
         if cell is None:
             return 0
+        extents = self.grid.cell_extents()
+        if extents is not None:  # a decoded cell lies inside the grid
+            return self.voxel_bytes * extents[0][cell[0]] * extents[1][cell[1]] * extents[2][cell[2]]
         size = self.voxel_bytes
         for g, c, s in zip(cell, self.grid.chunk_size, self.grid.size):
             size *= max(min(c, s - g * c), 0)

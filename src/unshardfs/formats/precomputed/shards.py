@@ -39,6 +39,7 @@ PROBE_MAX = 1 << 16
 # neighbouring minishards when they lie within this span (one request
 # instead of one per later lookup in the same shard).
 INDEX_READ_AHEAD = 256 << 10
+SHARD_PATHS = 1 << 12  # shard paths remembered (forgotten all at once past this)
 
 
 def decode_minishard(raw: bytes, blob: Blob, base: int, where: str, part: int = 0) -> ChunkTable:
@@ -121,15 +122,21 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         self.spec = spec
         self.index_size = spec.shard_index_size
         self._last_location: tuple[int, tuple[int, int]] = (-1, (0, 0))
+        self._shard_paths: dict[int, str] = {}  # shard number -> its `.shard` path (every lookup asks)
 
     # -- shard files -------------------------------------------------------------------
 
     async def open_shard(self, number: int) -> Blob | None:
         """The shard's current backing files, or None if the shard does not exist."""
-        stem = join_path(self.dir_path, self.spec.shard_name(number))
-        st = await self.source.stat(stem + ".shard")
+        path = self._shard_paths.get(number)
+        if path is None:
+            if len(self._shard_paths) >= SHARD_PATHS:
+                self._shard_paths.clear()
+            path = self._shard_paths[number] = join_path(self.dir_path, self.spec.shard_name(number)) + ".shard"
+        st = await self.source.stat(path)
         if st is not None and not st.is_dir:
-            return self.blob(stem + ".shard", st)
+            return self.blob(path, st)
+        stem = path[:-len(".shard")]
         index_st = await self.source.stat(stem + ".index")
         if index_st is None or index_st.is_dir:
             return None
@@ -293,6 +300,10 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     async def table_for(self, shard: int, blob: Blob, index: np.ndarray, chunk_id: int) -> ChunkTable | None:
         m = self._location(chunk_id)[1]
+        # A cached minishard first: only non-empty ones are ever read (here and by listings).
+        cached = self.recall(MINISHARD_INDEX, (blob.ident, m))
+        if isinstance(cached, ChunkTable):
+            return cached
         if index[m, 0] == index[m, 1]:
             return None
         return await self.minishard(blob, index, m)
