@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import time
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -193,19 +194,17 @@ def _replaced_under_cached_pages(big_versions, tmp_path, mount, *options):
     return m, names
 
 
-def test_reads_fail_until_the_kernel_has_dropped_old_pages(versions, tmp_path):
-    """In-process: a read finds the shard replaced while the kernel may hold old pages. It
-    fails and asks the engine to drop them; every read fails until the engine says they are
-    dropped (a read answered meanwhile would follow old cached pages with new bytes); then the
-    new bytes."""
-    old, new = versions
+@asynccontextmanager
+async def _served_chunk(versions, tmp_path):
+    """In-process: TreeOps over a copy of the old version, its first chunk looked up and marked
+    served (the kernel may hold its pages), invalidations recorded instead of sent. Yields
+    (ops, the chunk's inode, its name, the invalidations asked, the copy's directory)."""
+    old, _ = versions
     src = tmp_path / "src"
     shutil.copytree(old["sharded"], src)
     name = sorted(os.listdir(old["plain"] / KEY))[0]
-    want_new = (new["plain"] / KEY / name).read_bytes()
-
-    async def main() -> None:
-        source = await Session.open(str(src))
+    source = await Session.open(str(src))
+    try:
         async with source.running():
             ops = TreeOps(source.tree)
             asked: list = []
@@ -214,8 +213,21 @@ def test_reads_fail_until_the_kernel_has_dropped_old_pages(versions, tmp_path):
             assert scale is not None
             found = await ops.lookup(scale[0], name.encode())
             assert found is not None
-            ino = found[0]
-            ops.served[ino] = True  # as after a READ: the kernel may hold its pages
+            ops.served[found[0]] = True  # as after a READ: the kernel may hold its pages
+            yield ops, found[0], name, asked, src
+    finally:
+        await source.aclose()
+
+
+def test_reads_fail_until_the_kernel_has_dropped_old_pages(versions, tmp_path):
+    """In-process: a read finds the shard replaced while the kernel may hold old pages. It
+    fails and asks the engine to drop them; every read fails until the engine says they are
+    dropped (a read answered meanwhile would follow old cached pages with new bytes); then the
+    new bytes."""
+    _, new = versions
+
+    async def main() -> None:
+        async with _served_chunk(versions, tmp_path) as (ops, ino, name, asked, src):
             replace_shards(src, new["sharded"])
             for _ in range(3):
                 with pytest.raises(FsError) as caught:
@@ -226,8 +238,7 @@ def test_reads_fail_until_the_kernel_has_dropped_old_pages(versions, tmp_path):
             asked[0][1]()  # the engine: dropped
             assert ops.dropping == {}
             _, data = await ops.read(ino, 0, 1 << 20)
-            assert data == want_new
-        await source.aclose()
+            assert data == (new["plain"] / KEY / name).read_bytes()
 
     trio.run(main)
 
@@ -237,23 +248,10 @@ def test_an_inode_forgotten_by_the_served_record_still_may_hold_pages(versions, 
     65,536). A file read before 65,536 others were read was forgotten there and looked as if
     the kernel held none of its pages: its replaced shard was served new bytes at once, after
     whatever old pages the kernel still had. Now EIO and a page drop, as for one remembered."""
-    old, new = versions
-    src = tmp_path / "src"
-    shutil.copytree(old["sharded"], src)
-    name = sorted(os.listdir(old["plain"] / KEY))[0]
+    _, new = versions
 
     async def main() -> tuple[int, bool]:
-        source = await Session.open(str(src))
-        async with source.running():
-            ops = TreeOps(source.tree)
-            asked: list = []
-            ops.invalidate = lambda ino, done: asked.append((ino, done))
-            scale = await ops.lookup(ROOT, KEY.encode())
-            assert scale is not None
-            found = await ops.lookup(scale[0], name.encode())
-            assert found is not None
-            ino = found[0]
-            ops.served[ino] = True  # as after a READ: the kernel may hold its pages
+        async with _served_chunk(versions, tmp_path) as (ops, ino, _, asked, src):
             for other in range(SERVED_MAX):  # as after READs of as many other files
                 ops._mark_served((1 << 62) + other)
             assert ino not in ops.served
@@ -263,9 +261,7 @@ def test_an_inode_forgotten_by_the_served_record_still_may_hold_pages(versions, 
                 error = 0
             except FsError as e:
                 error = e.errno
-            dropping = ino in ops.dropping and [i for i, _ in asked] == [ino]
-        await source.aclose()
-        return error, dropping
+            return error, ino in ops.dropping and [i for i, _ in asked] == [ino]
 
     # Before: (0, False), the new bytes served at once.
     assert trio.run(main) == (errno.EIO, True)
