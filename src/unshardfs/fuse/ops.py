@@ -528,9 +528,15 @@ class TreeOps:
         (EIO) and the engine is asked to drop those pages, so a reader sees
         the new bytes or an error, never a mix.
         """
-        if node is None:
-            found = self.inodes.peek(ino)
-            node = found if isinstance(found, FileNode) else await self.file(ino)
+        found = self.inodes.peek(ino)
+        if isinstance(found, FileNode):
+            # The node whose attributes the kernel was given last. An open handle's may be older:
+            # since the handle was opened, the kernel may have been given a replaced shard's new
+            # size and mtime (GETATTR, LOOKUP) and dropped its pages; old bytes read through the
+            # handle now would be cached under the new attributes, and stay.
+            node = found
+        elif node is None:
+            node = await self.file(ino)
         if offset >= node.size or size <= 0:
             return node, b""
         if ino in self.dropping:
