@@ -297,7 +297,10 @@ class Fetcher:
             run.data = await run.blob.read(self.source, run.start, run.end - run.start, index=index)
         if len(runs) == 1:
             return [_slice(runs[0], ext) for ext in extents]
-        return [_slice(self._run_of(runs, ext), ext) for ext in extents]
+        # Each extent's bytes from the run that took it (a scanned shard's indexes are dozens of
+        # runs: no search of every run per extent).
+        sliced = {ext.key: _slice(run, ext) for run in runs for ext in run.extents}
+        return [sliced[ext.key] for ext in extents]
 
     def take_prefetched(self, ext: Extent) -> bytes | None:
         """The extent's bytes if a prefetch brought them (taken out of the prefetch cache, a hit),
