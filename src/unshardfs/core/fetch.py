@@ -210,6 +210,17 @@ class Fetcher:
         counters.reads += 1
         return blob.read(self.source, start, length, index=index)
 
+    def read_now(self, blob: Blob, start: int, length: int) -> bytes | bytearray | None:
+        """`read_direct`'s bytes if the source has them at once (see `Blob.read_now`); counted
+        like the read it replaces. None: `read_direct` reads them."""
+        data = blob.read_now(self.source, start, length)
+        if data is not None:
+            counters = self.counters
+            counters.batches += 1
+            counters.extents += 1
+            counters.reads += 1
+        return data
+
     def cached_direct(self, blob: Blob, start: int, length: int) -> FdRange | None:
         """`read_direct`'s bytes as a page-cached descriptor range, if the source can give one
         (see `Blob.cached_range`); counted like the read it replaces."""

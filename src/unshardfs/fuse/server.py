@@ -230,27 +230,43 @@ class Session:
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def _read(self) -> bytes | None:
-        """The next request, or None once the file system is unmounted.
+    def _due(self) -> bool:
+        """Count a request read without waiting: True for every CHECKPOINT_EVERY-th, which passes
+        the scheduler on purpose.
 
         Requests answered inline do not yield by themselves, and while they keep coming, the
         work they started (read-ahead plans, prefetches whose bytes arrived, signal handlers)
         must still run between them: a request that found the connection empty passed the
         scheduler while it waited, and of those read without waiting every CHECKPOINT_EVERY-th
-        passes it on purpose. (Every one did before; each pass is a few microseconds of Python,
-        and a serial reader's requests, a first read's LOOKUP and READ, mostly arrive while the
+        passes it. (Every one did before; each pass is a few microseconds of Python, and a
+        serial reader's requests, a first read's LOOKUP and READ, mostly arrive while the
         previous answer is being written.)"""
+        self._unscheduled += 1
+        if self._unscheduled < CHECKPOINT_EVERY:
+            return False
+        self._unscheduled = 0
+        self.checkpoints += 1
+        return True
+
+    async def _read(self, error: OSError | None = None) -> bytes | None:
+        """The next request, or None once the file system is unmounted; `error`: what the
+        reader's own first readv (`_reader`, the usual case of a request already queued) raised."""
         waited = False
         while True:
             try:
+                if error is not None:
+                    raise error
                 n = os.readv(self.fd, self._buffers)
             except BlockingIOError:
+                error = None
                 await trio.lowlevel.wait_readable(self.fd)
                 waited = True
                 continue
             except InterruptedError:
+                error = None
                 continue
             except OSError as e:
+                error = None
                 if e.errno == errno.ENOENT:  # the request was interrupted before we read it
                     continue
                 if e.errno == errno.ENODEV:  # unmounted
@@ -259,12 +275,8 @@ class Session:
             data = bytes(self._view[:n])
             if waited:
                 self._unscheduled = 0
-            else:
-                self._unscheduled += 1
-                if self._unscheduled >= CHECKPOINT_EVERY:
-                    self._unscheduled = 0
-                    self.checkpoints += 1
-                    await trio.lowlevel.checkpoint()
+            elif self._due():
+                await trio.lowlevel.checkpoint()
             return data
 
     async def serve(self) -> None:
@@ -290,11 +302,20 @@ class Session:
         no scope (no INTERRUPT can reach them), so they cost none."""
         scope = trio.CancelScope()
         request: Request | None = None
+        fd, buffers, view = self.fd, self._buffers, self._view
         with scope:
             while True:
-                data = await self._read()
-                if data is None:
-                    break
+                # The next request is usually queued already: read here, without a coroutine.
+                try:
+                    n = os.readv(fd, buffers)
+                except OSError as e:
+                    data = await self._read(e)  # waits for one, or sorts the error out
+                    if data is None:
+                        break
+                else:
+                    data = bytes(view[:n])
+                    if self._due():
+                        await trio.lowlevel.checkpoint()
                 self.requests += 1
                 try:
                     waiting = self._handle(data)
