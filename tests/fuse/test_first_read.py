@@ -106,16 +106,16 @@ def test_reads_that_must_wait_on_the_disk_go_to_a_thread_and_the_session_reads_o
 
 # Python calls of the daemon's own code (session, engine, operations, core, format, source) per
 # first read (LOOKUP + READ) of a chunk whose indexes are cached: 100 on main (b531e1d), 79 since
-# the name tables, cache probes and fewer coroutines of branch firstread2, 74 since branch
+# the name tables, cache probes and fewer coroutines of branch firstread2, 77 since branch
 # firstread3 (a page-cached READ answered with no coroutine, calls inlined on the lookup's way).
 # Each is ~0.3-1 us of a daemon that is one Python thread: first reads against ratarmount move
 # with this number. Here every request finds the connection empty (the kernel's side, in this
 # very thread, sends the next one only after the answer), and 10 of these calls per chunk are the
 # session's waiting for it (`_read`, `_quick_wait`, and `serve` and `_reader` resumed), which a
 # serial reader on a mount, whose next request is queued or comes within the quick wait, mostly
-# does not cost: WAITING counts them, CALLS_PER_CHUNK - WAITING is the requests' own work (79 - 10
-# on firstread2, where `_quick_wait` did not exist: 69 -> 66).
-CALLS_PER_CHUNK = 76
+# does not cost: WAITING counts them, CALLS_PER_CHUNK - WAITING is the requests' own work (79 - 8
+# on firstread2, which had no `_quick_wait`: 71 -> 67).
+CALLS_PER_CHUNK = 77
 WAITING = {"Session._read": 4, "Session._quick_wait": 2, "Session.serve": 2, "Session._reader": 2}
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Hashable, Iterable, Sequence, cast
+from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, cast
 
 import trio
 
@@ -28,6 +28,7 @@ from .flight import Flights
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 ExtentKey = tuple[Ident, int, int]  # an extent's cache key: its blob's ident, start and length
 
 
@@ -213,18 +214,15 @@ class Fetcher:
     def read_now(self, blob: Blob, start: int, length: int) -> bytes | bytearray | None:
         """`read_direct`'s bytes if the source has them at once (see `Blob.read_now`); counted
         like the read it replaces. None: `read_direct` reads them."""
-        data = blob.read_now(self.source, start, length)
-        if data is not None:
-            counters = self.counters
-            counters.batches += 1
-            counters.extents += 1
-            counters.reads += 1
-        return data
+        return self._counted(blob.read_now(self.source, start, length))
 
     def cached_direct(self, blob: Blob, start: int, length: int) -> FdRange | None:
         """`read_direct`'s bytes as a page-cached descriptor range, if the source can give one
         (see `Blob.cached_range`); counted like the read it replaces."""
-        found = blob.cached_range(self.source, start, length)
+        return self._counted(blob.cached_range(self.source, start, length))
+
+    def _counted(self, found: T) -> T:
+        """`found` (None: nothing), counted like a `read_direct` if it is something."""
         if found is not None:
             counters = self.counters
             counters.batches += 1
