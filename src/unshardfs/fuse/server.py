@@ -44,9 +44,6 @@ log = logging.getLogger(__name__)
 # request that had to wait for the connection passed it anyway); small, so background work
 # (read-ahead, prefetches) waits at most this many inline answers.
 CHECKPOINT_EVERY = 8
-# How long the reader looks for the next request itself (`Session._quick_wait`) before it waits
-# through trio, when no request is waiting on anything.
-QUICK_WAIT = 100e-6
 
 # What a dispatcher returns: a reply payload now, or a coroutine producing one.
 Answer = Union[bytes, bytearray, memoryview, list, Coroutine[Any, Any, Any], None]
@@ -88,6 +85,9 @@ class InitConfig:
     congestion_threshold: int = 48
     max_pages: int = 256
     splice: bool = True  # READ replies may be spliced from a file (`splice.Splicer`)
+    # How long the reader looks for the next request itself (`Session._quick_wait`) before it
+    # waits through trio, when no request is waiting on anything; 0: never.
+    quick_wait: float = 100e-6
 
 
 @dataclass
@@ -266,7 +266,7 @@ class Session:
                 n = os.readv(self.fd, self._buffers)
             except BlockingIOError:
                 error = None
-                if not self.scopes and not waited and self._quick_wait():
+                if not self.scopes and not waited and self.config.quick_wait and self._quick_wait():
                     continue  # read now, as one read without waiting (`_due` counts it)
                 await trio.lowlevel.wait_readable(self.fd)
                 waited = True
@@ -289,7 +289,7 @@ class Session:
             return data
 
     def _quick_wait(self) -> bool:
-        """Look for the next request for up to QUICK_WAIT, giving the CPU away in between
+        """Look for the next request for up to `config.quick_wait`, giving the CPU away in between
         (sched_yield, then a zero-timeout epoll_wait of the connection alone): whether one came.
 
         A serial reader (a first read: LOOKUP, READ, next file) sends its next request a few
@@ -300,13 +300,14 @@ class Session:
         on this same CPU run and send; on the other CPU, it is there within a few probes
         (8,800-9,700 files/s). Only while no request waits on anything (`scopes` is empty):
         those wait on descriptors or threads only trio watches. Background work (a
-        notification, a prefetch) that becomes ready meanwhile waits at most QUICK_WAIT, and
-        still gets its pass of the scheduler every CHECKPOINT_EVERY requests."""
+        notification, a prefetch) that becomes ready meanwhile waits at most that long, and
+        still gets its pass of the scheduler every CHECKPOINT_EVERY requests (a remote source's
+        mount turns this off: `MountOptions.quick_wait`)."""
         quick = self._quick
         if quick is None:
             quick = self._quick = select.epoll(1)
             quick.register(self.fd, select.EPOLLIN)
-        deadline = time.perf_counter() + QUICK_WAIT
+        deadline = time.perf_counter() + self.config.quick_wait
         while True:
             os.sched_yield()
             if quick.poll(0, 1):
