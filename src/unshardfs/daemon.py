@@ -8,6 +8,7 @@ way `unshardfs mount` returns 0 only once the mount is live, and every error
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -76,7 +77,10 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
         try:
             check_mountpoint(request.mountpoint)
             session = await open_session()
-            ops = TreeOps(session.tree, request.options, session.stats, engine=request.engine)
+            options = request.options
+            if session.source.remote:  # its prefetches wait on sockets: the reader must not hold the loop
+                options = dataclasses.replace(options, quick_wait=0.0)
+            ops = TreeOps(session.tree, options, session.stats, engine=request.engine)
             mounting = True
             engine = open_engine(request.engine, ops, request.mountpoint, request.fsname,
                                  [*request.fuse_options, *(["debug"] if request.debug else [])])

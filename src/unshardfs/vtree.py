@@ -67,6 +67,14 @@ class FileNode(Node):
         until the next await. The default: None."""
         return None
 
+    def read_now(self, offset: int, size: int) -> bytes | bytearray | None:
+        """The bytes `read(offset, size)` returns (or a bytearray of them, handed over), if they
+        can be had at once without waiting on anything (a local file stored as shown, its bytes
+        in the page cache); None otherwise
+        (then `read` serves them, and reports whatever stood in the way). Lets an engine answer
+        a READ where it read the request, with no coroutine. The default: None."""
+        return None
+
     def span(self, offset: int, size: int) -> int:
         """How many bytes a read at `offset` of up to `size` returns (0 at or past the end)."""
         if offset >= self.size or size <= 0:

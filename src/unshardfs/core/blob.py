@@ -9,7 +9,7 @@ with new bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, SourceError
 
@@ -62,14 +62,26 @@ class Blob:
     def cached_range(self, source: ByteSource, offset: int, size: int) -> FdRange | None:
         """Where bytes [offset, offset+size) of a one-object blob lie in an open descriptor, if
         the source can tell without I/O and they are page-cached (a local source); else None."""
+        found: FdRange | None = self._ask_one(source, "cached_range", offset, size)
+        return found
+
+    def read_now(self, source: ByteSource, offset: int, size: int) -> bytes | bytearray | None:
+        """Bytes [offset, offset+size) of a one-object blob if the source has them at once,
+        without waiting (a local source, page-cached bytes); else None (`read` reads them)."""
+        data: bytes | bytearray | None = self._ask_one(source, "read_now", offset, size)
+        return data
+
+    def _ask_one(self, source: ByteSource, method: str, offset: int, size: int) -> Any:
+        """`source.<method>(path, offset, size, version)` of the one object of a one-object blob,
+        for a range inside it, if the source has that optional method (sources whose bytes are
+        files); else None."""
         if len(self.parts) != 1 or offset < 0 or offset + size > self.size:
             return None
-        find = getattr(source, "cached_range", None)  # optional: sources whose bytes are files
-        if find is None:
+        ask = getattr(source, method, None)
+        if ask is None:
             return None
         path, _, version = self.parts[0]
-        found: FdRange | None = find(path, offset, size, version)
-        return found
+        return ask(path, offset, size, version)
 
     async def read(self, source: ByteSource, offset: int, size: int, index: bool = False) -> bytes:
         """Bytes [offset, offset+size) exactly, or DataError.

@@ -83,6 +83,11 @@ class ChunkFile(FileNode):
             return await ctx.fetcher.read(Extent(self.blob, self.start + offset, size))
         return (await ctx.decoded(self))[offset:offset + size]
 
+    def read_now(self, offset: int, size: int) -> bytes | bytearray | None:
+        if offset >= self.size or size <= 0 or not self.ctx.direct:  # (`span`, inline)
+            return None
+        return self.ctx.fetcher.read_now(self.blob, self.start + offset, min(size, self.size - offset))
+
     def cached_range(self, offset: int, size: int) -> FdRange | None:
         size = self.span(offset, size)
         if not size or not self.ctx.direct:
@@ -181,11 +186,15 @@ class ChunkContext:
         if found is None:
             return None
         table, i = found
-        where = f"{table.blob.label} {self.store.describe(chunk_id)}"
         length = table.lengths.item(i)
         exact, cap = self.geometry.sizes_one(chunk_id)
-        size = self.codec.size(length, exact, cap, where)
+        try:
+            # The chunk is named only when it fails (a call and a format per lookup otherwise).
+            size = self.codec.size(length, exact, cap, "")
+        except DataError as e:
+            raise DataError(self._where(table, i), e.reason) from None
         if size is None:
+            where = self._where(table, i)
             ext = Extent(table.blob, int(table.starts[i]), length)
             if prefetch and self.whole_reads and length <= WHOLE_READ_MAX:
                 payload = await self.payload_of(ext)
@@ -193,7 +202,9 @@ class ChunkContext:
             else:
                 trailer = await self.fetcher.read(Extent(table.blob, ext.end - self.codec.trailer, self.codec.trailer))
             size = self.codec.size_from_trailer(trailer, cap, where)
-        return self.make(table, i, size, self.naming.ident(chunk_id))
+        extra = 0 if table.extra is None else table.extra.item(i)  # (`make`, inline: every lookup)
+        return ChunkFile(self, table.blob, table.starts.item(i), length, chunk_id, size, self.naming.ident(chunk_id),
+                         extra)
 
     async def payload_of(self, ext: Extent) -> bytes:
         """A payload fetched whole (once, however many ask) and kept in the encoded-chunk cache."""

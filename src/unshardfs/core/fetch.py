@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Hashable, Iterable, Sequence, cast
+from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, cast
 
 import trio
 
@@ -28,6 +28,7 @@ from .flight import Flights
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 ExtentKey = tuple[Ident, int, int]  # an extent's cache key: its blob's ident, start and length
 
 
@@ -210,10 +211,18 @@ class Fetcher:
         counters.reads += 1
         return blob.read(self.source, start, length, index=index)
 
+    def read_now(self, blob: Blob, start: int, length: int) -> bytes | bytearray | None:
+        """`read_direct`'s bytes if the source has them at once (see `Blob.read_now`); counted
+        like the read it replaces. None: `read_direct` reads them."""
+        return self._counted(blob.read_now(self.source, start, length))
+
     def cached_direct(self, blob: Blob, start: int, length: int) -> FdRange | None:
         """`read_direct`'s bytes as a page-cached descriptor range, if the source can give one
         (see `Blob.cached_range`); counted like the read it replaces."""
-        found = blob.cached_range(self.source, start, length)
+        return self._counted(blob.cached_range(self.source, start, length))
+
+    def _counted(self, found: T) -> T:
+        """`found` (None: nothing), counted like a `read_direct` if it is something."""
         if found is not None:
             counters = self.counters
             counters.batches += 1
@@ -297,7 +306,10 @@ class Fetcher:
             run.data = await run.blob.read(self.source, run.start, run.end - run.start, index=index)
         if len(runs) == 1:
             return [_slice(runs[0], ext) for ext in extents]
-        return [_slice(self._run_of(runs, ext), ext) for ext in extents]
+        # Each extent's bytes from the run that took it (a scanned shard's indexes are dozens of
+        # runs: no search of every run per extent).
+        sliced = {ext.key: _slice(run, ext) for run in runs for ext in run.extents}
+        return [sliced[ext.key] for ext in extents]
 
     def take_prefetched(self, ext: Extent) -> bytes | None:
         """The extent's bytes if a prefetch brought them (taken out of the prefetch cache, a hit),

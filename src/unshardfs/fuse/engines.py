@@ -66,10 +66,11 @@ class KernelEngine:
         self.mounted = mount(self.spec)
 
     async def run(self) -> None:
-        from .server import Session
+        from .server import InitConfig, Session
 
         assert self.mounted is not None
-        session = Session(self.mounted.fd, self.binding, on_init=self._initialised)
+        session = Session(self.mounted.fd, self.binding, InitConfig(quick_wait=self.ops.options.quick_wait),
+                          on_init=self._initialised)
         self.binding.attach(session)
         with self.cancel:
             await session.serve()

@@ -280,6 +280,11 @@ class KernelOps:
             if found is not None and session.splice_reply(request.unique, *found):
                 self.ops.sent(request.nodeid, found)
                 return None
+        else:
+            # Page-cached bytes of a local file, small: read and answered here and now, no coroutine.
+            data = self.ops.read_now(request.nodeid, offset, size)
+            if data is not None:
+                return data
         return self._read(request.nodeid, offset, size)
 
     async def _read(self, ino: int, offset: int, size: int) -> list:

@@ -42,6 +42,10 @@ SERVED_MAX = 1 << 16  # inodes remembered as served (`TreeOps.served`), least re
 class MountOptions:
     entry_timeout: float = 3600.0
     attr_timeout: float = 3600.0
+    # How long the kernel engine's reader looks for the next request itself before it waits
+    # through trio (`server.Session._quick_wait`); 0: never. The daemon sets 0 for remote sources,
+    # whose prefetches wait on sockets only trio watches.
+    quick_wait: float = 100e-6
 
 
 class RecentNodes(OrderedDict):
@@ -557,10 +561,7 @@ class TreeOps:
                     self._drop_pages(ino)
                     self.counters["eio"] += 1
                     raise FsError(errno.EIO)
-        if self.invalidate is not None:
-            self._mark_served(ino)
-        self.counters["reads"] += 1
-        self.counters["read_bytes"] += len(data)
+        self._served(ino, len(data))
         return served, data
 
     async def _resolve(self, ino: int) -> Node | None:
@@ -613,10 +614,29 @@ class TreeOps:
 
     def sent(self, ino: int, found: FdRange) -> None:
         """The bytes `read_cached` found went to the kernel: counted, and its pages may now hold them."""
+        self._served(ino, found.size)
+
+    def read_now(self, ino: int, offset: int, size: int) -> bytes | bytearray | None:
+        """The bytes of a `read(ino, offset, size)` if they can be had at once, without waiting
+        on anything (`FileNode.read_now`: page-cached bytes of a local file stored as shown),
+        counted like that read; None: `read` serves them. Only for a file whose node is at hand,
+        read as resolved, like `read_cached`: a changed shard fails the source's version check
+        and is left to `read`, which follows or refuses it."""
+        node = self.inodes.peek(ino)
+        if not isinstance(node, FileNode) or offset >= node.size or ino in self.dropping:
+            return None
+        data = node.read_now(offset, size)
+        if data is not None:
+            self._served(ino, len(data))
+        return data
+
+    def _served(self, ino: int, size: int) -> None:
+        """`size` bytes of `ino` went to the kernel: counted, and its pages may now hold them."""
         if self.invalidate is not None:
             self._mark_served(ino)
-        self.counters["reads"] += 1
-        self.counters["read_bytes"] += found.size
+        counters = self.counters
+        counters["reads"] += 1
+        counters["read_bytes"] += size
 
     # -- extended attributes and statistics -----------------------------------------------
 

@@ -108,6 +108,11 @@ class SourceLayer:
         below = getattr(self.inner, "cached_range", None)
         return below(path, offset, size, version) if below is not None else None
 
+    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
+        """The optional `read_now` of a local source (`LocalSource.read_now`), through."""
+        below = getattr(self.inner, "read_now", None)
+        return below(path, offset, size, version) if below is not None else None
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 

@@ -29,6 +29,7 @@ class CountingSource(SourceLayer):
     def __init__(self, inner: ByteSource) -> None:
         super().__init__(inner)
         self.counters = SourceCounters()
+        self._read_now = getattr(inner, "read_now", None)
 
     def stat(self, path: str) -> Coroutine[Any, Any, ObjectStat | None]:
         self.counters.stats += 1
@@ -44,6 +45,14 @@ class CountingSource(SourceLayer):
         data = await self.inner.read_index(path, offset, size, version)
         self.counters.reads += 1
         self.counters.read_bytes += len(data)
+        return data
+
+    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
+        below = self._read_now  # (bound once: every small page-cached READ asks)
+        data = below(path, offset, size, version) if below is not None else None
+        if data is not None:  # counted as the read it replaces
+            self.counters.reads += 1
+            self.counters.read_bytes += size
         return data
 
     def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:

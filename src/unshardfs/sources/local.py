@@ -198,17 +198,40 @@ class LocalSource:
         fd = self._fd(path, version)
         try:
             if self._nowait and size <= NOWAIT_MAX:
-                buffer = bytearray(size)
-                try:
-                    if os.preadv(fd, [buffer], offset, _RWF_NOWAIT) == size:  # the usual case: one call
-                        return bytes(buffer)
-                except OSError:
-                    pass  # (not in the page cache, no RWF_NOWAIT here, an error): sorted out below
+                data = self._cached_bytes(fd, offset, size)  # the usual case: one call
+                if data is not None:
+                    return bytes(data)
                 return await self._read_nowait(fd, offset, size)
             return _pread_all(fd, offset, size)
         except OSError as e:
             self._drop_fd(path)
             raise SourceError(f"read {self.os_path(path)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
+
+    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytearray | None:
+        """What `read(path, offset, size, version)` returns, if all of it is in the page cache: one
+        preadv that does not wait, its buffer handed over as it is (no copy). None otherwise, or
+        if the file changed or failed: `read` then reads it (on a worker thread if the disk must
+        be waited for) or says why."""
+        if not self._nowait or not 0 < size <= NOWAIT_MAX:
+            return None
+        try:
+            fd = self._fd(path, version)
+        except (SourceError, StaleError):
+            return None
+        return self._cached_bytes(fd, offset, size)
+
+    @staticmethod
+    def _cached_bytes(fd: int, offset: int, size: int) -> bytearray | None:
+        """`size` bytes at `offset` of `fd` if they are all in the page cache; else None (not in
+        the page cache, at the end of the file, no RWF_NOWAIT here, an error: the caller sorts
+        that out)."""
+        buffer = bytearray(size)
+        try:
+            if os.preadv(fd, [buffer], offset, _RWF_NOWAIT) == size:
+                return buffer
+        except OSError:
+            pass
+        return None
 
     def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
         """Where `read(path, offset, size, version)` would read, if all those bytes are in the

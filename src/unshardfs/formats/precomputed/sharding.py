@@ -67,7 +67,8 @@ class ShardingSpec:
 
     def location(self, chunk_id: int) -> tuple[int, int]:
         """(shard number, minishard number) holding `chunk_id`."""
-        h = self.hashed(chunk_id)
+        shifted = chunk_id >> self.preshift_bits  # `hashed`, inline: every lookup asks
+        h = shifted if self.hash == "identity" else murmurhash3_x86_128_low64(shifted)
         minishard = h & ((1 << self.minishard_bits) - 1)
         shard = (h >> self.minishard_bits) & ((1 << self.shard_bits) - 1)
         return shard, minishard

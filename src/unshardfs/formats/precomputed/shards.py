@@ -40,6 +40,10 @@ PROBE_MAX = 1 << 16
 # instead of one per later lookup in the same shard).
 INDEX_READ_AHEAD = 256 << 10
 SHARD_PATHS = 1 << 12  # shard paths remembered (forgotten all at once past this)
+# On a local source, the second lookup that reads a minishard index of a shard reads the rest
+# of the shard's minishard indexes too, at most this many stored bytes of them (`_scan_rest`).
+SCAN_INDEX_BYTES = 64 << 10
+SCANNED_SHARDS = 1 << 12  # shards whose minishard reads by lookups are counted (forgotten all at once past this)
 
 
 def decode_minishard(raw: bytes, blob: Blob, base: int, where: str, part: int = 0) -> ChunkTable:
@@ -123,6 +127,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         self.index_size = spec.shard_index_size
         self._last_location: tuple[int, tuple[int, int]] = (-1, (0, 0))
         self._shard_paths: dict[int, str] = {}  # shard number -> its `.shard` path (every lookup asks)
+        self._index_loads: dict[Ident, int] = {}  # minishard reads by lookups per shard version (`_scan_rest`)
 
     # -- shard files -------------------------------------------------------------------
 
@@ -213,24 +218,59 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         cached = cast("ChunkTable | None", self.recall(MINISHARD_INDEX, (blob.ident, m)))
         if cached is not None:
             return cached
+        if not self.source.remote:
+            # Local: one read per index (they lie apart, each after its minishard's chunks); a
+            # shard being scanned has the rest of its small ones read and decoded together.
+            return cast(ChunkTable, (await self._load(blob, index, [m, *self._scan_rest(blob, index, m)]))[0])
         wanted = [m]
-        if self.source.remote:
-            # Index read-ahead: neighbours whose indexes lie close by come
-            # along in the same request (later lookups in this shard are free).
-            start, length = self._range(index, blob, m)
-            for other in np.nonzero(index[:, 0] != index[:, 1])[0].tolist():
-                if other == m or self.held(MINISHARD_INDEX, (blob.ident, other)):
-                    continue
-                try:
-                    o_start, o_len = self._range(index, blob, other)
-                except DataError:
-                    continue
-                if abs(o_start - start) <= INDEX_READ_AHEAD and o_len <= INDEX_READ_AHEAD:
-                    wanted.append(other)
+        # Index read-ahead: neighbours whose indexes lie close by come
+        # along in the same request (later lookups in this shard are free).
+        start, length = self._range(index, blob, m)
+        for other in np.nonzero(index[:, 0] != index[:, 1])[0].tolist():
+            if other == m or self.held(MINISHARD_INDEX, (blob.ident, other)):
+                continue
+            try:
+                o_start, o_len = self._range(index, blob, other)
+            except DataError:
+                continue
+            if abs(o_start - start) <= INDEX_READ_AHEAD and o_len <= INDEX_READ_AHEAD:
+                wanted.append(other)
         # The neighbours were chosen to lie within INDEX_READ_AHEAD: one ranged
         # read covers them all (the payload bytes between them are the price of
         # saving a round trip per later lookup).
         return cast(ChunkTable, (await self._load(blob, index, wanted, gap=INDEX_READ_AHEAD))[0])
+
+    def _scan_rest(self, blob: Blob, index: np.ndarray, m: int) -> list[int]:
+        """The shard's other minishards to read with `m` on a local source: none for the first
+        lookup that reads one of the shard's minishard indexes (a lookup here and there costs
+        one index read each); from the second on, the shard is being scanned, and the rest of
+        its non-empty minishard indexes not held yet come along, as many as fit within
+        SCAN_INDEX_BYTES. Each index read and decoded alone costs ~100 us of Python (reads,
+        gunzip, a dozen numpy calls), about as much as the chunks of a small minishard cost
+        to serve; together, their entries are decoded at once (`decode_minishards`)."""
+        loads = self._index_loads
+        seen = loads.get(blob.ident, 0)
+        if not seen:
+            if len(loads) >= SCANNED_SHARDS:
+                loads.clear()
+            loads[blob.ident] = 1
+            return []
+        if seen > 1:
+            return []  # scanned already: what is still missing did not fit, or failed
+        loads[blob.ident] = 2
+        lengths = index[:, 1] - index[:, 0]
+        numbers = np.nonzero((index[:, 0] < index[:, 1]) & (lengths <= U64(SCAN_INDEX_BYTES)))[0].tolist()
+        rest: list[int] = []
+        total = 0
+        ident = blob.ident
+        for other in numbers:
+            if other == m or self.held(MINISHARD_INDEX, (ident, other)):
+                continue
+            total += int(lengths[other])
+            if total > SCAN_INDEX_BYTES:
+                break
+            rest.append(other)
+        return rest
 
     async def _load(self, blob: Blob, index: np.ndarray, numbers: list[int],
                     gap: int | None = None) -> list[ChunkTable | DataError]:
@@ -242,20 +282,46 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
                 batch.append(((blob.ident, m), *self._range(index, blob, m), f"{blob.label} minishard {m}"))
             except DataError:
                 pass
-        many = functools.partial(self._decode_many, blob) if self.spec.minishard_index_encoding == "raw" else None
         return await self.cached_batch(MINISHARD_INDEX, blob, batch, functools.partial(self._decode_off_loop, blob),
-                                       gap, many)
+                                       gap, functools.partial(self._decode_many, blob))
 
     async def _decode_many(self, blob: Blob, items: list[tuple[Hashable, bytes, str]]) -> list[ChunkTable | DataError]:
-        """Raw minishard indexes of a listing's batch, decoded together (`decode_minishards`)."""
-        parts = [cast("tuple[Ident, int]", key)[1] for key, _, _ in items]
-        tables = await off_loop(functools.partial(decode_minishards, [raw for _, raw, _ in items], blob,
-                                                  self.index_size, [where for _, _, where in items], parts),
-                                sum(len(raw) for _, raw, _ in items))
-        for table in tables:
+        """Minishard indexes of one batch (a listing's, a scanned shard's), decoded together
+        (`decode_minishards`); gzip ones are inflated one by one first, each within the cap
+        `_decode` gives it."""
+        cost = sum(len(raw) for _, raw, _ in items)
+        if self.spec.minishard_index_encoding == "gzip":
+            # Inline if each would be decoded inline alone (`_decode_off_loop`): a scanned shard's
+            # many small indexes, which only a bomb in each could inflate to much, cost no
+            # thread hop, as they did not one by one.
+            cost = max(cost, max(gunzip_cost(len(raw), self._inflated_max()) for _, raw, _ in items))
+        return await off_loop(functools.partial(self._decode_all, blob, items), cost)
+
+    def _decode_all(self, blob: Blob, items: list[tuple[Hashable, bytes, str]]) -> list[ChunkTable | DataError]:
+        out: list[ChunkTable | DataError | None] = [None] * len(items)
+        raws: list[bytes] = []
+        at: list[int] = []
+        for i, (_, raw, where) in enumerate(items):
+            if self.spec.minishard_index_encoding == "gzip":
+                try:
+                    raw = gunzip(raw, self._inflated_max(), where)
+                except DataError as e:
+                    out[i] = e
+                    continue
+            raws.append(raw)
+            at.append(i)
+        tables = decode_minishards(raws, blob, self.index_size, [items[i][2] for i in at],
+                                   [cast("tuple[Ident, int]", items[i][0])[1] for i in at])
+        for i, table in zip(at, tables):
             if isinstance(table, ChunkTable):
                 self._report_bad(blob, table)
-        return tables
+            out[i] = table
+        return cast("list[ChunkTable | DataError]", out)
+
+    def _inflated_max(self) -> int:
+        """The most a gzip minishard index may inflate to: a decoded index is kept in the minishard
+        cache, and one that cannot fit there is not worth decoding (nor, raw, reading: see `_load`)."""
+        return min(self.limits.index_bytes, int(self.cache(MINISHARD_INDEX).maxsize))
 
     async def _decode_off_loop(self, blob: Blob, key: Hashable, raw: bytes, where: str) -> ChunkTable:
         # A gzip index may inflate up to the budget, but no more than deflate's
@@ -268,9 +334,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
 
     def _decode(self, raw: bytes, blob: Blob, where: str, m: int) -> ChunkTable:
         if self.spec.minishard_index_encoding == "gzip":
-            # A decoded index is kept in the minishard cache; one that cannot
-            # fit there is not worth decoding (nor, raw, reading: see `_load`).
-            raw = gunzip(raw, min(self.limits.index_bytes, int(self.cache(MINISHARD_INDEX).maxsize)), where)
+            raw = gunzip(raw, self._inflated_max(), where)
         table = decode_minishard(raw, blob, self.index_size, where, m)
         self._report_bad(blob, table)
         return table
