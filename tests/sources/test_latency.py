@@ -392,12 +392,15 @@ def test_read_ahead_changes_no_byte(site, server, mount, source):
         m = mount(url, "--chunk-cache", "0", *options)
         listed = [n for n in os.listdir(m.path / sub) if n != "zarr.json"]
         assert sorted(listed) == sorted(n for n in os.listdir(reference) if n != "zarr.json")
+        total = sum((reference / n).stat().st_size for n in listed)
         for round_ in range(3):
             forget_pages([m.path / sub / n for n in listed])
             server.reset_log()
             wrong = read_round(m.path / sub, reference, listed, rng)
             assert not wrong, (options, round_, wrong[:5])
-            assert len(server.requests("GET")) >= len(listed) // 64  # read again, not from the kernel's pages
+            # Read again, not from the kernel's pages (counted in bytes: read-ahead may fetch a
+            # round in a few large requests; what it left unread last round may serve some).
+            assert sum(r.sent for r in server.requests("GET")) >= total // 2
 
 
 def read_round(directory: Path, reference: Path, listed: list[str], rng: random.Random) -> list[str]:
