@@ -7,8 +7,9 @@ bounded by configuration, not by the number of scales or shards.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence, Sized, cast
+from typing import Any, Callable, Hashable, Sequence, Sized, cast
 
 from cachetools import LRUCache
 
@@ -163,3 +164,40 @@ class Caches:
         return {name: {"bytes": int(cache.currsize), "limit": int(cache.maxsize), "entries": len(cache),
                        "hits": cache.hits, "misses": cache.misses}
                 for name, cache in named}
+
+
+class ExpiringMap:
+    """Values kept for `ttl` seconds each, `maxsize` at most (the oldest set dropped first).
+
+    cachetools' `TTLCache` costs about ten Python calls per probe (its timer context, the
+    expiry links, the LRU order); a remote source's stat cache is probed for every lookup
+    and every chunk read ahead, where this costs one dictionary probe and one clock read.
+    """
+
+    def __init__(self, maxsize: int, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.maxsize = maxsize
+        self.ttl = ttl
+        self._clock = clock
+        self._data: dict[Hashable, tuple[float, Any]] = {}
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        entry = self._data.get(key)
+        if entry is None:
+            return default
+        if entry[0] <= self._clock():
+            del self._data[key]
+            return default
+        return entry[1]
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        data = self._data
+        if data.pop(key, None) is None and len(data) >= self.maxsize:
+            del data[next(iter(data))]  # the oldest set (dicts keep insertion order)
+        data[key] = (self._clock() + self.ttl, value)
+
+    def pop(self, key: Hashable, default: Any = None) -> Any:
+        entry = self._data.pop(key, None)
+        return default if entry is None else entry[1]
+
+    def __len__(self) -> int:
+        return len(self._data)

@@ -112,8 +112,17 @@ class _Run:
     data: bytes = b""
     error: BaseException | None = None
 
+    _keys: set[ExtentKey] | None = None  # of `extents` and `adopted`, once something is adopted
+
     def adopt(self, ext: Extent) -> None:
-        if all(e.key != ext.key for e in self.extents + self.adopted):
+        # A set, not a scan: a window's prefetch may adopt each of a long run's extents in turn.
+        # Built at the first adoption: `extents` is complete once the run is in flight.
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = {e.key for e in self.extents}
+        key = ext.key
+        if key not in keys:
+            keys.add(key)
             self.adopted.append(ext)
 
 

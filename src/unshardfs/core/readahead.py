@@ -238,7 +238,8 @@ class Listings:
 class ScanScope:
     ctx: ScanTarget
     streams: list[_Stream] = field(default_factory=list)
-    pending: deque[int | None] = field(default_factory=lambda: deque(maxlen=4096))  # None: refill
+    # Reads to follow, with the streams they matched if already matched (None: refill).
+    pending: deque[tuple[int, list[_Stream] | None] | None] = field(default_factory=lambda: deque(maxlen=4096))
     working: bool = False
     listings: Listings = field(default_factory=Listings)
     # Index tables (`table_of`) known to be read, and those being read ahead of a scan.
@@ -252,7 +253,16 @@ class ScanScope:
         fetcher = self.ctx.fetcher
         if not fetcher.can_prefetch:
             return
-        self.pending.append(chunk_id)
+        if self.working or self.pending:
+            self.pending.append((chunk_id, None))  # matched in turn, after the reads before it
+        else:
+            # A scan's steady state: its streams move on and their windows are still ahead of
+            # the reader, so nothing is read and no task is needed (a task per chunk file
+            # otherwise, at every read of a `cp -r`).
+            matched = self._match(chunk_id)
+            if self._settled(matched):
+                return
+            self.pending.append((chunk_id, matched))
         if not self.working:
             self.working = fetcher.spawn(self._work)
 
@@ -274,8 +284,12 @@ class ScanScope:
     async def _work(self) -> None:
         try:
             while self.pending:
-                chunk_id = self.pending.popleft()
-                await (self._refill() if chunk_id is None else self._observe(chunk_id))
+                item = self.pending.popleft()
+                if item is None:
+                    await self._refill()
+                else:
+                    chunk_id, matched = item
+                    await self._follow(chunk_id, self._match(chunk_id) if matched is None else matched)
         finally:
             self.working = False
 
@@ -284,16 +298,38 @@ class ScanScope:
         await self._lead([stream for stream in self.streams if stream.confirmed])
 
     async def _observe(self, chunk_id: int) -> None:
+        await self._follow(chunk_id, self._match(chunk_id))
+
+    def _match(self, chunk_id: int) -> list[_Stream]:
+        """Move on every stream that predicted the id, not only the first (one per order), and
+        put them in front; the streams that did."""
         self._ready(self.ctx.table_of(chunk_id))  # the reader's lookup found the id in its table
-        # Every stream that predicted the id moves on, not only the first; the first
-        # confirmed one reads ahead, and the next too once the first's window has reached its
-        # end: a listing stream ends with its directory, and the id stream beside it then
-        # carries the scan into the next one (`cp -r` of nested Zarr chunk directories) as
-        # soon as the listing stream has prefetched its last chunks, not only once its
-        # reader has read them (a round trip's stall at every directory otherwise).
         matched = self._one_per_order([stream for stream in self.streams if stream.match(chunk_id)])
         if matched:
             self.streams = matched + [stream for stream in self.streams if stream not in matched]
+        return matched
+
+    def _settled(self, matched: list[_Stream]) -> bool:
+        """Whether `_follow` would do nothing for these streams: the leading confirmed ones keep
+        their windows without extending them (`_lead` stops at the first that carries the scan)."""
+        leading = [stream for stream in matched if stream.confirmed]
+        if not leading:
+            return False  # new guesses to make
+        for stream in leading:
+            if stream.frontier - stream.cursor < stream.window // 2:
+                return False
+            if self._carries(stream):
+                return True
+        return True
+
+    async def _follow(self, chunk_id: int, matched: list[_Stream]) -> None:
+        """Read ahead for the streams that matched the id, or make new guesses from it."""
+        # The first confirmed stream reads ahead, and the next too once the first's window has
+        # reached its end: a listing stream ends with its directory, and the id stream beside it
+        # then carries the scan into the next one (`cp -r` of nested Zarr chunk directories) as
+        # soon as the listing stream has prefetched its last chunks, not only once its reader
+        # has read them (a round trip's stall at every directory otherwise).
+        if matched:
             await self._lead([stream for stream in matched if stream.confirmed])
             if any(stream.confirmed for stream in matched):
                 return

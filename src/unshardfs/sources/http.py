@@ -35,8 +35,8 @@ from urllib.parse import quote, urljoin
 
 import httpx
 import trio
-from cachetools import TTLCache
 
+from ..caches import ExpiringMap
 from ..errors import ConfigError, SourceError, StaleError
 from ..logonce import log_once
 from . import h1
@@ -232,7 +232,7 @@ class HttpSource:
             raise ConfigError(f"invalid URL {base_url!r}: {e}") from None
         self._pool: h1.Pool | None = None
         self._limiter: trio.CapacityLimiter | None = None
-        self._stats: TTLCache = TTLCache(maxsize=200_000, ttl=self.options.stat_ttl)
+        self._stats = ExpiringMap(maxsize=200_000, ttl=self.options.stat_ttl)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -344,6 +344,11 @@ class HttpSource:
         return ObjectStat(size=size, mtime_ns=_mtime_ns(reply.headers), is_dir=False, version=(tag, size))
 
     async def stat(self, path: str) -> ObjectStat | None:
+        # Probed first: only paths that passed the check below are ever cached, and a shard's
+        # stat is asked for at every lookup of one of its chunks.
+        cached = self._stats.get(path, _MISSING)
+        if cached is not _MISSING:
+            return cached
         if not path:
             return ObjectStat(0, 0, True)
         problem = path_problem(path)
@@ -352,9 +357,6 @@ class HttpSource:
             log_once(log, f"key:{self.description}:{problem}", "%s: %s: treated as absent", self.description,
                      problem)
             return None
-        cached = self._stats.get(path, _MISSING)
-        if cached is not _MISSING:
-            return cached
         result = await self._head(path)
         self._stats[path] = result
         return result

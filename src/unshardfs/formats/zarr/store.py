@@ -40,6 +40,7 @@ U64 = np.uint64
 # On a source that cannot list, every shard position of a slab is probed;
 # beyond this many candidates a listing is refused (lookups still work).
 PROBE_MAX = 1 << 16
+SHARD_PATHS_MAX = 1 << 14  # shard keys remembered (formatted again after that many)
 
 
 class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
@@ -64,6 +65,8 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         # touches, and numpy's ravel/unravel cost more per scalar call than the arithmetic.
         self._id_strides = tuple(int(x) for x in self._strides)
         self._count = math.prod(self.grid)
+        self._shard_axes = tuple(zip(self._id_strides, self.grid, self.per_shard))
+        self._shard_paths: dict[tuple[int, ...], str] = {}
 
     # -- ids ----------------------------------------------------------------------------
 
@@ -98,12 +101,18 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
     # -- shards ---------------------------------------------------------------------------
 
     def shard_of(self, chunk_id: int) -> tuple[int, ...] | None:
-        if not 0 <= chunk_id < math.prod(self.grid):
+        if not 0 <= chunk_id < self._count:
             return None  # outside the grid: no such chunk (read-ahead may guess past the end)
-        return tuple(i // p for i, p in zip(self.index_of(chunk_id), self.per_shard))
+        # `index_of` then a division, in one pass: read-ahead asks this several times per chunk.
+        return tuple(chunk_id // s % g // p for s, g, p in self._shard_axes)
 
     async def open_shard(self, outer: tuple[int, ...]) -> Blob | None:
-        path = join_path(self.path, self.source_keys.key(outer))
+        # Every lookup and every chunk read ahead opens its shard: its key is formatted once.
+        path = self._shard_paths.get(outer)
+        if path is None:
+            if len(self._shard_paths) >= SHARD_PATHS_MAX:
+                self._shard_paths.clear()
+            path = self._shard_paths[outer] = join_path(self.path, self.source_keys.key(outer))
         st = await self.source.stat(path)
         if st is None or st.is_dir:
             return None
