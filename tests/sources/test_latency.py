@@ -306,6 +306,20 @@ def test_scattered_reads_pay_nothing_for_read_ahead(site, server, mount):
     assert m.stats()["fetch"]["prefetch_bytes"] == 0
 
 
+def test_a_remote_mount_never_holds_the_loop_for_the_next_request(site, server, mount):
+    """The kernel engine's reader may look for the next request itself for a moment (a local
+    mount's serial reader); a remote mount's prefetches wait on sockets only trio watches, so
+    there it never does."""
+    local = mount(site / "ts")
+    remote = mount(f"{server.url}/ts")
+    names = sorted(os.listdir(plain(site)))[:64]
+    for m in (local, remote):
+        for name in names:
+            assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes()
+    assert local.stats()["fuse"]["quick_wait_us"] == 100
+    assert remote.stats()["fuse"]["quick_wait_us"] == 0 and remote.stats()["fuse"]["quick_waits"] == 0
+
+
 # -- listings and lookups ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout, options", [("igneous", ()), ("igneous", ("--no-read-ahead",)), ("ts", ())])

@@ -163,7 +163,9 @@ class KernelOps:
         self.session = session
         self.ops.invalidate = self.invalidate_inode
         self.ops.live = lambda: {"requests": session.requests, "in_flight": len(session.scopes),
-                                 "spliced": session.splicer.spliced if session.splicer is not None else 0}
+                                 "spliced": session.splicer.spliced if session.splicer is not None else 0,
+                                 "quick_wait_us": round(session.config.quick_wait * 1e6),
+                                 "quick_waits": session.quick_waits}
 
     def negotiated(self, n: Negotiated) -> None:
         self.no_open = n.has(abi.NO_OPEN_SUPPORT)
