@@ -321,3 +321,17 @@ def test_the_tables_a_scan_reaches_are_read_ahead_of_it_once_each():
     keys = [int(t.ids[t.starts.tolist().index(e.start)]) for e in target.fetcher.prefetched
             for t in tables if t.blob.label == e.blob.label]
     assert keys == list(range(3, 40))  # after the two reads that confirm the scan: every chunk, once
+
+
+def test_a_bug_in_read_ahead_never_fails_the_read(caplog):
+    """A read's scan is followed inline in the reader's read (the steady state needs no task): a
+    format whose `table_of` raises costs the scan its prefetch and a log line, not the read."""
+    class Broken(Target):
+        def table_of(self, chunk_id: int):
+            raise ValueError("a bug in a format")
+
+    scope = ScanScope(Broken([shard("s", list(range(64)))]))
+    for chunk_id in range(8):
+        scope.note(chunk_id)  # must not raise
+    assert scope.ctx.fetcher.prefetched == [] and not scope.pending
+    assert sum("read-ahead failed: ValueError" in r.getMessage() for r in caplog.records) == 1

@@ -35,6 +35,7 @@ their part).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Protocol
@@ -42,11 +43,14 @@ from typing import Hashable, Iterable, Protocol
 import numpy as np
 
 from ..errors import DataError
+from ..logonce import log_once
 from .blob import Blob, Ident
 from .fetch import Extent, Fetcher
 from .nameorder import NameOrder
 from .policy import POLICY
 from .table import ChunkTable, int_list
+
+log = logging.getLogger(__name__)
 
 MAX_STREAMS = POLICY.max_streams
 FIRST_WINDOW = POLICY.first_window
@@ -259,8 +263,13 @@ class ScanScope:
             # A scan's steady state: its streams move on and their windows are still ahead of
             # the reader, so nothing is read and no task is needed (a task per chunk file
             # otherwise, at every read of a `cp -r`).
-            matched = self._match(chunk_id)
-            if self._settled(matched):
+            try:
+                matched = self._match(chunk_id)
+                if self._settled(matched):
+                    return
+            except Exception as e:  # noqa: BLE001 - inline, it runs in the reader's read: a bug in
+                # read-ahead must cost the scan its prefetch, never the read (as in the background)
+                log_once(log, f"readahead:{type(e).__name__}:{e}", "read-ahead failed: %s: %s", type(e).__name__, e)
                 return
             self.pending.append((chunk_id, matched))
         if not self.working:
