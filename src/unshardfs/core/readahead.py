@@ -325,7 +325,7 @@ class ScanScope:
         if not leading:
             return False  # new guesses to make
         for stream in leading:
-            if stream.frontier - stream.cursor < stream.window // 2:
+            if not self._ahead(stream):
                 return False
             if self._carries(stream):
                 return True
@@ -390,7 +390,7 @@ class ScanScope:
     async def _extend(self, stream: _Stream, skip: set[int] | frozenset[int] = frozenset()) -> bool:
         """Keep `window` chunks prefetched ahead of the stream's reader (but those in `skip`);
         whether it carries the scan (`_carries`)."""
-        if stream.frontier - stream.cursor >= stream.window // 2:
+        if self._ahead(stream):
             return self._carries(stream)
         if stream.cursor > MAX_WINDOW + BEHIND:  # forget what the readers have passed
             passed = stream.cursor - BEHIND
@@ -422,6 +422,12 @@ class ScanScope:
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
         stream.window = min(stream.window * 2, MAX_WINDOW)
         return self._carries(stream)
+
+    @staticmethod
+    def _ahead(stream: _Stream) -> bool:
+        """Whether the stream's window is still far enough ahead of its reader to wait (half of it
+        prefetched and unread): `_extend` extends it only when not."""
+        return stream.frontier - stream.cursor >= stream.window // 2
 
     @staticmethod
     def _carries(stream: _Stream) -> bool:

@@ -144,9 +144,8 @@ def default_ssl_context() -> ssl.SSLContext:
 def _pieces(count: int, kept: list[bytes | bytearray | memoryview] | None,
             spare: list[bytearray] | None = None) -> Iterator[memoryview]:
     """Buffers for the next `count` body bytes, each made when its turn comes: pieces of at most
-    BODY_PIECE bytes appended to `kept` (from 64 KiB on: whole pieces, taken from `spare` where one
-    is left), or
-    (`kept` None: bytes to drop) one reused buffer."""
+    BODY_PIECE bytes appended to `kept` (from SPARE_MIN on, whole pieces, taken from `spare` where
+    one is left), or (`kept` None: bytes to drop) one reused buffer."""
     scratch = memoryview(bytearray(min(count, RECEIVE_SIZE))) if kept is None and count > 0 else None
     while count > 0:
         if scratch is not None:
