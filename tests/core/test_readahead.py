@@ -97,21 +97,35 @@ def test_a_guess_is_confirmed_by_two_reads_then_the_window_covers_the_shards_run
 
 
 def test_a_listed_directory_read_from_its_first_entry_is_confirmed_by_one_follow():
-    """`cp -r`, `tar` or `find -exec` list a directory, then read its files from the first: the
-    second read confirms the scan (a round trip sooner); read from elsewhere, it needs three."""
+    """`cp -r`, `tar` or `find -exec` list a directory, then read its files from the first: that
+    read prefetches the next few at once (the second read finds them on their way, a round trip
+    sooner) and the second confirms the scan; read from elsewhere, a scan needs three reads."""
     table = shard("a", list(range(40)))
     target = Target([table])
     scope = ScanScope(target)
     scope.listed(table)
     observe(scope, [0])
-    assert prefetched(target) == []
+    assert prefetched(target) == [("a", k) for k in range(1, 1 + POLICY.open_window)]
     observe(scope, [1])
-    assert prefetched(target) == [("a", k) for k in range(2, 40)]
+    assert prefetched(target) == [("a", k) for k in range(1, 40)]
     elsewhere = Target([table])
     scope = ScanScope(elsewhere)
     scope.listed(table)
     observe(scope, [5, 6])
     assert prefetched(elsewhere) == []
+
+
+def test_the_first_read_of_a_listing_prefetches_only_the_open_window():
+    """The guess made at a listing's first entry is not a scan yet: its prefetch is OPEN_WINDOW
+    chunks, not stretched to the end of the shard's run (a tool that lists and reads one file)."""
+    table = shard("a", list(range(400)))
+    target = Target([table])
+    scope = ScanScope(target)
+    scope.listed(table)
+    observe(scope, [0])
+    assert prefetched(target) == [("a", k) for k in range(1, 1 + POLICY.open_window)]
+    observe(scope, [300])  # not a follow: nothing more
+    assert len(prefetched(target)) == POLICY.open_window
 
 
 def test_the_id_stream_carries_on_once_the_listing_streams_window_reaches_its_directorys_end():
@@ -123,7 +137,7 @@ def test_the_id_stream_carries_on_once_the_listing_streams_window_reaches_its_di
     scope = ScanScope(target)
     scope.listed(listed)
     observe(scope, [0, 1])
-    assert sorted({k for s, k in prefetched(target) if s == "a"}) == list(range(2, 8))
+    assert sorted({k for s, k in prefetched(target) if s == "a"}) == list(range(1, 8))
     assert [k for s, k in prefetched(target) if s == "b"] == list(range(72))  # its whole run, at once
 
 
@@ -153,16 +167,21 @@ def test_large_cached_and_damaged_chunks_are_not_prefetched():
 
 
 def test_sparse_keys_follow_the_listing_order():
-    ids = [7, 3, 11, 5, 42, 19, 23, 8]  # listing order of a sparse directory
+    rng = np.random.default_rng(5)
+    ids = [int(k) for k in rng.choice(10_000, 60, replace=False)]  # listing order of a sparse directory
     table = ChunkTable(shard("a", sorted(ids)).blob, np.array(ids, np.uint64),
                        np.arange(len(ids), dtype=np.uint64) * CHUNK, np.full(len(ids), CHUNK, np.uint64))
     target = Target([shard("a", sorted(ids))], dense=False)
     scope = ScanScope(target)
     scope.listed(table)
-    observe(scope, [7, 3])  # the listing's first entry, then the one after it
-    # the rest of the listing, in its order
     wanted = {k: int(target.tables[0].starts[target.tables[0].find(k)]) // CHUNK for k in ids}
-    assert prefetched(target) == [("a", wanted[k]) for k in [11, 5, 42, 19, 23, 8]]
+    observe(scope, [ids[0]])  # the listing's first entry: its open window, in listing order
+    opened = prefetched(target)
+    assert len(opened) == len(set(opened)) and ("a", wanted[ids[1]]) in opened
+    observe(scope, [ids[1]])  # the one after it (on its way): the rest of the listing, in its order
+    assert [s.order for s in scope.streams if s.confirmed] == ["listing"]
+    assert [e for e in prefetched(target)[len(opened):] if e not in opened] == \
+        [("a", wanted[k]) for k in ids[2:] if ("a", wanted[k]) not in opened]
 
 
 # -- name order: readers that split the sorted names between them -----------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from unshardfs.core.policy import POLICY
 from unshardfs.testing.mounts import daemon_pids
 from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.http_servers import DatasetServer
@@ -42,6 +43,11 @@ SEG_SCALE = Scale((128, 128, 64), (16, 16, 16), sharding(minishard=2, shard=2, d
 # Reads of a scan before it is recognised: after a listing, its first entry (or lowest id) and one
 # that follows it (a viewer, which never lists, needs a first read and two that follow it).
 SCANNED_BEFORE_READ_AHEAD = 2
+# A scan in listing order from the listing's first entry: that read is a request of its own and
+# prefetches the next OPEN_WINDOW entries (one more request), which the read confirming the scan
+# joins: one read of its own, a round trip sooner.
+OPEN_WINDOW = POLICY.open_window
+LISTED_OWN_READS = 1
 ZCASE = ZCase((64, 64, 128), "uint8", (32, 32, 64), [zsharding((16, 16, 16), [BYTES_LE])], (16, 16, 16),
               [BYTES_LE], key_encoding=codec("default", separator="."), holes=False)
 
@@ -166,7 +172,7 @@ def test_scan_in_listing_order(site, server, mount, layout):
     """Reading every file in listing order costs, per shard: 1 HEAD, its shard index, its
     minishard indexes (one read where they are contiguous; TensorStore puts each after its own
     chunks, so one per minishard, all in one round trip) and one payload read; the shard the scan
-    starts in also pays the reads before the scan is recognised."""
+    starts in also pays its first read and the prefetch of the next entries that read starts."""
     shards = Shards(site / layout / KEY)
     m = mount(f"{server.url}/{layout}")
     server.reset_log()
@@ -177,12 +183,12 @@ def test_scan_in_listing_order(site, server, mount, layout):
     first = next(s for s in costs if costs[s]["payload"] > 1)
     minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
     assert costs == {s: Counter(head=1, index=1, minishard=minishards,
-                                payload=1 + SCANNED_BEFORE_READ_AHEAD * (s == first)) for s in costs}
-    # The first prefetch may span the chunks read before it (CloudVolume does not write a
-    # shard's chunks in listing order): re-read rather than cost a request more. What it reads
-    # beyond its chunks is wasted, and counted so: those, and the minishard indexes TensorStore
-    # puts between its chunk runs.
-    wasted = shards.check_payloads(server, reread=SCANNED_BEFORE_READ_AHEAD)
+                                payload=1 + (LISTED_OWN_READS + 1) * (s == first)) for s in costs}
+    # The first window's prefetch may span the chunks read or prefetched before it (CloudVolume
+    # does not write a shard's chunks in listing order): re-read rather than cost a request more.
+    # What it reads beyond its chunks is wasted, and counted so: those, and the minishard indexes
+    # TensorStore puts between its chunk runs.
+    wasted = shards.check_payloads(server, reread=LISTED_OWN_READS + OPEN_WINDOW)
     fetch = m.stats()["fetch"]
     assert fetch["prefetch_wasted_bytes"] == wasted
     assert fetch["prefetch_cached_entries"] == 0  # every prefetched chunk was read
@@ -217,7 +223,8 @@ def test_cp_r_scan(site, server, mount, tmp_path):
 
 def test_zarr_scan_in_listing_order(site, server, mount):
     """A sharded Zarr v3 array read in listing order: per shard 1 HEAD, its index and one
-    payload read (the shard the scan starts in also pays the reads before it is recognised)."""
+    payload read (the shard the scan starts in also pays its first read and the prefetch of the
+    next entries that read starts)."""
     m = mount(f"zarr3://{server.url}/zarr/sharded/arr")
     server.reset_log()
     names = [n for n in os.listdir(m.path) if n.startswith("c.")]
@@ -234,26 +241,27 @@ def test_zarr_scan_in_listing_order(site, server, mount):
             costs.setdefault(shard, Counter())[kind] += 1
     assert len(costs) == 8
     first = next(s for s in costs if costs[s]["payload"] > 1)
-    assert costs == {s: Counter(head=1, index=1, payload=1 + SCANNED_BEFORE_READ_AHEAD * (s == first))
+    assert costs == {s: Counter(head=1, index=1, payload=1 + (LISTED_OWN_READS + 1) * (s == first))
                      for s in costs}
 
 
 def test_zarr_cp_r_of_nested_chunk_directories(site, server, mount, tmp_path):
     """`cp -r` of a Zarr array with nested chunk keys (c/i/j/k): directory by directory in key
-    order; the scan carries on from one directory into the next, so only the reads before it is
-    recognised reach the server themselves, and the chunks that zarr-python's Morton-ordered shards
-    put in the gaps of the prefetches are kept, not read again."""
+    order; the scan carries on from one directory into the next, so only its first read reaches
+    the server itself (the second finds the prefetch the first started), and the chunks that
+    zarr-python's Morton-ordered shards put in the gaps of the prefetches are kept, not read
+    again."""
     m = mount(f"zarr3://{server.url}/nested/sharded/arr")
     server.reset_log()
     subprocess.run(["cp", "-r", str(m.path / "c"), str(tmp_path / "copy")], check=True, timeout=60)
     assert assert_same_tree(tmp_path / "copy", site / "nested" / "plain" / "arr" / "c") == 128
     fetch = m.stats()["fetch"]
     shards = 8
-    assert fetch["reads"] == shards + SCANNED_BEFORE_READ_AHEAD  # shard indexes, and the reads before the scan
-    assert fetch["prefetch_hits"] == 128 - SCANNED_BEFORE_READ_AHEAD
+    assert fetch["reads"] == shards + LISTED_OWN_READS  # shard indexes, and the scan's first read
+    assert fetch["prefetch_hits"] == 128 - LISTED_OWN_READS  # the second read too: the first prefetched it
     assert fetch["prefetch_wasted_bytes"] <= fetch["prefetch_bytes"] // 5
     # Without read-ahead: a HEAD and an index per shard, and a request per chunk (144).
-    assert len(server.requests()) == 2 * shards + SCANNED_BEFORE_READ_AHEAD + fetch["prefetch_reads"] <= 40
+    assert len(server.requests()) == 2 * shards + LISTED_OWN_READS + fetch["prefetch_reads"] <= 40
 
 
 # -- scattered reads: a viewer -----------------------------------------------------------------

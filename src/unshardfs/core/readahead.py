@@ -17,7 +17,9 @@ of scan:
 A guess becomes a stream after two reads that match it exactly, so a viewer
 reading scattered chunks starts no prefetch; after one where the guess began
 at the start of a listing batch (a tool that lists a directory and reads it
-from its first file, which a viewer does not do). Several readers walking one
+from its first file, which a viewer does not do): such a guess also prefetches
+the listing's next few chunks at its first read (OPEN_WINDOW), so the read
+that confirms it finds them on their way. Several readers walking one
 order together (each taking every n-th name) reach the daemon out of order:
 a guess also becomes a stream once JOINT_CONFIRM of the JOINT_READS reads
 that follow its first read were of distinct chunks among the JOINT_SPAN
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 MAX_STREAMS = POLICY.max_streams
 FIRST_WINDOW = POLICY.first_window
+OPEN_WINDOW = POLICY.open_window
 MAX_WINDOW = POLICY.max_window
 SLACK = POLICY.slack
 CONFIRM = POLICY.confirm
@@ -168,6 +171,7 @@ class Listings:
         self.count = 0
         self._seen: set[tuple[Ident, int, int]] = set()
         self.firsts: set[int] = set()  # each batch's first id and its lowest (a scan in id order starts there)
+        self.heads: set[int] = set()  # each batch's first id (a scan in listing order starts there)
         self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its ids (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
@@ -180,6 +184,7 @@ class Listings:
         if mark in self._seen or self.count >= LISTED_IDS_MAX:
             return
         self._seen.add(mark)
+        self.heads.add(int(table.ids[0]))
         self.firsts.update((int(table.ids[0]), int(table.ids.min())))
         self.batches.append(table.ids)
         self.count += len(table.ids)
@@ -350,7 +355,14 @@ class ScanScope:
                 upcoming = await self._successors(order, chunk_id, FIRST_WINDOW + SLACK)
                 if upcoming:
                     opens = order != "name" and chunk_id in self.listings.firsts
-                    self.streams.insert(0, _Stream(order, upcoming, opens=opens))
+                    stream = _Stream(order, upcoming, opens=opens)
+                    self.streams.insert(0, stream)
+                    if order == "listing" and chunk_id in self.listings.heads:
+                        # A listing read from its first entry is most likely read on in its order
+                        # (or in id order, where the two agree: a dense directory's). Not so from
+                        # its lowest id alone (`cp -r` over hashed shards: id order, which is
+                        # scattered over every shard), which waits for a follow.
+                        await self._extend(stream, tentative=OPEN_WINDOW)
         del self.streams[MAX_STREAMS:]
 
     def _one_per_order(self, matched: list[_Stream]) -> list[_Stream]:
@@ -387,10 +399,12 @@ class ScanScope:
                 return
             skip.update(stream.upcoming[:stream.frontier])  # (readers lagging behind have yet to read some)
 
-    async def _extend(self, stream: _Stream, skip: set[int] | frozenset[int] = frozenset()) -> bool:
+    async def _extend(self, stream: _Stream, skip: set[int] | frozenset[int] = frozenset(),
+                      tentative: int = 0) -> bool:
         """Keep `window` chunks prefetched ahead of the stream's reader (but those in `skip`);
-        whether it carries the scan (`_carries`)."""
-        if self._ahead(stream):
+        whether it carries the scan (`_carries`). With `tentative`, that many chunks for a guess
+        not yet confirmed, its window left as it is."""
+        if not tentative and self._ahead(stream):
             return self._carries(stream)
         if stream.cursor > MAX_WINDOW + BEHIND:  # forget what the readers have passed
             passed = stream.cursor - BEHIND
@@ -400,7 +414,8 @@ class ScanScope:
         start = max(stream.frontier, stream.cursor)
         if not stream.frontier:  # the first window: also what joint readers passed and have not read yet
             start = min((i for i in range(stream.cursor) if stream.upcoming[i] not in stream.seen), default=start)
-        picked, stop = await self._window(stream, start, stream.cursor + stream.window, skip)
+        picked, stop = await self._window(stream, start, stream.cursor + (tentative or stream.window), skip,
+                                          stretch=not tentative)
         tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
             tables.setdefault(table.blob.ident, {})[id(table)] = table
@@ -420,7 +435,8 @@ class ScanScope:
         # The frontier passes only what the fetcher took (its budget may stop it
         # early): the rest is asked for again at the next extension.
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
-        stream.window = min(stream.window * 2, MAX_WINDOW)
+        if not tentative:
+            stream.window = min(stream.window * 2, MAX_WINDOW)
         return self._carries(stream)
 
     @staticmethod
@@ -436,15 +452,15 @@ class ScanScope:
         ahead = stream.frontier - stream.cursor
         return ahead > 0 and (not stream.ended or ahead >= CARRY)
 
-    async def _window(self, stream: _Stream, start: int, want: int,
-                      skip: set[int] | frozenset[int] = frozenset()) -> tuple[list[Picked], int]:
+    async def _window(self, stream: _Stream, start: int, want: int, skip: set[int] | frozenset[int] = frozenset(),
+                      stretch: bool = True) -> tuple[list[Picked], int]:
         """(position, extent, table) of the stream's upcoming ids from `start` on, and where they stop:
-        up to `want`, then on while they stay in the last one's blob (a window never splits
-        a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW more
-        ids and a quarter of the prefetch budget in bytes; early, at an id whose index table
+        up to `want`, then (with `stretch`) on while they stay in the last one's blob (a window
+        never splits a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW
+        more ids and a quarter of the prefetch budget in bytes; early, at an id whose index table
         is being read (the next extension goes on from there)."""
         picked: list[Picked] = []
-        limit = want + MAX_WINDOW
+        limit = want + MAX_WINDOW if stretch else want
         budget = self.ctx.fetcher.policy.prefetch_bytes // 4
         i = start
         while i < limit and budget > 0:
