@@ -77,10 +77,7 @@ def serve(request: MountRequest, open_session: SessionOpener, ready: Callable[[s
         try:
             check_mountpoint(request.mountpoint)
             session = await open_session()
-            options = request.options
-            if session.source.remote:  # its prefetches wait on sockets: the reader must not hold the loop
-                options = dataclasses.replace(options, quick_wait=0.0)
-            ops = TreeOps(session.tree, options, session.stats, engine=request.engine)
+            ops = TreeOps(session.tree, request.options, session.stats, engine=request.engine)
             mounting = True
             engine = open_engine(request.engine, ops, request.mountpoint, request.fsname,
                                  [*request.fuse_options, *(["debug"] if request.debug else [])])

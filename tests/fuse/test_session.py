@@ -8,9 +8,11 @@ import os
 import socket
 import struct
 import threading
+import time
 
 import pytest
 import trio
+import trio.testing
 
 from unshardfs.fuse import abi
 from unshardfs.fuse.server import InitConfig, Request, Session
@@ -258,3 +260,63 @@ def test_requests_read_back_to_back_pass_the_scheduler_every_few():
     assert session.checkpoints == 63 // CHECKPOINT_EVERY
     # The other task ran during the burst, not only after it.
     assert any(0 < n < 64 for n in ran_between)
+
+
+# -- the quick wait (`Session._quick_wait`) ------------------------------------------------------
+
+def quick_session(wait: float) -> tuple[Session, socket.socket, socket.socket]:
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    return Session(ours.fileno(), FakeFs(), InitConfig(quick_wait=wait)), ours, kernel
+
+
+def test_the_quick_wait_takes_a_request_that_comes():
+    async def main() -> None:
+        session, ours, kernel = quick_session(1.0)
+        with ours, kernel:
+            threading.Timer(0.01, kernel.send, (b"x",)).start()
+            assert session._quick_wait()
+            assert session.quick_waits == 1
+    trio.run(main)
+
+
+def test_the_quick_wait_gives_way_to_trio_at_once_when_its_io_is_ready():
+    """A prefetch's socket that becomes ready ends the wait (trio's own epoll is watched): the
+    loop goes through trio, which runs the prefetch, instead of holding it for the whole wait."""
+    async def main() -> None:
+        session, ours, kernel = quick_session(5.0)
+        a, b = socket.socketpair()
+        with ours, kernel, a, b:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.lowlevel.wait_readable, a)  # what a prefetch's socket does
+                await trio.testing.wait_all_tasks_blocked()
+                threading.Timer(0.01, b.send, (b"answer",)).start()
+                start = time.perf_counter()
+                assert not session._quick_wait()
+                assert time.perf_counter() - start < 2.0  # not the 5 s wait
+        assert session.quick_waits == 0
+    trio.run(main)
+
+
+def test_the_quick_wait_never_starts_while_trio_has_tasks_to_run():
+    """Work ready to run (a read-ahead plan just spawned) goes first: no wait at all, not even
+    with a request already queued."""
+    async def main() -> None:
+        session, ours, kernel = quick_session(5.0)
+        with ours, kernel:
+            kernel.send(b"x")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep, 0)  # runnable, not run yet
+                assert not session._quick_wait()
+        assert session.quick_waits == 0
+    trio.run(main)
+
+
+def test_without_a_request_the_quick_wait_ends_at_its_deadline():
+    async def main() -> None:
+        session, ours, kernel = quick_session(0.05)
+        with ours, kernel:
+            start = time.perf_counter()
+            assert not session._quick_wait()
+            assert 0.05 <= time.perf_counter() - start < 1.0
+    trio.run(main)

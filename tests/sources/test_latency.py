@@ -314,18 +314,17 @@ def test_scattered_reads_pay_nothing_for_read_ahead(site, server, mount):
     assert m.stats()["fetch"]["prefetch_bytes"] == 0
 
 
-def test_a_remote_mount_never_holds_the_loop_for_the_next_request(site, server, mount):
-    """The kernel engine's reader may look for the next request itself for a moment (a local
-    mount's serial reader); a remote mount's prefetches wait on sockets only trio watches, so
-    there it never does."""
+def test_remote_and_local_mounts_both_look_for_the_next_request_themselves(site, server, mount):
+    """The kernel engine's reader may look for the next request itself for a moment, on remote
+    mounts too: it gives way to trio as soon as a prefetch's socket is ready or a task can run
+    (tests/fuse/test_session.py), so prefetches are never held behind it."""
     local = mount(site / "ts")
     remote = mount(f"{server.url}/ts")
     names = sorted(os.listdir(plain(site)))[:64]
     for m in (local, remote):
         for name in names:
             assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes()
-    assert local.stats()["fuse"]["quick_wait_us"] == 100
-    assert remote.stats()["fuse"]["quick_wait_us"] == 0 and remote.stats()["fuse"]["quick_waits"] == 0
+        assert m.stats()["fuse"]["quick_wait_us"] == 100
 
 
 # -- listings and lookups ------------------------------------------------------------------------

@@ -43,8 +43,7 @@ class MountOptions:
     entry_timeout: float = 3600.0
     attr_timeout: float = 3600.0
     # How long the kernel engine's reader looks for the next request itself before it waits
-    # through trio (`server.Session._quick_wait`); 0: never. The daemon sets 0 for remote sources,
-    # whose prefetches wait on sockets only trio watches.
+    # through trio (`server.Session._quick_wait`, which gives way to trio's own work); 0: never.
     quick_wait: float = 100e-6
 
 
