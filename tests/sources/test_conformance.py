@@ -68,6 +68,7 @@ class TestDiskCached(SourceConformance):
 
 class TestHttp(SourceConformance):
     listable, remote = False, True
+    tails = True
 
     @pytest.fixture
     def make(self, tree: Path) -> Iterator[MakeSource]:
@@ -79,6 +80,7 @@ class TestGcs(SourceConformance):
     """Under a prefix of the bucket, listed in pages of two (page tokens followed)."""
 
     listable, remote = True, True
+    tails = True
 
     @pytest.fixture
     def make(self, tree: Path) -> Iterator[MakeSource]:
@@ -100,6 +102,7 @@ class TestS3(SourceConformance):
     """A bucket per test, the tree under a prefix; objects changed through the S3 API."""
 
     listable, remote = True, True
+    tails = True
     buckets = itertools.count()
 
     @pytest.fixture

@@ -99,6 +99,38 @@ def test_hostile_answers_are_errors_in_bounded_time_and_memory(site, hostile, mo
     assert read_blob(hostile.url, PATIENT) == site[2][1000:5096]
 
 
+TAIL = 4096
+TAIL_AT = (1 << 16) - TAIL  # where the blob's last TAIL bytes start
+
+
+@pytest.mark.parametrize("mode, error", [
+    ("stacked-gzip", "refusing Content-Encoding 'gzip, gzip'"),
+    ("endless", f"server sent more bytes than the {TAIL} bytes at {TAIL_AT} asked for"),
+    ("other-offset", f"asked for bytes {TAIL_AT}-65535, server sent 4095 bytes as 'bytes {TAIL_AT + 1}-65535/65536'"),
+    ("bad-content-range", f"asked for bytes {TAIL_AT}-65535, server sent 4096 bytes as 'bytes {TAIL_AT}-65534/65536'"),
+    ("drip", "no complete answer within the 1.5 s deadline"),
+    ("huge-error", "HTTP 500 (after 2 attempts)"),
+])
+def test_hostile_answers_to_a_stat_with_its_tail_are_errors_in_bounded_time_and_memory(site, hostile, mode, error):
+    """`stat_tail` (a suffix range: a Zarr shard's stat and index in one request) checks its
+    answer as a read does: the bytes must be the last ones, as many as asked, as Content-Range says."""
+    hostile.mode = mode
+    stacked_gzip_bomb()
+    started = time.monotonic()
+    tracemalloc.start()
+    try:
+        with pytest.raises(SourceError, match=re.escape(error)):
+            run(HttpSource(hostile.url, FAST), lambda s: s.stat_tail("blob", TAIL))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - started < 10
+    assert peak < 8 << 20, f"{peak:,} bytes allocated for a 4 KiB tail"
+    hostile.mode = None
+    st, tail = run(HttpSource(hostile.url, PATIENT), lambda s: s.stat_tail("blob", TAIL))
+    assert st is not None and st.size == 1 << 16 and tail == site[2][TAIL_AT:]
+
+
 def test_deadline_defaults_to_four_timeouts():
     assert HttpOptions(timeout=3).request_deadline() == 12
     assert HttpOptions(timeout=3, deadline=1).request_deadline() == 1

@@ -255,6 +255,53 @@ def test_whole_object_fallback_has_a_limit(site, server):
         trio.run(read, 29)
 
 
+def test_a_stat_with_its_tail_is_one_request(tmp_path):
+    """`stat_tail` (how a Zarr shard's index comes with its stat): one suffix-range GET whose stat
+    equals a HEAD's; a known stat costs nothing; short, empty and absent objects, and a server
+    that ignores Range, are statted right (the last two with the HEAD as before, nothing read)."""
+    import trio
+
+    from unshardfs.sources.http import HttpSource
+
+    data = np.random.default_rng(3).bytes(10_000)
+    (tmp_path / "obj").write_bytes(data)
+    (tmp_path / "small").write_bytes(data[:100])
+    (tmp_path / "empty").write_bytes(b"")
+    with DatasetServer(tmp_path) as srv:
+        def sent() -> list[tuple[str, str | None]]:
+            out = [(r.method, r.range) for r in srv.requests()]
+            srv.reset_log()
+            return out
+
+        async def main() -> None:
+            headed, source = HttpSource(srv.url), HttpSource(srv.url)
+            try:
+                assert await source.stat_tail("obj", 300) == (await headed.stat("obj"), data[-300:])
+                assert sent() == [("GET", "bytes=-300"), ("HEAD", None)]
+                assert await source.stat_tail("obj", 300) == (await headed.stat("obj"), None)  # known
+                assert sent() == []
+                st, tail = await source.stat_tail("small", 300)
+                assert (st and st.size, tail) == (100, data[:100])  # the object is shorter than the tail
+                assert await source.stat_tail("absent", 300) == (None, None)
+                assert await source.stat("absent") is None
+                assert sent() == [("GET", "bytes=-300"), ("GET", "bytes=-300")]
+                st, tail = await source.stat_tail("empty", 300)  # 416: nothing to suffix
+                assert (st and st.size, tail) == (0, None)
+                assert sent() == [("GET", "bytes=-300"), ("HEAD", None)]
+                srv.faults.no_range = True
+                fresh = HttpSource(srv.url)
+                try:
+                    assert await fresh.stat_tail("obj", 300) == (await headed.stat("obj"), None)
+                    assert fresh.counters.bytes == 0  # the 200's body was not read
+                finally:
+                    await fresh.aclose()
+            finally:
+                await source.aclose()
+                await headed.aclose()
+
+        trio.run(main)
+
+
 def test_timeouts_end_in_eio(site, server, mount):
     root, volume, _ = site
     m = mount(f"{server.url}/volume/sharded", "--timeout", "0.2", "--retries", "1", "--backoff", "0")

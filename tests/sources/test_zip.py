@@ -19,6 +19,7 @@ from unshardfs.sources import CountingSource, LocalSource
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.http import HttpSource
 from unshardfs.sources.objectstore import GcsSource, S3Source
+from unshardfs.sources import zip as zipsource
 from unshardfs.sources.zip import ZipSource
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.zips import zip_tree
@@ -186,6 +187,8 @@ def test_remote_first_read_of_a_large_member_is_one_round_trip(tmp_path: Path) -
 
     async def main(server: DatasetServer) -> None:
         source = await ZipSource(HttpSource(server.url, FAST), archive.name).open()
+        # Opening it: its stat and tail (with the central directory) in one request, no HEAD.
+        assert [(r.method, r.range) for r in server.requests()] == [("GET", f"bytes=-{zipsource.TAIL}")]
         for path in ("big", "odd"):
             server.reset_log()
             assert await source.read(path, 70_000, 5000) == big[70_000:75_000]

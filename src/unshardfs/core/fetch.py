@@ -29,6 +29,10 @@ from .flight import Flights
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Bytes a source gave beside what was asked (a shard index with its stat: `Fetcher.seed`), kept
+# for their first read: each at most SEED_MAX, all together at most SEEDED_BYTES.
+SEED_MAX = 1 << 20
+SEEDED_BYTES = 16 << 20
 ExtentKey = tuple[Ident, int, int]  # an extent's cache key: its blob's ident, start and length
 
 
@@ -78,6 +82,8 @@ class FetchCounters:
     # gaps a prefetch read only to join its extents into one request.
     prefetch_wasted_bytes: int = 0
     prefetch_skipped: int = 0  # prefetches not issued (budget full)
+    seeded: int = 0  # extents a source gave beside what was asked (`Fetcher.seed`)
+    seeded_hits: int = 0  # ... and read since
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -175,6 +181,8 @@ class Fetcher:
         self.flights = Flights()
         self._in_flight: dict[Ident, list[_Run]] = {}  # runs being read, by blob
         self._prefetch_in_flight = 0  # bytes
+        self._seeded: dict[ExtentKey, bytes] = {}  # `seed`
+        self._seeded_bytes = 0
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
         # Prefetches queue behind their own limiter, so a backlog of them
@@ -239,6 +247,29 @@ class Fetcher:
             counters.reads += 1
         return found
 
+    def seed(self, ext: Extent, data: bytes) -> None:
+        """The bytes of `ext`, come with another answer (a shard index with its stat): the first
+        index read of exactly that extent takes them instead of a request. Kept until then, within
+        SEEDED_BYTES (beyond, the oldest are dropped: their reads go to the source)."""
+        if len(data) != ext.length or ext.length > SEED_MAX:
+            return
+        seeded = self._seeded
+        while seeded and self._seeded_bytes + ext.length > SEEDED_BYTES:
+            self._seeded_bytes -= len(seeded.pop(next(iter(seeded))))
+        old = seeded.pop(ext.key, None)
+        if old is not None:
+            self._seeded_bytes -= len(old)
+        seeded[ext.key] = data
+        self._seeded_bytes += ext.length
+        self.counters.seeded += 1
+
+    def _take_seeded(self, ext: Extent) -> bytes | None:
+        data = self._seeded.pop(ext.key, None)
+        if data is not None:
+            self._seeded_bytes -= len(data)
+            self.counters.seeded_hits += 1
+        return data
+
     async def read_many(self, extents: Sequence[Extent], index: bool = False,
                         max_gap: int | None = None) -> list[bytes]:
         """The bytes of each extent, in order; DataError if any one fails."""
@@ -250,11 +281,19 @@ class Fetcher:
         wanted: list[tuple[int, Extent]] = []
         joins: list[tuple[int, Extent, _Run]] = []
         kept = self.source.index_cache if index else None
+        seeded = index and self._seeded
         for i, ext in enumerate(extents):
             if kept is not None and ext.blob.versioned:
                 stored = kept.get(ext.key)
                 if stored is not None and len(stored) == ext.length:
                     results[i] = stored
+                    continue
+            if seeded:
+                given = self._take_seeded(ext)
+                if given is not None:
+                    results[i] = given
+                    if kept is not None and ext.blob.versioned:
+                        kept.put(ext.key, given)
                     continue
             hit = self._prefetched(ext)
             if hit is not None:

@@ -76,6 +76,20 @@ class ByteSource(Protocol):
         """Live counters of this source and the layers below it, by section (for `unshardfs stats`)."""
 
 
+async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+    """`source.stat(path)`, and the object's last `size` bytes (all of a shorter one) where the
+    source gives them in the same request (an HTTP suffix range, as TensorStore reads a Zarr
+    shard's index without a HEAD first: one round trip instead of two); None where it does not
+    (read them as usual).
+
+    The optional `stat_tail(path, size)` of a source is that; every other source is statted."""
+    optional = getattr(source, "stat_tail", None)
+    if optional is None:
+        return await source.stat(path), None
+    found: tuple[ObjectStat | None, bytes | None] = await optional(path, size)
+    return found
+
+
 class SourceLayer:
     """A byte source layered over another (counting, disk cache): everything not
     overridden goes to `inner`, and `stats` merges this layer's section with the
@@ -112,6 +126,10 @@ class SourceLayer:
         """The optional `read_now` of a local source (`LocalSource.read_now`), through."""
         below = getattr(self.inner, "read_now", None)
         return below(path, offset, size, version) if below is not None else None
+
+    async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        """The optional `stat_tail` of the source below (`stat_and_tail`), through."""
+        return await stat_and_tail(self.inner, path, size)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -378,6 +378,28 @@ class HttpSource:
             raise SourceError(f"GET {url}: cannot tell the object's size")
         return self._stat_from(reply, total)
 
+    async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        """`stat`, and the object's last `size` bytes with it, in one request (`Range: bytes=-size`,
+        whose Content-Range states the object's size: `base.stat_and_tail`). A stat already known
+        comes from the cache, without bytes. A server that ignores Range (200), an empty object
+        (416), an answer without a total or any other refusal: statted as usual, a HEAD more."""
+        if size <= 0 or not path or self._stats.get(path, _MISSING) is not _MISSING or path_problem(path) is not None:
+            return await self.stat(path), None
+        url = self.object_url(path)
+        # Only a 206's body is read (exactly `size` bytes at most); a 200 is dropped with its connection.
+        reply = await self.request("GET", url, {"Range": f"bytes=-{size}"},
+                                   lambda status: size if status == 206 else 0 if status < 300 else ERROR_BODY_LIMIT)
+        if self.is_absent(reply.status):
+            self._stats[path] = None
+            return None, None
+        total = _content_range_total(reply.headers.get("content-range", ""))
+        if reply.status != 206 or total is None:
+            return await self.stat(path), None
+        # The last min(size, total) bytes, as Content-Range must say, or a SourceError.
+        body = ranged_body(f"GET {url}", reply, max(total - size, 0), size)
+        stat = self._stats[path] = self._stat_from(reply, total)
+        return stat, body
+
     def is_absent(self, status: int) -> bool:
         return status in ABSENT_STATUS
 

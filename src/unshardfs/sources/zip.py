@@ -53,7 +53,7 @@ from ..core.flight import Flights
 from ..core.limits import Limits
 from ..errors import ConfigError, DataError, SourceError, StaleError
 from ..logonce import log_once
-from .base import ByteSource, IndexCache, ObjectStat, name_problem
+from .base import ByteSource, IndexCache, ObjectStat, name_problem, stat_and_tail
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -411,13 +411,17 @@ class ZipSource:
 
     async def open(self) -> "ZipSource":
         """Read the archive's directory; ConfigError (one line) when it is not a usable archive."""
-        st = await self._archive_stat(required=True)
+        # Its stat and its tail in one request where the source can (an HTTP suffix range).
+        st, tail = await stat_and_tail(self.inner, self.archive, TAIL)
+        st = self._usable(st, required=True)
         assert st is not None  # required: a missing archive raised
-        await self._load(st)
+        await self._load(st, tail)
         return self
 
     async def _archive_stat(self, required: bool = False) -> ObjectStat | None:
-        st = await self.inner.stat(self.archive)
+        return self._usable(await self.inner.stat(self.archive), required)
+
+    def _usable(self, st: ObjectStat | None, required: bool) -> ObjectStat | None:
         if st is None or st.is_dir:
             if required:
                 raise ConfigError(f"{self.description}: no such archive" if st is None else
@@ -432,11 +436,17 @@ class ZipSource:
         self.counters["archive_bytes"] += len(data)
         return data
 
-    async def _load(self, st: ObjectStat) -> None:
+    async def _load(self, st: ObjectStat, given: bytes | None = None) -> None:
+        """Read the directory of the archive `st` describes; `given`: its tail, if it came with `st`."""
         where = self.description
         size = st.size
         tail_at = max(0, size - TAIL)
-        tail = await self._read(tail_at, size - tail_at, st.version, index=True)
+        if given is not None and len(given) == size - tail_at:
+            tail = given
+            self.counters["archive_reads"] += 1  # counted as the read it replaces
+            self.counters["archive_bytes"] += len(tail)
+        else:
+            tail = await self._read(tail_at, size - tail_at, st.version, index=True)
         if len(tail) != size - tail_at:
             raise ConfigError(f"{where}: archive shorter than its size ({size:,} bytes)")
         end = _find_end(tail)

@@ -119,6 +119,8 @@ class HostileServer(DatasetServer):
         rng = h.headers.get("Range", "")
         if rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
+            if not first:  # a suffix: the last N bytes
+                return data, max(len(data) - int(last), 0), len(data) - 1
             return data, int(first), min(int(last), len(data) - 1)
         return data, 0, len(data) - 1
 

@@ -185,8 +185,11 @@ class DatasetServer:
         size = st.st_size
         if rng and not f.no_range and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
-            start = int(first)
-            end = min(int(last) if last else size - 1, size - 1)
+            if first:
+                start = int(first)
+                end = min(int(last) if last else size - 1, size - 1)
+            else:  # a suffix: the last N bytes (all of a shorter object; none of an empty one)
+                start, end = max(size - int(last), 0), size - 1
             if start >= size:
                 return self._reply(h, 416, b"", {"Content-Range": f"bytes */{size}"}, head, rng)
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from unshardfs.errors import StaleError
-from unshardfs.sources.base import ByteSource
+from unshardfs.sources.base import ByteSource, stat_and_tail
 
 T = TypeVar("T")
 MakeSource = Callable[[], ByteSource]
@@ -72,6 +72,8 @@ class SourceConformance:
     remote: ClassVar[bool]
     # Reads made with a version from an earlier stat notice a changed object (StaleError).
     versioned: ClassVar[bool] = True
+    # An object's tail comes with its stat (`stat_and_tail`, one request).
+    tails: ClassVar[bool] = False
 
     @pytest.fixture
     def tree(self, tmp_path: Path) -> Path:
@@ -113,6 +115,31 @@ class SourceConformance:
                 assert st is None or st.is_dir, path
             for path in ("missing", "dir/missing.bin", "a.bin/below", "dir/su"):
                 assert await source.stat(path) is None, path
+
+        run(make, work)
+
+    @pytest.mark.parametrize("size", [1, 100, 5000])
+    def test_stat_and_tail(self, make: MakeSource, size: int) -> None:
+        """`stat_and_tail` (a Zarr shard's index with its stat): the stat `stat` gives, version
+        and all, and where the source gives them, exactly the object's last `size` bytes (all of
+        a shorter one); nothing for absent objects and directories."""
+        async def work(source: ByteSource) -> None:
+            other = make()  # its stats come from `stat` alone
+            given = []
+            try:
+                for path, data in TREE.items():
+                    st, tail = await stat_and_tail(source, path, size)
+                    assert st == await other.stat(path), path
+                    assert tail is None or tail == data[-size:], (path, len(tail))
+                    given.append(tail is not None)
+                    again = await stat_and_tail(source, path, size)
+                    assert again[0] == st and again[1] in (None, data[-size:]), path
+                for path in ("missing", "dir/missing.bin", "dir", "dir/sub"):
+                    st, tail = await stat_and_tail(source, path, size)
+                    assert (st is None or st.is_dir) and tail is None, path
+            finally:
+                await other.aclose()
+            assert any(given) == self.tails
 
         run(make, work)
 

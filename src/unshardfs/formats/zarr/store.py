@@ -23,13 +23,13 @@ import numpy as np
 
 from ...caches import SHARD_INDEX
 from ...core.blob import Blob
-from ...core.fetch import Extent
+from ...core.fetch import SEED_MAX, Extent
 from ...core.runtime import Runtime
 from ...core.store import ShardedStore
 from ...core.table import ChunkTable
 from ...errors import DataError
 from ...logonce import log_once
-from ...sources.base import join_path
+from ...sources.base import join_path, stat_and_tail
 from .keys import KeyLayout, parse_index
 from .metadata import ArrayMeta
 from .sharding import EMPTY, Unsharded
@@ -67,6 +67,11 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         self._count = math.prod(self.grid)
         self._shard_axes = tuple(zip(self._id_strides, self.grid, self.per_shard))
         self._shard_paths: dict[tuple[int, ...], str] = {}
+        # A remote shard's index at its end comes with its stat, one request (`stat_and_tail`),
+        # where it is small enough to be asked for before the limits see it.
+        outer = self.levels[0] if self.levels else None
+        self._tail = outer.index_size if (outer is not None and not outer.at_start and self.source.remote
+                                          and outer.index_size <= SEED_MAX) else 0
 
     # -- ids ----------------------------------------------------------------------------
 
@@ -113,10 +118,18 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
             if len(self._shard_paths) >= SHARD_PATHS_MAX:
                 self._shard_paths.clear()
             path = self._shard_paths[outer] = join_path(self.path, self.source_keys.key(outer))
-        st = await self.source.stat(path)
+        if not self._tail:
+            st = await self.source.stat(path)
+            if st is None or st.is_dir:
+                return None
+            return self.blob(path, st)
+        st, tail = await stat_and_tail(self.source, path, self._tail)
         if st is None or st.is_dir:
             return None
-        return self.blob(path, st)
+        blob = self.blob(path, st)
+        if tail is not None and len(tail) == self._tail:  # the index's bytes: its first read takes them
+            self.fetcher.seed(Extent(blob, blob.size - len(tail), len(tail)), tail)
+        return blob
 
     def is_shard_file(self, name: str) -> bool:
         return self.source_keys.claims(name)
