@@ -275,3 +275,42 @@ def test_hostile_shards_through_a_mount(site, hostile, witness, mount, mode, cau
         assert (m.path / "1_1_1" / name).read_bytes() == (volume["plain"] / "1_1_1" / name).read_bytes()
     assert peak_rss(m.path) < MAX_DAEMON_RSS
     assert witness.arrived == []
+
+
+@pytest.fixture(scope="module")
+def zarr_site(site):
+    """A sharded Zarr v3 array (zarr-python, 2 x 2 shards, index at the end) under the site."""
+    from unshardfs.testing.zarr import BYTES_LE, ZCase, sharding as zsharding, write_case
+
+    case = ZCase((40, 30), "uint16", (20, 15), [zsharding((10, 5), [BYTES_LE])], (10, 5), [BYTES_LE], holes=False)
+    write_case(site[0] / "zarr", "arr", case)
+    return site[0] / "zarr"
+
+
+@pytest.mark.parametrize("mode, cause", [
+    ("stacked-gzip", "refusing Content-Encoding"),
+    ("endless", "server sent more bytes than"),
+    ("other-offset", "asked for bytes"),
+    ("bad-content-range", "asked for bytes"),
+    ("drip", "deadline"),
+    ("huge-error", "HTTP 500"),
+    ("redirect", "refused redirect to http://127.0.0.2:"),
+])
+def test_hostile_zarr_shards_through_a_mount(zarr_site, hostile, witness, mount, mode, cause):
+    """The same for a Zarr shard, whose first request is its stat and index together (a suffix
+    range): hostile answers to it are EIO for the right reason, the rest of the array reads."""
+    stacked_gzip_bomb()
+    hostile.target, hostile.redirect_to = "/arr/c/1/", witness.url
+    m = mount(f"zarr3://{hostile.url}/zarr/sharded/arr", "--timeout", "1", "--retries", "2", "--backoff", "0")
+    hostile.mode = mode
+    started = time.monotonic()
+    with pytest.raises(OSError) as e:
+        (m.path / "c" / "2" / "0").read_bytes()  # inner chunk (2, 0): in shard c/1/0
+    assert e.value.errno == errno.EIO
+    assert time.monotonic() - started < 30
+    assert cause in m.log_text()
+    plain = zarr_site / "plain" / "arr" / "c"
+    for name in ("0/0", "0/1", "1/2"):  # in shard c/0/0
+        assert (m.path / "c" / name).read_bytes() == (plain / name).read_bytes()
+    assert peak_rss(m.path) < MAX_DAEMON_RSS
+    assert witness.arrived == []
