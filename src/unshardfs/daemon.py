@@ -8,7 +8,6 @@ way `unshardfs mount` returns 0 only once the mount is live, and every error
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os

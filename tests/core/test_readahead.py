@@ -115,6 +115,19 @@ def test_a_listed_directory_read_from_its_first_entry_is_confirmed_by_one_follow
     assert prefetched(elsewhere) == []
 
 
+def test_joint_readers_starting_at_a_listing_s_first_entry_miss_nothing():
+    """Several readers start at a listing's first entry together: the open window covers the
+    next 8, and the stream their jumbled reads confirm also prefetches what lies between that
+    window and the furthest read that none of them has read yet (10 here)."""
+    table = shard("a", list(range(400)))
+    target = Target([table])
+    scope = ScanScope(target)
+    scope.listed(table)
+    observe(scope, [0, 12, 9, 14, 11, 13])
+    got = {k for _, k in prefetched(target)}
+    assert set(range(1, 9)) | {10} <= got and not got & {0, 9, 11, 12, 13, 14}
+
+
 def test_the_first_read_of_a_listing_prefetches_only_the_open_window():
     """The guess made at a listing's first entry is not a scan yet: its prefetch is OPEN_WINDOW
     chunks, not stretched to the end of the shard's run (a tool that lists and reads one file)."""
@@ -177,7 +190,7 @@ def test_sparse_keys_follow_the_listing_order():
     wanted = {k: int(target.tables[0].starts[target.tables[0].find(k)]) // CHUNK for k in ids}
     observe(scope, [ids[0]])  # the listing's first entry: its open window, in listing order
     opened = prefetched(target)
-    assert len(opened) == len(set(opened)) and ("a", wanted[ids[1]]) in opened
+    assert opened == [("a", wanted[k]) for k in ids[1:1 + POLICY.open_window]]
     observe(scope, [ids[1]])  # the one after it (on its way): the rest of the listing, in its order
     assert [s.order for s in scope.streams if s.confirmed] == ["listing"]
     assert [e for e in prefetched(target)[len(opened):] if e not in opened] == \

@@ -245,6 +245,29 @@ def test_zarr_scan_in_listing_order(site, server, mount):
     assert fetch["seeded"] == fetch["seeded_hits"] == 8
 
 
+@pytest.mark.parametrize("options", [("--stat-ttl", "0"), ("--stat-ttl", "0", "--cache-dir", "{tmp}")],
+                         ids=["stat-ttl-0", "cache-dir"])
+def test_a_zarr_shard_index_comes_with_its_first_stat_only(site, server, mount, tmp_path, options):
+    """A shard's stat and index come in one suffix-range GET at its first open; every later
+    open (a lookup after its stat expired) is a HEAD, never the index again (it is cached). With
+    a disk cache of indexes, a HEAD from the start (a remount finds the index on disk)."""
+    m = mount(f"zarr3://{server.url}/nested/sharded/arr", *[o.format(tmp=tmp_path / "idx") for o in options])
+    server.reset_log()
+    plain = site / "nested" / "plain" / "arr"
+    names = sorted(str(p.relative_to(plain)) for p in plain.rglob("*") if p.is_file() and p.parent != plain)
+    assert len(names) == 128
+    for _ in range(2):
+        for name in names:
+            assert (m.path / name).read_bytes() == (plain / name).read_bytes()
+    sent = Counter("suffix" if (r.range or "").startswith("bytes=-") else r.method for r in server.requests())
+    fetch = m.stats()["fetch"]
+    if "--cache-dir" in options:
+        assert sent["suffix"] == fetch["seeded"] == 0
+    else:
+        assert sent["suffix"] == fetch["seeded"] == fetch["seeded_hits"] == 8
+    assert sent["HEAD"] >= 128  # stats expire at once: every later lookup's
+
+
 def test_zarr_cp_r_of_nested_chunk_directories(site, server, mount, tmp_path):
     """`cp -r` of a Zarr array with nested chunk keys (c/i/j/k): directory by directory in key
     order; the scan carries on from one directory into the next, so only its first read reaches
@@ -317,8 +340,8 @@ def test_scattered_reads_pay_nothing_for_read_ahead(site, server, mount):
 
 def test_remote_and_local_mounts_both_look_for_the_next_request_themselves(site, server, mount):
     """The kernel engine's reader may look for the next request itself for a moment, on remote
-    mounts too: it gives way to trio as soon as a prefetch's socket is ready or a task can run
-    (tests/fuse/test_session.py), so prefetches are never held behind it."""
+    mounts too (this pins the setting; that the wait gives way to trio as soon as a prefetch's
+    socket is ready or a task can run is pinned in tests/fuse/test_session.py)."""
     local = mount(site / "ts")
     remote = mount(f"{server.url}/ts")
     names = sorted(os.listdir(plain(site)))[:64]

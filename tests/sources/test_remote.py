@@ -261,6 +261,7 @@ def test_a_stat_with_its_tail_is_one_request(tmp_path):
     that ignores Range, are statted right (the last two with the HEAD as before, nothing read)."""
     import trio
 
+    from unshardfs.errors import SourceError
     from unshardfs.sources.http import HttpSource
 
     data = np.random.default_rng(3).bytes(10_000)
@@ -293,8 +294,20 @@ def test_a_stat_with_its_tail_is_one_request(tmp_path):
                 try:
                     assert await fresh.stat_tail("obj", 300) == (await headed.stat("obj"), None)
                     assert fresh.counters.bytes == 0  # the 200's body was not read
+                    sent()
+                    assert await fresh.stat_tail("small", 300) == (await headed.stat("small"), None)
+                    assert sent() == [("HEAD", None), ("HEAD", None)]  # remembered: no suffix asked again
                 finally:
                     await fresh.aclose()
+                srv.faults.no_range = False
+                srv.faults.error_every, srv.faults.error_status = 1, 403
+                refused = HttpSource(srv.url)
+                try:
+                    with pytest.raises(SourceError, match="HTTP 403"):
+                        await refused.stat_tail("obj", 300)
+                finally:
+                    await refused.aclose()
+                assert len(sent()) == 1  # the error, once: no HEAD to meet it again
             finally:
                 await source.aclose()
                 await headed.aclose()

@@ -121,10 +121,18 @@ def measure(ctx: Context, ds: Dataset, server, latency: float) -> None:
 
 
 def alternating(ctx: Context, label: str, local: Callable[[], float], remote: Callable[[], float]) -> tuple[float, float]:
-    """Median rates of `local` and `remote`, run in turn ROUNDS times each: one pair measured at one
-    moment swings with the machine's load (remote/local 0.6-0.95 between rounds of one run); the
-    ratio of each round, its median and range go into the facts."""
-    pairs = [(local(), remote()) for _ in range(ROUNDS)]
+    """Median rates of `local` and `remote`, run in turn ROUNDS times each (which goes first
+    alternates): one pair measured at one moment swings with the machine's load (remote/local
+    0.6-0.95 between rounds of one run); the ratio of each round, its median and range go into
+    the facts (beside the last round's counts, `counted`)."""
+    pairs = []
+    for i in range(ROUNDS):
+        if i % 2:
+            r = remote()
+            pairs.append((local(), r))
+        else:
+            loc = local()
+            pairs.append((loc, remote()))
     ratios = sorted(r / loc for loc, r in pairs)
     ctx.report.fact(f"{label}, remote/local per round", {"median": round(statistics.median(ratios), 2),
                                                          "range": [round(ratios[0], 2), round(ratios[-1], 2)],

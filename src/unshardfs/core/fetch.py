@@ -254,11 +254,11 @@ class Fetcher:
         if len(data) != ext.length or ext.length > SEED_MAX:
             return
         seeded = self._seeded
-        while seeded and self._seeded_bytes + ext.length > SEEDED_BYTES:
-            self._seeded_bytes -= len(seeded.pop(next(iter(seeded))))
         old = seeded.pop(ext.key, None)
         if old is not None:
             self._seeded_bytes -= len(old)
+        while seeded and self._seeded_bytes + ext.length > SEEDED_BYTES:
+            self._seeded_bytes -= len(seeded.pop(next(iter(seeded))))
         seeded[ext.key] = data
         self._seeded_bytes += ext.length
         self.counters.seeded += 1
@@ -287,6 +287,8 @@ class Fetcher:
                 stored = kept.get(ext.key)
                 if stored is not None and len(stored) == ext.length:
                     results[i] = stored
+                    if seeded:
+                        self._take_seeded(ext)  # not needed after all: not kept either
                     continue
             if seeded:
                 given = self._take_seeded(ext)

@@ -18,8 +18,8 @@ class CorePolicy:
     # Chunks prefetched ahead of a newly confirmed stream: at 20 ms per request and well under a
     # millisecond per chunk file, 8 were read before a refill arrived (a stall per doubling).
     first_window: int = 32
-    # Chunks prefetched at once, before a scan is confirmed, when a read opens a listing (its
-    # first entry or lowest id): the scan's second read then joins that prefetch instead of
+    # Chunks prefetched at once, before a scan is confirmed, when a read opens a listing at its
+    # first entry (in listing order): the scan's second read then joins that prefetch instead of
     # costing a round trip of its own; a tool that lists and reads one file wastes these.
     open_window: int = 8
     max_window: int = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)

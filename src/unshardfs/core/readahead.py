@@ -17,9 +17,10 @@ of scan:
 A guess becomes a stream after two reads that match it exactly, so a viewer
 reading scattered chunks starts no prefetch; after one where the guess began
 at the start of a listing batch (a tool that lists a directory and reads it
-from its first file, which a viewer does not do): such a guess also prefetches
-the listing's next few chunks at its first read (OPEN_WINDOW), so the read
-that confirms it finds them on their way. Several readers walking one
+from its first file, which a viewer does not do). A guess in listing order
+made at a listing's first entry also prefetches the listing's next few
+chunks at once (OPEN_WINDOW), so the read that confirms it finds them on
+their way. Several readers walking one
 order together (each taking every n-th name) reach the daemon out of order:
 a guess also becomes a stream once JOINT_CONFIRM of the JOINT_READS reads
 that follow its first read were of distinct chunks among the JOINT_SPAN
@@ -102,6 +103,7 @@ class _Stream:
     upcoming: list[int]  # predicted ids, in order
     cursor: int = 0  # index in `upcoming` after the furthest id read
     frontier: int = 0  # ids before this index have been prefetched
+    extended: bool = False  # a window has been prefetched since it was confirmed
     hits: int = 0
     window: int = FIRST_WINDOW
     confirmed: bool = False
@@ -412,8 +414,9 @@ class ScanScope:
             stream.frontier -= passed
             stream.cursor -= passed
         start = max(stream.frontier, stream.cursor)
-        if not stream.frontier:  # the first window: also what joint readers passed and have not read yet
-            start = min((i for i in range(stream.cursor) if stream.upcoming[i] not in stream.seen), default=start)
+        if not stream.extended:  # the first window: also what joint readers passed and have not read yet
+            start = min((i for i in range(stream.frontier, stream.cursor) if stream.upcoming[i] not in stream.seen),
+                        default=start)
         picked, stop = await self._window(stream, start, stream.cursor + (tentative or stream.window), skip,
                                           stretch=not tentative)
         tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
@@ -437,6 +440,7 @@ class ScanScope:
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
         if not tentative:
             stream.window = min(stream.window * 2, MAX_WINDOW)
+            stream.extended = True
         return self._carries(stream)
 
     @staticmethod

@@ -129,7 +129,7 @@ class Session:
         self.checkpoints = 0  # passes through the scheduler made only for that
         self._nursery: trio.Nursery | None = None
         self.splicer: Splicer | None = None  # set up at INIT, sized for the negotiated requests
-        self._quick: select.epoll | None = None  # the connection alone (`_read`), made on first use
+        self._quick: select.epoll | None = None  # the connection and trio's epoll (`_quick_wait`), made on first use
         self.quick_waits = 0  # requests waited for without trio (`_read`)
         self._trio: _TrioProbe | None = None
 
@@ -300,10 +300,12 @@ class Session:
         other CPU: 6,400-6,700 files/s against 7,200-7,600 through trio). Yielding lets a reader
         on this same CPU run and send; on the other CPU, it is there within a few probes
         (8,800-9,700 files/s). Only while no request waits on anything (`scopes` is empty) and
-        trio has nothing to run (`_TrioProbe`): the epoll_wait watches trio's own epoll beside
+        trio's run queue is empty (`_TrioProbe`): the epoll_wait watches trio's own epoll beside
         the connection, and ends the wait as soon as trio has something (a prefetch's socket, a
-        thread's result) to go through it. Timers wait at most that long, and background work
-        still gets its pass of the scheduler every CHECKPOINT_EVERY requests."""
+        thread's result) to go through it. What waits at most that long: timers, and a task made
+        runnable in the same scheduler pass as the reader (trio takes a pass's tasks out of the
+        queue before running them); background work still gets its pass of the scheduler every
+        CHECKPOINT_EVERY requests."""
         quick = self._quick
         if quick is None:
             quick = self._quick = select.epoll(2)

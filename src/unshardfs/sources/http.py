@@ -233,6 +233,7 @@ class HttpSource:
         self._pool: h1.Pool | None = None
         self._limiter: trio.CapacityLimiter | None = None
         self._stats = ExpiringMap(maxsize=200_000, ttl=self.options.stat_ttl)
+        self._no_suffix = False  # the server ignores Range: `stat_tail` is a HEAD
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -381,9 +382,11 @@ class HttpSource:
     async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
         """`stat`, and the object's last `size` bytes with it, in one request (`Range: bytes=-size`,
         whose Content-Range states the object's size: `base.stat_and_tail`). A stat already known
-        comes from the cache, without bytes. A server that ignores Range (200), an empty object
-        (416), an answer without a total or any other refusal: statted as usual, a HEAD more."""
-        if size <= 0 or not path or self._stats.get(path, _MISSING) is not _MISSING or path_problem(path) is not None:
+        comes from the cache, without bytes. A server that ignores Range (200: remembered, it is
+        never asked so again), an empty object (416) or an answer without a total: statted as
+        usual, a HEAD more. Another error status is the error a HEAD would have met."""
+        if (size <= 0 or not path or self._no_suffix or self._stats.get(path, _MISSING) is not _MISSING
+                or path_problem(path) is not None):
             return await self.stat(path), None
         url = self.object_url(path)
         # Only a 206's body is read (exactly `size` bytes at most); a 200 is dropped with its connection.
@@ -392,7 +395,13 @@ class HttpSource:
         if self.is_absent(reply.status):
             self._stats[path] = None
             return None, None
+        if reply.status >= 400 and reply.status != 416:
+            raise SourceError(f"GET {url}: HTTP {reply.status}")
         total = _content_range_total(reply.headers.get("content-range", ""))
+        if reply.status == 200:
+            self._no_suffix = True
+            log_once(log, f"nosuffix:{self.base_url}", "%s ignores Range requests: statting objects with HEAD",
+                     self.base_url)
         if reply.status != 206 or total is None:
             return await self.stat(path), None
         # The last min(size, total) bytes, as Content-Range must say, or a SourceError.

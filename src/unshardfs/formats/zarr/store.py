@@ -68,10 +68,16 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         self._shard_axes = tuple(zip(self._id_strides, self.grid, self.per_shard))
         self._shard_paths: dict[tuple[int, ...], str] = {}
         # A remote shard's index at its end comes with its stat, one request (`stat_and_tail`),
-        # where it is small enough to be asked for before the limits see it.
+        # where it is small enough to be asked for before the limits see it; not with a disk cache
+        # of indexes (a remount finds them there: a HEAD is all it needs).
         outer = self.levels[0] if self.levels else None
         self._tail = outer.index_size if (outer is not None and not outer.at_start and self.source.remote
+                                          and self.source.index_cache is None
                                           and outer.index_size <= SEED_MAX) else 0
+        # Shards whose index came with a stat: only the first open asks for it. Every lookup opens
+        # its shard, and one whose stat has expired has its index cached already (its bytes again
+        # would be a download for nothing): it is statted.
+        self._tailed: set[str] = set()
 
     # -- ids ----------------------------------------------------------------------------
 
@@ -118,11 +124,14 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
             if len(self._shard_paths) >= SHARD_PATHS_MAX:
                 self._shard_paths.clear()
             path = self._shard_paths[outer] = join_path(self.path, self.source_keys.key(outer))
-        if not self._tail:
+        if not self._tail or path in self._tailed:
             st = await self.source.stat(path)
             if st is None or st.is_dir:
                 return None
             return self.blob(path, st)
+        if len(self._tailed) >= SHARD_PATHS_MAX:
+            self._tailed.clear()
+        self._tailed.add(path)
         st, tail = await stat_and_tail(self.source, path, self._tail)
         if st is None or st.is_dir:
             return None
