@@ -318,14 +318,15 @@ class Session:
             return False  # trio's internals are not what we know: always through trio
         if trio_.runq:
             return False  # tasks are ready to run: let them
-        fd, trio_fd = self.fd, trio_.epoll_fd
+        trio_fd = trio_.epoll_fd
         deadline = time.perf_counter() + self.config.quick_wait
         while True:
             os.sched_yield()
             events = quick.poll(0, 2)
             if events:
-                if any(ready == trio_fd for ready, _ in events):
-                    return False
+                for ready, _ in events:  # (no generator: this is every idle request's path)
+                    if ready == trio_fd:
+                        return False
                 self.quick_waits += 1
                 return True
             if time.perf_counter() >= deadline:
