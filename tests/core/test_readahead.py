@@ -96,21 +96,25 @@ def test_a_guess_is_confirmed_by_two_reads_then_the_window_covers_the_shards_run
     assert prefetched(target) == [("a", k) for k in range(3, 40)]
 
 
+def listed(n: int) -> tuple[Target, ScanScope]:
+    """A directory of ids 0..n-1 in one shard, its listing read."""
+    table = shard("a", list(range(n)))
+    target = Target([table])
+    scope = ScanScope(target)
+    scope.listed(table)
+    return target, scope
+
+
 def test_a_listed_directory_read_from_its_first_entry_is_confirmed_by_one_follow():
     """`cp -r`, `tar` or `find -exec` list a directory, then read its files from the first: that
     read prefetches the next few at once (the second read finds them on their way, a round trip
     sooner) and the second confirms the scan; read from elsewhere, a scan needs three reads."""
-    table = shard("a", list(range(40)))
-    target = Target([table])
-    scope = ScanScope(target)
-    scope.listed(table)
+    target, scope = listed(40)
     observe(scope, [0])
     assert prefetched(target) == [("a", k) for k in range(1, 1 + POLICY.open_window)]
     observe(scope, [1])
     assert prefetched(target) == [("a", k) for k in range(1, 40)]
-    elsewhere = Target([table])
-    scope = ScanScope(elsewhere)
-    scope.listed(table)
+    elsewhere, scope = listed(40)
     observe(scope, [5, 6])
     assert prefetched(elsewhere) == []
 
@@ -119,10 +123,7 @@ def test_joint_readers_starting_at_a_listing_s_first_entry_miss_nothing():
     """Several readers start at a listing's first entry together: the open window covers the
     next 8, and the stream their jumbled reads confirm also prefetches what lies between that
     window and the furthest read that none of them has read yet (10 here)."""
-    table = shard("a", list(range(400)))
-    target = Target([table])
-    scope = ScanScope(target)
-    scope.listed(table)
+    target, scope = listed(400)
     observe(scope, [0, 12, 9, 14, 11, 13])
     got = {k for _, k in prefetched(target)}
     assert set(range(1, 9)) | {10} <= got and not got & {0, 9, 11, 12, 13, 14}
@@ -131,10 +132,7 @@ def test_joint_readers_starting_at_a_listing_s_first_entry_miss_nothing():
 def test_the_first_read_of_a_listing_prefetches_only_the_open_window():
     """The guess made at a listing's first entry is not a scan yet: its prefetch is OPEN_WINDOW
     chunks, not stretched to the end of the shard's run (a tool that lists and reads one file)."""
-    table = shard("a", list(range(400)))
-    target = Target([table])
-    scope = ScanScope(target)
-    scope.listed(table)
+    target, scope = listed(400)
     observe(scope, [0])
     assert prefetched(target) == [("a", k) for k in range(1, 1 + POLICY.open_window)]
     observe(scope, [300])  # not a follow: nothing more
