@@ -172,8 +172,8 @@ class Listings:
         self.batches: list[np.ndarray] = []
         self.count = 0
         self._seen: set[tuple[Ident, int, int]] = set()
-        self.firsts: set[int] = set()  # each batch's first id and its lowest (a scan in id order starts there)
         self.heads: set[int] = set()  # each batch's first id (a scan in listing order starts there)
+        self.lowests: set[int] = set()  # ... and its lowest (a scan in id order starts at either)
         self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its ids (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
@@ -187,7 +187,7 @@ class Listings:
             return
         self._seen.add(mark)
         self.heads.add(int(table.ids[0]))
-        self.firsts.update((int(table.ids[0]), int(table.ids.min())))
+        self.lowests.add(int(table.ids.min()))
         self.batches.append(table.ids)
         self.count += len(table.ids)
         self._sorted = None
@@ -356,10 +356,11 @@ class ScanScope:
             if order not in followed:
                 upcoming = await self._successors(order, chunk_id, FIRST_WINDOW + SLACK)
                 if upcoming:
-                    opens = order != "name" and chunk_id in self.listings.firsts
+                    listings = self.listings
+                    opens = order != "name" and (chunk_id in listings.heads or chunk_id in listings.lowests)
                     stream = _Stream(order, upcoming, opens=opens)
                     self.streams.insert(0, stream)
-                    if order == "listing" and chunk_id in self.listings.heads:
+                    if order == "listing" and chunk_id in listings.heads:
                         # A listing read from its first entry is most likely read on in its order
                         # (or in id order, where the two agree: a dense directory's). Not so from
                         # its lowest id alone (`cp -r` over hashed shards: id order, which is

@@ -432,6 +432,10 @@ class ZipSource:
     async def _read(self, offset: int, size: int, version: tuple, index: bool = False) -> bytes:
         read = self.inner.read_index if index else self.inner.read
         data = await read(self.archive, offset, size, version)
+        return self._counted(data)
+
+    def _counted(self, data: bytes) -> bytes:
+        """`data`, counted as one read of the archive."""
         self.counters["archive_reads"] += 1
         self.counters["archive_bytes"] += len(data)
         return data
@@ -442,9 +446,7 @@ class ZipSource:
         size = st.size
         tail_at = max(0, size - TAIL)
         if given is not None and len(given) == size - tail_at:
-            tail = given
-            self.counters["archive_reads"] += 1  # counted as the read it replaces
-            self.counters["archive_bytes"] += len(tail)
+            tail = self._counted(given)  # as the read it replaces
         else:
             tail = await self._read(tail_at, size - tail_at, st.version, index=True)
         if len(tail) != size - tail_at:

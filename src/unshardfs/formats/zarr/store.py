@@ -124,20 +124,19 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
             if len(self._shard_paths) >= SHARD_PATHS_MAX:
                 self._shard_paths.clear()
             path = self._shard_paths[outer] = join_path(self.path, self.source_keys.key(outer))
+        tail = None
         if not self._tail or path in self._tailed:
             st = await self.source.stat(path)
-            if st is None or st.is_dir:
-                return None
-            return self.blob(path, st)
-        if len(self._tailed) >= SHARD_PATHS_MAX:
-            self._tailed.clear()
-        self._tailed.add(path)
-        st, tail = await stat_and_tail(self.source, path, self._tail)
+        else:
+            if len(self._tailed) >= SHARD_PATHS_MAX:
+                self._tailed.clear()
+            self._tailed.add(path)
+            st, tail = await stat_and_tail(self.source, path, self._tail)
         if st is None or st.is_dir:
             return None
         blob = self.blob(path, st)
-        if tail is not None and len(tail) == self._tail:  # the index's bytes: its first read takes them
-            self.fetcher.seed(Extent(blob, blob.size - len(tail), len(tail)), tail)
+        if tail is not None:  # the index's bytes (`seed` refuses a shorter tail): its first read takes them
+            self.fetcher.seed(Extent(blob, blob.size - self._tail, self._tail), tail)
         return blob
 
     def is_shard_file(self, name: str) -> bool:
