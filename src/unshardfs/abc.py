@@ -21,36 +21,36 @@ error behaviour. The pieces, bottom up:
   plug-in, named by an `unshardfs.formats` entry point
   (`yourpkg.plugin:YourFormat`); `unshardfs.testing.format_conformance.FormatConformance`
   is the suite it passes through a real mount.
-- `Fields`, `Limits`: metadata parsing with typed errors, bounds on
+- `Fields`, `DataLimits`: metadata parsing with typed errors, bounds on
   untrusted sizes. Errors: `DataError` (damage: EIO), `ConfigError`
   (bad input before serving), `MetadataError` (a ConfigError naming the member).
 """
 
 from __future__ import annotations
 
-from .caches import SHARD_INDEX, IndexLevel
-from .core.blob import Blob
-from .core.chunks import ChunkContext, ChunkFile
-from .core.codecs import Codec, GeometrySized, codec, register_codec
-from .core.dirs import ShardedDir
-from .core.fetch import Extent, Fetcher
-from .core.fields import Fields, MetadataError
-from .core.geometry import FixedSize, Geometry
-from .core.inventory import ChunkInventory, InventoryPart
-from .core.limits import Limits
-from .core.naming import DecimalNaming, Naming, parse_decimal
-from .core.runtime import Runtime
-from .core.store import ShardedStore
-from .core.table import ChunkTable
-from .errors import ConfigError, DataError
-from .formats.registry import Dataset, FormatPlugin, register_format
-from .sources.base import ByteSource, ObjectStat, join_path
-from .vtree import BytesFile, DirNode, FileNode
+from unshardfs.core.blob import Blob
+from unshardfs.core.caches import SHARD_INDEX, IndexLevel
+from unshardfs.core.chunks import ChunkContext, ChunkFile
+from unshardfs.core.codecs import Codec, GeometrySized, codec, register_codec
+from unshardfs.core.dirs import ShardedDir
+from unshardfs.core.fetch import Extent, Fetcher
+from unshardfs.core.geometry import FixedSize, Geometry
+from unshardfs.core.inventory import ChunkInventory, InventoryPart
+from unshardfs.core.naming import DecimalNaming, Naming, parse_decimal
+from unshardfs.core.registry import Dataset, FormatPlugin, register_format
+from unshardfs.core.runtime import Runtime
+from unshardfs.core.store import ShardedStore
+from unshardfs.core.table import ChunkTable
+from unshardfs.sources.base import ByteSource, ObjectStat, join_path
+from unshardfs.tree.nodes import BytesFile, DirNode, FileNode
+from unshardfs.util.errors import ConfigError, DataError
+from unshardfs.util.fields import Fields, MetadataError
+from unshardfs.util.limits import DataLimits
 
 __all__ = [
     "SHARD_INDEX", "Blob", "ByteSource", "BytesFile", "ChunkContext", "ChunkFile", "ChunkInventory", "ChunkTable",
     "Codec", "ConfigError", "DataError", "Dataset", "DecimalNaming", "DirNode", "Extent", "Fetcher", "Fields",
-    "FileNode", "FixedSize", "FormatPlugin", "Geometry", "GeometrySized", "IndexLevel", "InventoryPart", "Limits", "MetadataError",
+    "FileNode", "FixedSize", "FormatPlugin", "Geometry", "GeometrySized", "IndexLevel", "InventoryPart", "DataLimits", "MetadataError",
     "Naming", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_path", "parse_decimal",
     "register_codec", "register_format",
 ]

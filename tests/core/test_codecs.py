@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from unshardfs.core.codecs import CODECS, Codec, Crc32cSuffix, Gzip, Stored, codec, register_codec
-from unshardfs.errors import DataError
+from unshardfs.util.errors import DataError
 
 
 class Ref:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unshardfs.caches import ExpiringMap
+from unshardfs.util.maps import ExpiringMap
 
 
 class Clock:

@@ -9,8 +9,8 @@ import trio
 
 from unshardfs.core.blob import Blob
 from unshardfs.core.fetch import Extent, Fetcher, FetchPolicy, plan
-from unshardfs.errors import DataError, SourceError
 from unshardfs.sources.base import ObjectStat
+from unshardfs.util.errors import DataError, SourceError
 
 DATA = bytes(range(256)) * 1024  # 256 KiB
 
@@ -213,9 +213,9 @@ def test_a_prefetched_payload_is_taken_without_a_flight_or_batch(monkeypatch):
     machinery a miss goes through (a fifth of the per-read cost)."""
     from types import SimpleNamespace
 
-    from unshardfs.caches import CountedLRU
-    from unshardfs.core import flight
     from unshardfs.core.chunks import ChunkContext
+    from unshardfs.util import flight
+    from unshardfs.util.maps import CountedLRU
 
     f, source = fetcher()
     wanted = [ext(0, 100), ext(4096, 100)]

@@ -8,9 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from unshardfs.caches import CountedLRU
-from unshardfs.core.flight import Flights
-from unshardfs.errors import DataError
+from unshardfs.util.errors import DataError
+from unshardfs.util.flight import Flights
+from unshardfs.util.maps import CountedLRU
 
 
 def test_concurrent_askers_join_one_run():

@@ -21,12 +21,13 @@ import pyfuse3
 import pytest
 import trio
 
-from unshardfs.core import fetch, flight
-from unshardfs.formats.precomputed.grid import ChunkGrid, VolumeGeometry
-from unshardfs.formats.precomputed.morton import MortonCoder
-from unshardfs.fuse_adapter import TreeOperations
-from unshardfs.session import Session
+from unshardfs.app.opened import OpenedSource
+from unshardfs.core import fetch
+from unshardfs.util import flight
+from unshardfs.fuse.pyfuse3_engine import Pyfuse3Operations
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.volume.grid import ChunkGrid, VolumeGeometry
+from unshardfs.volume.morton import MortonCoder
 
 KEY = "1_1_1"
 # What a cold chunk must not touch (code objects, counted through sys.setprofile).
@@ -79,11 +80,11 @@ def first_reads(volume: dict[str, Path], names: list[str], indexes_cached: bool 
                 calls[name] += 1
 
     async def main() -> int:
-        session = await Session.open(str(volume["sharded"]))
+        session = await OpenedSource.open(str(volume["sharded"]))
         total = 0
         try:
             async with session.running():
-                ops = TreeOperations(session.tree)
+                ops = Pyfuse3Operations(session.tree)
                 directory = (await ops.lookup(pyfuse3.ROOT_INODE, KEY.encode())).st_ino
                 if indexes_cached:
                     for name in names:

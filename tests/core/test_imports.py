@@ -18,11 +18,18 @@ def imports(path: Path, module: str) -> tuple[set[str], set[str]]:
     lazy: set[str] = set()
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
-        if not isinstance(node, ast.ImportFrom) or not node.level:
+        if not isinstance(node, ast.ImportFrom):
             continue
-        base = package.split(".")[:len(package.split(".")) - node.level + 1]
-        target = ".".join(base + ([node.module] if node.module else []))
-        (top if node in tree.body else lazy).add(target)
+        if node.level:
+            base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if not target.startswith("unshardfs"):
+            continue
+        found = (top if node in tree.body else lazy)
+        found.add(target)
+        found.update(f"{target}.{alias.name}" for alias in node.names)
     return top, lazy
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from unshardfs.session import Session
+from unshardfs.app.opened import OpenedSource
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
@@ -27,7 +27,7 @@ def test_lookups_of_one_directory_overlap(tmp_path: Path):
     warm, wanted = names[::2], names[1::2][:8]
 
     async def main(server: DatasetServer) -> tuple[list[int], float]:
-        session = await Session.open(f"{server.url}/sharded")
+        session = await OpenedSource.open(f"{server.url}/sharded")
         try:
             async with session.running():
                 directory = await session.tree.lookup("1_1_1")

@@ -8,12 +8,12 @@ import trio
 
 from unshardfs.core.blob import Blob
 from unshardfs.core.fetch import Extent
-from unshardfs.core.policy import POLICY
 from unshardfs.core.nameorder import NameOrder
+from unshardfs.core.policy import POLICY
 from unshardfs.core.readahead import ScanScope
 from unshardfs.core.table import ChunkTable
-from unshardfs.errors import DataError
 from unshardfs.sources.base import ObjectStat
+from unshardfs.util.errors import DataError
 
 CHUNK = 1000
 
@@ -202,8 +202,8 @@ def test_name_order_is_the_string_order_of_the_names():
     (clipped ends, a negative offset: '-8-8' sorts before '-24-8'... as strings do) and Zarr keys,
     nested ('c/1/...' before 'c/10/...') and flat."""
     from unshardfs.core.naming import Naming
-    from unshardfs.formats.precomputed.grid import ChunkGrid, GridNaming
     from unshardfs.formats.zarr.keys import KeyLayout
+    from unshardfs.volume.grid import ChunkGrid, GridNaming
 
     def check(naming_order: NameOrder, name_of, keys: list[int]) -> None:
         by_name = sorted(keys, key=name_of)

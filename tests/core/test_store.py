@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import trio
 
-from unshardfs.abc import SHARD_INDEX, Blob, ChunkTable, DataError, IndexLevel, Limits, Runtime, ShardedStore
-from unshardfs.caches import Caches, CacheSizes
+from unshardfs.abc import SHARD_INDEX, Blob, ChunkTable, DataError, IndexLevel, DataLimits, Runtime, ShardedStore
 from unshardfs.core.blob import RECENT_BLOBS
+from unshardfs.core.caches import Caches, CacheSizes
 from unshardfs.core.store import shard_token
 from unshardfs.testing.memory import MemorySource
 
@@ -116,7 +116,7 @@ def test_concurrent_lookups_read_one_index_and_a_new_version_is_read_again():
 
 
 def test_index_reads_are_bounded_by_the_limit_and_the_level_budget():
-    store, _ = store_over(FILES, limits=Limits(index_bytes=16))
+    store, _ = store_over(FILES, limits=DataLimits(index_bytes=16))
 
     async def main() -> None:
         with pytest.raises(DataError) as e:

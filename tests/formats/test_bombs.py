@@ -19,11 +19,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.bombs import (MiB, UNIT, Bad, Minishard, assert_contained, gzip_chain, gzip_zeros, peak_rss_mib,
-                                 record_buffers, write_shard, zarr_array, zarr_shard, zstd_declaring, zstd_zeros)
-from unshardfs.core.bounded import gunzip, unzstd
-from unshardfs.errors import DataError
+from tests.support.bombs import (
+    UNIT,
+    Bad,
+    MiB,
+    Minishard,
+    assert_contained,
+    gzip_chain,
+    gzip_zeros,
+    peak_rss_mib,
+    record_buffers,
+    write_shard,
+    zarr_array,
+    zarr_shard,
+    zstd_declaring,
+    zstd_zeros,
+)
 from unshardfs.testing.dvid import BLOCK, Variant, agglomerate, encode_block, info_for, write_scale
+from unshardfs.util.decompress import gunzip, unzstd
+from unshardfs.util.errors import DataError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -192,7 +206,7 @@ def test_arrow_bit_flips_never_crash():
     in a process of its own (pyarrow would abort or segfault on unvalidated offsets)."""
     script = textwrap.dedent("""
         import numpy as np, pyarrow as pa
-        from unshardfs.errors import DataError
+        from unshardfs.util.errors import DataError
         from unshardfs.formats.dvid.shard import decode_record
         from unshardfs.testing.dvid import _schema
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from unshardfs.testing.mounts import UNSHARDFS, force_unmount, run_cli
-from unshardfs.core.fields import MetadataError, ShallowEdit, load_json
-from unshardfs.core.limits import Limits
-from unshardfs.errors import ConfigError, DataError, quote
+from unshardfs.util.errors import ConfigError, DataError, quote
+from unshardfs.util.fields import MetadataError, ShallowEdit, load_json
+from unshardfs.util.limits import DataLimits
 
 ONE_LINE = 1000  # what any message may be at most (MESSAGE_LIMIT plus escapes)
 
@@ -78,9 +78,9 @@ def test_limits_are_options_and_say_so():
     doc = json.dumps({"a": list(range(2000))}).encode()
     load_json(doc, "zarr.json")
     with pytest.raises(MetadataError, match="--max-metadata-values"):
-        load_json(doc, "zarr.json", Limits(metadata_values=1000))
+        load_json(doc, "zarr.json", DataLimits(metadata_values=1000))
     with pytest.raises(MetadataError, match="--max-metadata-size"):
-        load_json(doc, "zarr.json", Limits(metadata_bytes=1000))
+        load_json(doc, "zarr.json", DataLimits(metadata_bytes=1000))
 
 
 def test_errors_quote_little_of_untrusted_text():

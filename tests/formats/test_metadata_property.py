@@ -32,7 +32,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unshardfs.core.runtime import Runtime
-from unshardfs.errors import ConfigError, DataError
 from unshardfs.formats.dvid.export import DvidExport
 from unshardfs.formats.dvid.shard import parse_csv_index, parse_json_index
 from unshardfs.formats.precomputed.dataset import PrecomputedDataset
@@ -40,6 +39,7 @@ from unshardfs.formats.zarr.hierarchy import ZarrHierarchy
 from unshardfs.sources import LocalSource
 from unshardfs.testing.dvid import info_for
 from unshardfs.testing.precomputed import MESH_INFO, SKELETON_INFO, sharding
+from unshardfs.util.errors import ConfigError, DataError
 
 MAX_PEAK = 64 << 20
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,

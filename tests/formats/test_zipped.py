@@ -22,8 +22,8 @@ import httpx
 import numpy as np
 import pytest
 
-from unshardfs.testing.mounts import run_cli
 from tests.support.served import served
+from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.trees import assert_same_tree, walk_files
 from unshardfs.testing.zips import unzip, zip_tree
 

@@ -11,11 +11,11 @@ from typing import AsyncIterator, Callable
 
 import trio
 
+from unshardfs.app.opened import OpenedSource
 from unshardfs.fuse import abi
-from unshardfs.fuse.kernel import KernelOps
-from unshardfs.fuse.ops import TreeOps
-from unshardfs.fuse.server import Session as FuseSession
-from unshardfs.session import Session
+from unshardfs.fuse.kernel import KernelHandlers
+from unshardfs.fuse.ops import Bridge
+from unshardfs.fuse.server import Connection
 
 
 class Kernel:
@@ -47,19 +47,19 @@ class Kernel:
 
 
 @asynccontextmanager
-async def served(sharded: Path, configure: Callable[[FuseSession], None] | None = None
-                 ) -> AsyncIterator[tuple[Kernel, FuseSession]]:
+async def served(sharded: Path, configure: Callable[[Connection], None] | None = None
+                 ) -> AsyncIterator[tuple[Kernel, Connection]]:
     """The dataset at `sharded` opened and served by a kernel-engine session for the body of the
     `async with`; `configure(session)` runs before the session is attached. Everything is closed
     after, even on failure."""
-    source = await Session.open(str(sharded))
+    source = await OpenedSource.open(str(sharded))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setblocking(False)
     theirs.setblocking(False)
     try:
         async with source.running():
-            binding = KernelOps(TreeOps(source.tree))
-            session = FuseSession(ours.fileno(), binding)
+            binding = KernelHandlers(Bridge(source.tree))
+            session = Connection(ours.fileno(), binding)
             if configure is not None:
                 configure(session)
             binding.attach(session)

@@ -11,9 +11,9 @@ import pyfuse3
 import pytest
 import trio
 
+from unshardfs.app.opened import OpenedSource
+from unshardfs.fuse.pyfuse3_engine import Pyfuse3Operations
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
-from unshardfs.fuse_adapter import TreeOperations
-from unshardfs.session import Session
 
 KEY = "1_1_1"
 
@@ -25,8 +25,8 @@ def volume(tmp_path_factory):
                         "uint16")
 
 
-async def _ops(source) -> TreeOperations:
-    ops = TreeOperations((await Session.open(str(source))).tree)
+async def _ops(source) -> Pyfuse3Operations:
+    ops = Pyfuse3Operations((await OpenedSource.open(str(source))).tree)
     ops.inodes.recent.maxsize = 4  # far fewer than the chunks looked up below
     return ops
 

@@ -11,11 +11,10 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from unshardfs.app.opened import OpenedSource
 from unshardfs.fuse.abi import FsError
-from unshardfs.fuse.ops import ROOT, SERVED_MAX, TreeOps
-from unshardfs.session import Session
+from unshardfs.fuse.ops import ROOT, SERVED_MAX, Bridge
 from unshardfs.testing.mounts import wait_for
-
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 KEY = "1_1_1"
@@ -202,17 +201,17 @@ def _replaced_under_cached_pages(big_versions, tmp_path, mount, *options):
 
 @asynccontextmanager
 async def _served_chunk(versions, tmp_path):
-    """In-process: TreeOps over a copy of the old version, its first chunk looked up and marked
+    """In-process: Bridge over a copy of the old version, its first chunk looked up and marked
     served (the kernel may hold its pages), invalidations recorded instead of sent. Yields
     (ops, the chunk's inode, its name, the invalidations asked, the copy's directory)."""
     old, _ = versions
     src = tmp_path / "src"
     shutil.copytree(old["sharded"], src)
     name = sorted(os.listdir(old["plain"] / KEY))[0]
-    source = await Session.open(str(src))
+    source = await OpenedSource.open(str(src))
     try:
         async with source.running():
-            ops = TreeOps(source.tree)
+            ops = Bridge(source.tree)
             asked: list = []
             ops.invalidate = lambda ino, done: asked.append((ino, done))
             scale = await ops.lookup(ROOT, KEY.encode())

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from unshardfs.testing.mounts import daemon_pids, run_cli, wait_for
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.mounts import daemon_pids, run_cli, wait_for
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 KEY = "1_1_1"

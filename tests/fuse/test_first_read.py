@@ -116,7 +116,7 @@ def test_reads_that_must_wait_on_the_disk_go_to_a_thread_and_the_session_reads_o
 # does not cost: WAITING counts them, CALLS_PER_CHUNK - WAITING is the requests' own work (79 - 8
 # on firstread2, which had no `_quick_wait`: 71 -> 67).
 CALLS_PER_CHUNK = 77
-WAITING = {"Session._read": 4, "Session._quick_wait": 2, "Session.serve": 2, "Session._reader": 2}
+WAITING = {"OpenedSource._read": 4, "OpenedSource._quick_wait": 2, "OpenedSource.serve": 2, "OpenedSource._reader": 2}
 
 
 def test_a_cached_index_first_read_costs_few_python_calls(volume):
@@ -148,8 +148,8 @@ def test_a_cached_index_first_read_costs_few_python_calls(volume):
     assert per_chunk <= CALLS_PER_CHUNK, (per_chunk, calls.most_common(20))
     assert {name: calls[name] / len(names) for name in WAITING} == WAITING
     # A READ of page-cached bytes is read and answered where the request was read: no coroutine.
-    assert calls["TreeOps.read_now"] == len(names)
-    assert calls["KernelOps._read"] == calls["TreeOps.read"] == calls["ChunkFile.read"] == 0
+    assert calls["Bridge.read_now"] == len(names)
+    assert calls["KernelHandlers._read"] == calls["Bridge.read"] == calls["ChunkFile.read"] == 0
     # The lookup's name is parsed once, through the per-axis tables, and its size found from the
     # cell the parse kept; nothing of the regular-expression path runs.
     assert calls["ChunkGrid.parse_id"] == len(names)

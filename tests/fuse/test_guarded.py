@@ -9,8 +9,8 @@ import pyfuse3
 import pytest
 import trio
 
-from unshardfs.errors import DataError, SourceError, expected_failure
-from unshardfs.fuse_adapter import guarded
+from unshardfs.fuse.pyfuse3_engine import guarded
+from unshardfs.util.errors import DataError, SourceError, expected_failure
 
 
 class _Ops:
@@ -32,7 +32,7 @@ def _eio_count(ops: _Ops, times: int) -> None:
 
 def test_a_bug_is_one_traceback_however_often_it_is_hit(caplog):
     ops = _Ops(ValueError("index 24 is out of bounds"))
-    with caplog.at_level(logging.ERROR, logger="unshardfs.fuse_adapter"):
+    with caplog.at_level(logging.ERROR, logger="unshardfs.fuse.pyfuse3_engine"):
         _eio_count(ops, 5)
     assert ops.counters["eio"] == 5
     assert sum(r.exc_info is not None for r in caplog.records) == 1
@@ -43,6 +43,6 @@ def test_grouped_data_errors_are_damage_not_bugs(caplog):
     assert expected_failure(group) is not None
     assert expected_failure(ExceptionGroup("tasks", [DataError("a", "b"), KeyError("k")])) is None
     ops = _Ops(group)
-    with caplog.at_level(logging.ERROR, logger="unshardfs.fuse_adapter"):
+    with caplog.at_level(logging.ERROR, logger="unshardfs.fuse.pyfuse3_engine"):
         _eio_count(ops, 3)
     assert all(r.exc_info is None for r in caplog.records)

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from unshardfs.fuse import abi
-from unshardfs.fuse.server import InitConfig, Request, Session
+from unshardfs.fuse.server import InitConfig, Request, Connection
 
 ALL_FLAGS = 0xFFFFFFFF
 
@@ -55,11 +55,11 @@ def init_body(minor: int, flags: int = ALL_FLAGS) -> bytes:
     return abi.INIT_IN.pack(7, minor, 128 << 10, flags) + bytes(48)
 
 
-async def exchange(messages: list[bytes], replies: int, fs: FakeFs | None = None) -> tuple[list, Session]:
+async def exchange(messages: list[bytes], replies: int, fs: FakeFs | None = None) -> tuple[list, Connection]:
     ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setblocking(False)
     kernel.setblocking(False)
-    session = Session(ours.fileno(), fs or FakeFs())
+    session = Connection(ours.fileno(), fs or FakeFs())
     got = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(session.serve)
@@ -139,7 +139,7 @@ def test_interrupt_cancels_a_waiting_handler_with_eintr():
 def test_unmount_ends_the_session(monkeypatch):
     """ENODEV from the device (unmounted) ends serve() normally."""
     ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    session = Session(ours.fileno(), FakeFs())
+    session = Connection(ours.fileno(), FakeFs())
     real = os.readv
 
     def readv(fd, buffers):
@@ -162,7 +162,7 @@ def test_a_notification_the_kernel_holds_does_not_stop_the_answers():
     answered = threading.Event()
     outcome: list[str] = []
 
-    class HeldSession(Session):
+    class HeldSession(Connection):
         def _write_notification(self, message: bytes) -> None:
             outcome.append("written" if answered.wait(5) else "held the loop")
 
@@ -225,11 +225,11 @@ def test_requests_read_back_to_back_pass_the_scheduler_every_few():
 
     ran_between: list[int] = []
 
-    async def run() -> Session:
+    async def run() -> Connection:
         ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         kernel.setblocking(False)
-        session = Session(ours.fileno(), FakeFs())
+        session = Connection(ours.fileno(), FakeFs())
         replies = 0
         try:
             async with trio.open_nursery() as nursery:
@@ -262,12 +262,12 @@ def test_requests_read_back_to_back_pass_the_scheduler_every_few():
     assert any(0 < n < 64 for n in ran_between)
 
 
-# -- the quick wait (`Session._quick_wait`) ------------------------------------------------------
+# -- the quick wait (`Connection._quick_wait`) ------------------------------------------------------
 
-def quick_session(wait: float) -> tuple[Session, socket.socket, socket.socket]:
+def quick_session(wait: float) -> tuple[Connection, socket.socket, socket.socket]:
     ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setblocking(False)
-    return Session(ours.fileno(), FakeFs(), InitConfig(quick_wait=wait)), ours, kernel
+    return Connection(ours.fileno(), FakeFs(), InitConfig(quick_wait=wait)), ours, kernel
 
 
 def test_the_quick_wait_takes_a_request_that_comes():

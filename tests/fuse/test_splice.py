@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from unshardfs.fuse import abi, splice
-from unshardfs.fuse.kernel import SPLICE_MIN, KernelOps
+from unshardfs.fuse.kernel import SPLICE_MIN, KernelHandlers
 from unshardfs.fuse.ops import ROOT
-from unshardfs.fuse.server import Session as FuseSession
+from unshardfs.fuse.server import Connection
 from unshardfs.sources.local import LocalSource
-from unshardfs.sources.pagecache import page_cache
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.util.pagecache import page_cache
 
 from .inprocess import served
 
@@ -88,7 +88,7 @@ def spliced_session_reads(volume: dict[str, Path], monkeypatch, truncate: bool) 
         fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, 1 << 20)  # a whole reply at once, as /dev/fuse takes it
         got = []
 
-        def to_the_pipe(session: FuseSession) -> None:
+        def to_the_pipe(session: Connection) -> None:
             session.splicer = splice.Splicer(out_w, 1 << 20)
 
         try:
@@ -274,7 +274,7 @@ def test_a_read_whose_splice_failed_is_counted_once(volume, monkeypatch):
                 with trio.fail_after(10):
                     data = await kernel.read(ino, size)
                 monkeypatch.setattr(os, "splice", real)
-                assert isinstance(session.dispatcher, KernelOps)
+                assert isinstance(session.dispatcher, KernelHandlers)
                 return data, dict(session.dispatcher.ops.counters), size
         finally:
             monkeypatch.setattr(os, "splice", real)

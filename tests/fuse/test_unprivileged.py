@@ -37,12 +37,12 @@ def _as_user(*cmd: str) -> subprocess.CompletedProcess:
 def _daemon_as_user(source: Path, mountpoint: Path, log: Path) -> int:
     """Fork a daemon that drops to USER before mounting. The interpreter lives where USER may not
     read (root's home), so everything the daemon needs is imported before the switch."""
-    from unshardfs import cli
+    from unshardfs.app import cli
+    from unshardfs.app.opened import OpenedSource
     from unshardfs.fuse import engines, kernel, mount, server  # noqa: F401
-    from unshardfs.session import Session
 
     async def warm() -> None:  # imports the format's modules
-        session = await Session.open(str(source))
+        session = await OpenedSource.open(str(source))
         await session.aclose()
 
     trio.run(warm)

@@ -19,9 +19,9 @@ import pytest
 import trio
 
 from tests.support.served import serving
-from unshardfs.httpfront import TreeApp
+from unshardfs.http.app import TreeApp
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
-from unshardfs.vtree import DirNode, FileNode
+from unshardfs.tree.nodes import DirNode, FileNode
 
 KEY = "1_1_1"
 BIG = 32 << 20
@@ -91,7 +91,7 @@ def server_stats(url: str) -> dict:
 def access_statuses(log: Path) -> list[int]:
     """The status of every request in the access log."""
     return [int(line.split()[-1]) for line in log.read_text().splitlines()
-            if "unshardfs.httpfront:" in line and line.split()[-1].isdigit()]
+            if "unshardfs.http.app:" in line and line.split()[-1].isdigit()]
 
 
 class Attack:

@@ -7,8 +7,8 @@ import shutil
 
 import trio
 
-from unshardfs.httpfront import PIECE, TreeApp
-from unshardfs.session import Session
+from unshardfs.app.opened import OpenedSource
+from unshardfs.http.app import PIECE, TreeApp
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 KEY = "1_1_1"
@@ -27,7 +27,7 @@ def test_a_shard_replaced_mid_response_cuts_it_never_mixes_versions(tmp_path):
     assert len(before) == len(after) == 2 * PIECE and before[PIECE:] != after[PIECE:]
 
     async def main() -> tuple[list[dict], Exception | None]:
-        session = await Session.open(str(src))
+        session = await OpenedSource.open(str(src))
         sent: list[dict] = []
 
         async def send(message: dict) -> None:

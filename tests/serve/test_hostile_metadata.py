@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from unshardfs.testing.mounts import daemon_pids
 from tests.support.served import get_body, served
+from unshardfs.testing.mounts import daemon_pids
 
 BIG = 24 << 20
 ECHOES = 20

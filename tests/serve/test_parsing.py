@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from unshardfs.httpfront import HttpError, parse_range, split_path
+from unshardfs.http.app import HttpError, parse_range, split_path
 
 
 @pytest.mark.parametrize("value, want", [
@@ -46,8 +46,8 @@ def test_names_outside_the_tree_are_404(raw):
 
 
 def test_json_content_types_come_from_the_formats(monkeypatch):
-    from unshardfs.formats import registry
-    from unshardfs.httpfront import content_type
+    from unshardfs.core import registry
+    from unshardfs.http.app import content_type
 
     for name in ("info", "provenance", "zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "x.json"):
         assert content_type(name) == "application/json", name

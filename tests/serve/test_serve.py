@@ -91,7 +91,9 @@ def test_tensorstore_and_cloudvolume_read_it(site):
 
 
 def test_zarr2_view_read_by_zarr_python_2_over_http(tmp_path):
-    from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, consolidate, sharding as zsharding, write_case, write_group
+    from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, consolidate
+    from unshardfs.testing.zarr import sharding as zsharding
+    from unshardfs.testing.zarr import write_case, write_group
 
     zarr2 = REPO / ".venv-zarr2" / "bin" / "python"
     if not zarr2.exists():

@@ -11,14 +11,13 @@ from typing import Any, Iterator
 import pytest
 
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
-from unshardfs.testing.source_conformance import Change, MakeSource, SourceConformance
 from unshardfs.sources import CountingSource, LocalSource
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.http import HttpOptions, HttpSource
 from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.memory import MemorySource
-from unshardfs.testing.source_conformance import TREE
+from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance
 
 # Failures are final at once: a conformance failure must not hide behind retries.
 FAST = HttpOptions(retries=0, timeout=10)

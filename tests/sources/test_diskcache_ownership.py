@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from unshardfs.testing.mounts import run_cli
 from tests.support.swapping import checksums
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.local import LocalSource
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 HEX = "ab" + "0" * 62  # a name the cache itself could have chosen

@@ -68,7 +68,7 @@ def exchange(wire: Wire, limit: int, plain: bool = True, method: str = "GET",
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_serve, theirs, wire, seen)
             try:
-                response = await pool.send(h1.Request(method, URL, {"Range": "bytes=0-9"}), timeout)
+                response = await pool.send(h1.ClientRequest(method, URL, {"Range": "bytes=0-9"}), timeout)
                 try:
                     outcome = await response.read(limit)
                 finally:
@@ -202,7 +202,7 @@ def test_idle_connections_the_server_wrote_to_are_not_reused():
         pool.release(KEY, h1._Connection(trio.SocketStream(ours), ours, into=True))
         await theirs.send(b"HTTP/1.1 200 X\r\n\r\n")  # unasked: a stale or hostile connection
         with pytest.raises(h1.ConnectError):  # so a new one is opened (and refused)
-            await pool.send(h1.Request("GET", URL, {}), 1.0)
+            await pool.send(h1.ClientRequest("GET", URL, {}), 1.0)
         theirs.close()
         return pool.connections
     assert trio.run(main) == 1
@@ -298,7 +298,7 @@ def _read_twice(url: str) -> tuple[bytes, int]:
 
 
 def test_https_is_verified_and_kept_alive(tls_site, monkeypatch):
-    from unshardfs.errors import SourceError
+    from unshardfs.util.errors import SourceError
 
     url, cert, server = tls_site
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)

@@ -20,9 +20,9 @@ from typing import Awaitable, Callable
 import pytest
 import trio
 
-from unshardfs.errors import SourceError
 from unshardfs.sources import h1
 from unshardfs.sources.http import HttpOptions, HttpSource
+from unshardfs.util.errors import SourceError
 
 pytestmark = pytest.mark.timeout(60)
 

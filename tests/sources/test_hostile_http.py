@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import trio
 
-from unshardfs.testing.mounts import daemon_pids
-from unshardfs.errors import ConfigError, SourceError
 from unshardfs.sources import open_source
 from unshardfs.sources.http import HttpOptions, HttpSource, redirect_refusal
 from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.testing.hostile_http import HostileServer, stacked_gzip_bomb
+from unshardfs.testing.mounts import daemon_pids
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.util.errors import ConfigError, SourceError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -287,7 +287,9 @@ def test_hostile_shards_through_a_mount(site, hostile, witness, mount, mode, cau
 @pytest.fixture(scope="module")
 def zarr_site(site):
     """A sharded Zarr v3 array (zarr-python, 2 x 2 shards, index at the end) under the site."""
-    from unshardfs.testing.zarr import BYTES_LE, ZCase, sharding as zsharding, write_case
+    from unshardfs.testing.zarr import BYTES_LE, ZCase
+    from unshardfs.testing.zarr import sharding as zsharding
+    from unshardfs.testing.zarr import write_case
 
     case = ZCase((40, 30), "uint16", (20, 15), [zsharding((10, 5), [BYTES_LE])], (10, 5), [BYTES_LE], holes=False)
     write_case(site[0] / "zarr", "arr", case)

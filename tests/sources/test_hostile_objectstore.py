@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from unshardfs.testing.mounts import run_cli
-from unshardfs.errors import ConfigError, SourceError
 from unshardfs.sources import RemoteOptions, open_source
 from unshardfs.sources.objectstore import S3Source
+from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.util.errors import ConfigError, SourceError
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -28,11 +28,13 @@ import numpy as np
 import pytest
 
 from unshardfs.core.policy import POLICY
-from unshardfs.testing.mounts import daemon_pids
-from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.mounts import daemon_pids
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
-from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, sharding as zsharding, write_case
+from unshardfs.testing.trees import assert_same_tree
+from unshardfs.testing.zarr import BYTES_LE, ZCase, codec
+from unshardfs.testing.zarr import sharding as zsharding
+from unshardfs.testing.zarr import write_case
 
 SPEC = sharding(minishard=2, shard=2)
 SCALE = Scale((128, 128, 64), (16, 16, 16), SPEC)

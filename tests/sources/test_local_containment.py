@@ -7,9 +7,9 @@ import os
 import pytest
 import trio
 
-from unshardfs.errors import StaleError
 from unshardfs.sources.base import name_problem
 from unshardfs.sources.local import LocalSource
+from unshardfs.util.errors import StaleError
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b", "bad\udcff"])

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from unshardfs import fdpath
 from unshardfs.core.blob import RecentBlobs
 from unshardfs.sources.local import LocalSource
+from unshardfs.util import fdpath
 
 
 class Calls:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from unshardfs.errors import ConfigError
-from unshardfs.sources.pipeline import SourceSpec, parse_source, split_archive
+from unshardfs.app.pipeline import SourceSpec, parse_source, split_archive
+from unshardfs.util.errors import ConfigError
 
 
 @pytest.mark.parametrize("source, want", [

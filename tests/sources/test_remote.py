@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
-from unshardfs.testing.trees import assert_same_tree, walk_files
-from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
+from unshardfs.testing.trees import assert_same_tree, walk_files
 
 SCALES = [Scale((96, 64, 48), (16, 16, 16), sharding(preshift=1, minishard=2, shard=2, data_enc="gzip",
                                                       index_enc="gzip")),
@@ -163,7 +163,10 @@ def test_gcs_listing_and_reads(site, mount):
 def test_zarr_over_http(tmp_path, mount):
     """A Zarr v3 store: the v3 view over HTTP equals the local one, and zarr-python reads it."""
     import zarr
-    from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, consolidate, sharding as zsharding, write_case, write_group
+
+    from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, consolidate
+    from unshardfs.testing.zarr import sharding as zsharding
+    from unshardfs.testing.zarr import write_case, write_group
 
     case = ZCase((40, 30), "uint16", (20, 15), [zsharding((10, 5), [BYTES_LE, codec("zstd", level=1)])], (10, 5),
                  [BYTES_LE, codec("zstd", level=1)])
@@ -197,10 +200,10 @@ def test_s3_listing_and_reads(site, s3, mount):
 
 
 def test_source_urls():
-    from unshardfs.errors import ConfigError
-    from unshardfs.formats import split_format
+    from unshardfs.core.registry import split_format
     from unshardfs.sources import RemoteOptions, open_source
     from unshardfs.sources.objectstore import GcsSource, S3Source
+    from unshardfs.util.errors import ConfigError
 
     assert split_format("zarr3://gs://bkt/x") == ("zarr", "gs://bkt/x")
     gcs = open_source("gs://my-bucket/some/data/")
@@ -234,8 +237,8 @@ def test_whole_object_fallback_has_a_limit(site, server):
     """A server ignoring Range is read up to the limit into an object, with a clear error beyond."""
     import trio
 
-    from unshardfs.errors import SourceError
     from unshardfs.sources.http import HttpOptions, HttpSource
+    from unshardfs.util.errors import SourceError
 
     root, volume, _ = site
     server.faults.no_range = True
@@ -261,8 +264,8 @@ def test_a_stat_with_its_tail_is_one_request(tmp_path):
     that ignores Range, are statted right (the last two with the HEAD as before, nothing read)."""
     import trio
 
-    from unshardfs.errors import SourceError
     from unshardfs.sources.http import HttpSource
+    from unshardfs.util.errors import SourceError
 
     data = np.random.default_rng(3).bytes(10_000)
     (tmp_path / "obj").write_bytes(data)
@@ -330,9 +333,9 @@ def test_timeouts_end_in_eio(site, server, mount):
 
 def test_dvid_export_over_gcs(tmp_path, mount):
     """DVID exports need listing: over gs:// they mount like local ones; plain HTTP is refused clearly."""
-    from unshardfs.testing.mounts import run_cli
-    from unshardfs.testing.dvid import BLOCK, agglomerate, encode_volume, info_for, sample_volume, write_scale
     from tests.formats.dvid.test_mount import SHARDING, VARIANTS, read_tensorstore
+    from unshardfs.testing.dvid import BLOCK, agglomerate, encode_volume, info_for, sample_volume, write_scale
+    from unshardfs.testing.mounts import run_cli
 
     size = (128, 128, 64)
     vol = sample_volume(size, 2)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from unshardfs.testing.mounts import daemon_pids
 from tests.support.served import get_body, served
 from tests.support.swapping import OUTSIDE_MARK, Swapper, outside_twin
-from unshardfs.errors import SourceError
 from unshardfs.sources.local import LocalSource
+from unshardfs.testing.mounts import daemon_pids
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.util.errors import SourceError
 
 SWAP_SECONDS = 4
 PLAIN = "2_2_2"  # an unsharded scale: a directory of passthrough files
@@ -49,8 +49,7 @@ def targets(source: Path) -> list[Path]:
 
 @pytest.fixture(params=["openat2", "by hand"])
 def resolver(request, monkeypatch):
-    from unshardfs import fdpath
-
+    from unshardfs.util import fdpath
     if request.param == "openat2" and fdpath.openat2 is None:
         pytest.skip("this kernel has no openat2")
     if request.param == "by hand":
@@ -59,8 +58,7 @@ def resolver(request, monkeypatch):
 
 
 def test_resolver_contains_links_and_refuses_fifos(tmp_path, resolver):
-    from unshardfs import fdpath
-
+    from unshardfs.util import fdpath
     root = tmp_path / "root"
     (root / "d" / "e").mkdir(parents=True)
     (root / "d" / "e" / "f").write_text("inside")

@@ -14,14 +14,14 @@ import trio
 
 from tests.sources.test_conformance import FAST, moto  # noqa: F401  (module-scoped S3 emulator)
 from tests.support.s3 import CREDENTIALS  # noqa: F401
-from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
 from unshardfs.sources import CountingSource, LocalSource
+from unshardfs.sources import zip as zipsource
 from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.http import HttpSource
 from unshardfs.sources.objectstore import GcsSource, S3Source
-from unshardfs.sources import zip as zipsource
 from unshardfs.sources.zip import ZipSource
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
 from unshardfs.testing.zips import zip_tree
 
 

@@ -17,16 +17,16 @@ from hypothesis import strategies as st
 
 from tests.support.bombs import Bad, assert_contained
 from tests.support.zips import Member, build, deflate
-from unshardfs.core.limits import Limits
-from unshardfs.errors import ConfigError, DataError, SourceError
 from unshardfs.sources import LocalSource
 from unshardfs.sources.zip import ZipSource
+from unshardfs.util.errors import ConfigError, DataError, SourceError
+from unshardfs.util.limits import DataLimits
 
 MiB = 1 << 20
 GOOD = {b"ok/a.bin": b"a" * 1000, b"ok/b.json": b'{"b": 1}', b"top": b"top level"}
 
 
-def _open(path: Path, limits: Limits | None = None) -> ZipSource:
+def _open(path: Path, limits: DataLimits | None = None) -> ZipSource:
     return ZipSource(LocalSource(str(path.parent)), path.name, limits=limits)
 
 
@@ -133,7 +133,7 @@ def test_claimed_counts_and_sizes_cost_nothing(tmp_path):
         blob[end64 + 48:end64 + 56] = (0).to_bytes(8, "little")
         huge.write_bytes(bytes(blob) + bytes(0))
         with pytest.raises(ConfigError):
-            await _open(huge, Limits(index_bytes=256 * MiB)).open()
+            await _open(huge, DataLimits(index_bytes=256 * MiB)).open()
 
     peak = _traced(main)[2]
     assert peak < 4 * MiB, peak
@@ -169,7 +169,7 @@ def test_deflate_bombs_are_capped(tmp_path):
     assert path.stat().st_size < 64 * MiB // 500
 
     async def main() -> None:
-        source = await _open(path, Limits(payload_bytes=16 * MiB)).open()
+        source = await _open(path, DataLimits(payload_bytes=16 * MiB)).open()
         with pytest.raises(DataError, match="max-payload-size"):
             await source.read("big", 0, 10)
         with pytest.raises(DataError, match="more than"):
@@ -252,7 +252,7 @@ def test_garbled_central_directory(tmp_path, data):
 
     async def main() -> None:
         try:
-            source = await _open(path, Limits(index_bytes=MiB, payload_bytes=MiB)).open()
+            source = await _open(path, DataLimits(index_bytes=MiB, payload_bytes=MiB)).open()
         except ConfigError as e:
             assert "\n" not in str(e)
             return

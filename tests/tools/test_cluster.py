@@ -13,8 +13,8 @@ import pytest
 
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete
 from unshardfs.testing.mounts import UNSHARDFS, run_cli
-from unshardfs.testing.trees import walk_files
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.testing.trees import walk_files
 
 distributed = pytest.importorskip("distributed")
 

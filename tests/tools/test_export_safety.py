@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from unshardfs.testing.mounts import UNSHARDFS, run_cli
 from tests.support.swapping import OUTSIDE_MARK, Swapper, checksums, outside_twin
+from unshardfs.testing.mounts import UNSHARDFS, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 SHARDED, PLAIN, NOTES = "1_1_1", "2_2_2", "notes.txt"

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from unshardfs.testing.mounts import UNSHARDFS, run_cli
-from unshardfs.testing.trees import walk_files
-from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete, damage_gzip_payload
+from unshardfs.testing.mounts import UNSHARDFS, run_cli
+from unshardfs.testing.precomputed import Scale, sharding, write_objects, write_volume
+from unshardfs.testing.trees import walk_files
 
 MINISHARD_BITS = 1  # as the damage planters assume
 

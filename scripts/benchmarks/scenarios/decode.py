@@ -38,9 +38,9 @@ def wkw_blocks(ctx: Context, per_second: Callable[[Callable[[bytes], object], li
 
     from unshardfs.core.blob import Blob
     from unshardfs.core.chunks import ChunkFile
-    from unshardfs.formats.precomputed.grid import ChunkGrid
     from unshardfs.formats.wkw.header import LZ4, WkwHeader
     from unshardfs.formats.wkw.store import MagView, WkwBlockCodec
+    from unshardfs.volume.grid import ChunkGrid
 
     rng = np.random.default_rng(0)
     blob = Blob((("x", 0, ()),), 0, 0)

@@ -82,7 +82,7 @@ def tensorstore_baseline(ctx: Context, files: list[str], ours: float) -> None:
     """TensorStore reading the same chunks in-process from the shards, no cache."""
     import tensorstore as ts
 
-    from unshardfs.formats.precomputed.morton import MortonCoder
+    from unshardfs.volume.morton import MortonCoder
 
     sharded = ctx.datasets["small"]["sharded"]
     info = json.loads((sharded / "info").read_text())["scales"][0]

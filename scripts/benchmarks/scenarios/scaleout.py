@@ -11,6 +11,7 @@ from ..context import Context
 from ..mounts import UNSHARDFS
 from ..workloads import timed, warm_page_cache
 
+
 def run(ctx: Context) -> None:
     from distributed import LocalCluster
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DataError, SourceError
+from unshardfs.util.errors import DataError, SourceError
 
 if TYPE_CHECKING:  # annotations only: `caches` imports this module, and `sources` imports `caches`
-    from ..sources.base import ByteSource, ObjectStat
-    from ..vtree import FdRange
+    from unshardfs.sources.base import ByteSource, FdRange, ObjectStat
 
 Version = tuple[object, ...]  # an object version, as its source gives it (`ObjectStat.version`)
 Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)

@@ -18,21 +18,21 @@ from typing import Any, AsyncIterator, Callable, Hashable, Literal, cast
 
 import numpy as np
 
-from ..caches import Caches
-from ..errors import DataError
-from ..logonce import log_once
-from ..vtree import EntryBatch, FdRange, FileNode, Node, Verdict
-from .blob import Blob
-from .bounded import off_loop
-from .codecs import Codec
-from .fetch import Extent
-from .geometry import Geometry
-from .nameorder import NameOrder
-from .naming import Naming
-from .policy import POLICY
-from .readahead import ScanScope
-from .store import Shard, ShardedStore
-from .table import ChunkTable, int_list
+from unshardfs.core.blob import Blob
+from unshardfs.core.caches import Caches
+from unshardfs.core.codecs import Codec
+from unshardfs.core.fetch import Extent
+from unshardfs.core.geometry import Geometry
+from unshardfs.core.nameorder import NameOrder
+from unshardfs.core.naming import Naming
+from unshardfs.core.policy import POLICY
+from unshardfs.core.readahead import ScanScope
+from unshardfs.core.store import Shard, ShardedStore
+from unshardfs.core.table import ChunkTable, int_list
+from unshardfs.tree.nodes import EntryBatch, FdRange, FileNode, Node, Verdict
+from unshardfs.util.decompress import off_loop
+from unshardfs.util.errors import DataError
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import crc32c
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import DataError
-from .blob import Blob
-from .bounded import gunzip
+from unshardfs.core.blob import Blob
+from unshardfs.util.decompress import gunzip
+from unshardfs.util.errors import DataError
 
 
 class PayloadRef(Protocol):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Coroutine, Literal
 
-from ..overlay import OverlayDir
-from ..sources.base import ByteSource, ObjectStat
-from ..vtree import Batch, DirNode, Node, Verdict
-from .chunks import ChunkContext
+from unshardfs.core.chunks import ChunkContext
+from unshardfs.sources.base import ByteSource, ObjectStat
+from unshardfs.tree.nodes import Batch, DirNode, Node, Verdict
+from unshardfs.tree.overlay import OverlayDir
 
 
 class ShardedDir(OverlayDir):

@@ -18,13 +18,12 @@ from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, c
 
 import trio
 
-from ..caches import CountedLRU
-from ..errors import DataError
-from ..logonce import log_once
-from ..sources.base import ByteSource
-from ..vtree import FdRange
-from .blob import Blob, Ident
-from .flight import Flights
+from unshardfs.core.blob import Blob, Ident
+from unshardfs.sources.base import ByteSource, FdRange
+from unshardfs.util.errors import DataError
+from unshardfs.util.flight import Flights
+from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import CountedLRU
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .chunks import ChunkContext
+from unshardfs.core.chunks import ChunkContext
 
 Progress = Callable[[int], None]
 

@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..vtree import CHILD_ID_BITS
-from .nameorder import NameOrder
+from unshardfs.core.nameorder import NameOrder
+from unshardfs.tree.nodes import CHILD_ID_BITS
 
 IDENT_LIMIT = 1 << CHILD_ID_BITS
 

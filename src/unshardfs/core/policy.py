@@ -1,5 +1,5 @@
 """The core's fixed tuning in one place: how chunk files are read and listed, and how read-ahead
-recognises a scan. (What a user tunes is in `FetchPolicy`, `Limits` and the cache sizes.)"""
+recognises a scan. (What a user tunes is in `FetchPolicy`, `DataLimits` and the cache sizes.)"""
 
 from __future__ import annotations
 

@@ -45,13 +45,13 @@ from typing import Hashable, Iterable, Protocol
 
 import numpy as np
 
-from ..errors import DataError
-from ..logonce import log_once
-from .blob import Blob, Ident
-from .fetch import Extent, Fetcher
-from .nameorder import NameOrder
-from .policy import POLICY
-from .table import ChunkTable, int_list
+from unshardfs.core.blob import Blob, Ident
+from unshardfs.core.fetch import Extent, Fetcher
+from unshardfs.core.nameorder import NameOrder
+from unshardfs.core.policy import POLICY
+from unshardfs.core.table import ChunkTable, int_list
+from unshardfs.util.errors import DataError
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 

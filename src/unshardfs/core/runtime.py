@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..caches import Caches
-from ..sources.base import ByteSource
-from .fetch import Fetcher, FetchPolicy
-from .limits import Limits
+from unshardfs.core.caches import Caches
+from unshardfs.core.fetch import Fetcher, FetchPolicy
+from unshardfs.sources.base import ByteSource
+from unshardfs.util.limits import DataLimits
 
 
 @dataclass
 class Runtime:
     source: ByteSource
     caches: Caches = field(default_factory=Caches)
-    limits: Limits = field(default_factory=Limits)
+    limits: DataLimits = field(default_factory=DataLimits)
     policy: FetchPolicy | None = None
     # Which shards listings show, by (directory label, shard token): a part of a
     # check/export split over workers lists (and so reads) only its own shards.

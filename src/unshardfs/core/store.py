@@ -25,14 +25,15 @@ from typing import AsyncIterator, Awaitable, Callable, Generic, Hashable, Sequen
 import numpy as np
 from cachetools import LRUCache
 
-from ..caches import SHARD_INDEX, CountedLRU, IndexLevel
-from ..errors import DataError
-from ..logonce import log_once
-from ..sources.base import ObjectStat
-from .blob import Blob
-from .fetch import Extent
-from .runtime import Runtime
-from .table import ChunkTable
+from unshardfs.core.blob import Blob
+from unshardfs.core.caches import SHARD_INDEX, IndexLevel
+from unshardfs.core.fetch import Extent
+from unshardfs.core.runtime import Runtime
+from unshardfs.core.table import ChunkTable
+from unshardfs.sources.base import ObjectStat
+from unshardfs.util.errors import DataError
+from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import CountedLRU
 
 ShardT = TypeVar("ShardT", bound=Hashable)  # a store's own handle for one shard (a number, a grid index)
 IndexT = TypeVar("IndexT")  # what one shard's first index level decodes to (usually a ChunkTable)

@@ -15,7 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .blob import Blob
+from unshardfs.core.blob import Blob
 
 U64 = np.uint64
 

@@ -7,7 +7,7 @@
   version offers them.
 - `pyfuse3`: pyfuse3 over libfuse, the binding named in the design brief.
 
-Both serve the same operations layer (`unshardfs.fuse.ops.TreeOps`).
+Both serve the same operations layer (`unshardfs.fuse.ops.Bridge`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ..errors import ConfigError
-from .ops import TreeOps
+from unshardfs.fuse.ops import Bridge
+from unshardfs.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .mount import Mounted
+    from unshardfs.fuse.mount import Mounted
 
 log = logging.getLogger(__name__)
 
@@ -47,36 +47,36 @@ class Engine(Protocol):
 
 
 class KernelEngine:
-    def __init__(self, ops: TreeOps, mountpoint: str, fsname: str, options: list[str]) -> None:
-        from .kernel import KernelOps
-        from .mount import MountSpec
+    def __init__(self, ops: Bridge, mountpoint: str, fsname: str, options: list[str]) -> None:
+        from unshardfs.fuse.kernel import KernelHandlers
+        from unshardfs.fuse.mount import MountSpec
 
         self.ops = ops
         self.spec = MountSpec(mountpoint, fsname, options=[o for o in options if o != "debug"])
-        self.binding = KernelOps(ops)
+        self.binding = KernelHandlers(ops)
         self.mounted: Mounted | None = None
         self.readahead = False
         self.target = mountpoint
         self.cancel = trio.CancelScope()
 
     def mount(self) -> None:
-        from .mount import mount
+        from unshardfs.fuse.mount import mount
 
         self.target = os.path.realpath(self.spec.mountpoint)  # before mounting: after, a stat would hang
         self.mounted = mount(self.spec)
 
     async def run(self) -> None:
-        from .server import InitConfig, Session
+        from unshardfs.fuse.server import InitConfig, Connection
 
         assert self.mounted is not None
-        session = Session(self.mounted.fd, self.binding, InitConfig(quick_wait=self.ops.options.quick_wait),
+        session = Connection(self.mounted.fd, self.binding, InitConfig(quick_wait=self.ops.options.quick_wait),
                           on_init=self._initialised)
         self.binding.attach(session)
         with self.cancel:
             await session.serve()
 
     def _initialised(self, negotiated) -> None:
-        from .mount import set_readahead
+        from unshardfs.fuse.mount import set_readahead
 
         self.binding.negotiated(negotiated)
         if os.geteuid() == 0:
@@ -87,7 +87,7 @@ class KernelEngine:
             self.ops.features["read_ahead_kib"] = kib if self.readahead else None
 
     def stop(self) -> None:
-        from .mount import unmount
+        from unshardfs.fuse.mount import unmount
 
         try:
             unmount(self.spec.mountpoint, lazy=True)
@@ -98,7 +98,7 @@ class KernelEngine:
     def close(self) -> None:
         """Close the connection; a mount still there (the session failed) is detached first,
         so no dead mount is left behind."""
-        from .mount import unmount
+        from unshardfs.fuse.mount import unmount
 
         if self.mounted is None:
             return
@@ -111,13 +111,13 @@ class KernelEngine:
 
 
 class Pyfuse3Engine:
-    def __init__(self, ops: TreeOps, mountpoint: str, fsname: str, options: list[str]) -> None:
+    def __init__(self, ops: Bridge, mountpoint: str, fsname: str, options: list[str]) -> None:
         import pyfuse3
 
-        from ..fuse_adapter import TreeOperations
+        from unshardfs.fuse.pyfuse3_engine import Pyfuse3Operations
 
         self.pyfuse3 = pyfuse3
-        self.adapter = TreeOperations(ops)
+        self.adapter = Pyfuse3Operations(ops)
         self.mountpoint = mountpoint
         self.options = set(pyfuse3.default_options) | {"ro", f"fsname={fsname}", "subtype=unshardfs", *options}
         self.mounted = False
@@ -141,7 +141,7 @@ class Pyfuse3Engine:
             self.pyfuse3.close(unmount=True)
 
 
-def open_engine(name: str, ops: TreeOps, mountpoint: str, fsname: str, options: list[str]) -> Engine:
+def open_engine(name: str, ops: Bridge, mountpoint: str, fsname: str, options: list[str]) -> Engine:
     if name == "kernel":
         return KernelEngine(ops, mountpoint, fsname, options)
     if name == "pyfuse3":

@@ -21,11 +21,11 @@ from typing import Any, Callable
 import numpy as np
 import trio
 
-from ..vtree import DirNode, FileNode, Node, size_of
-from . import abi
-from .abi import FsError
-from .ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, TreeOps
-from .server import Negotiated, Request, Session, failed_errno
+from unshardfs.fuse import abi
+from unshardfs.fuse.abi import FsError
+from unshardfs.fuse.ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, Bridge
+from unshardfs.fuse.server import Negotiated, Request, Connection, failed_errno
+from unshardfs.tree.nodes import DirNode, FileNode, Node, size_of
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ DT_REG = stat.S_IFREG >> 12
 class DirentBuffer:
     """A READDIR(PLUS) reply being filled: the `EntrySink` of the operations layer."""
 
-    def __init__(self, size: int, plus: bool, encoder: "KernelOps") -> None:
+    def __init__(self, size: int, plus: bool, encoder: "KernelHandlers") -> None:
         self.size = size
         self.plus = plus
         self.parts = bytearray()  # one buffer: writev takes at most 1024 pieces
@@ -139,13 +139,13 @@ def pack_dirents(names: list[str], inos: np.ndarray, first_cookie: int, room: in
     return n, out
 
 
-class KernelOps:
-    """Decodes requests for `TreeOps` and encodes its answers (see the module docstring)."""
+class KernelHandlers:
+    """Decodes requests for `Bridge` and encodes its answers (see the module docstring)."""
 
-    def __init__(self, ops: TreeOps) -> None:
+    def __init__(self, ops: Bridge) -> None:
         self.ops = ops
         self.counters = ops.counters
-        self.session: Session | None = None
+        self.session: Connection | None = None
         self.no_open = False
         options = ops.options
         self.entry_valid = abi.split_time(options.entry_timeout)
@@ -159,7 +159,7 @@ class KernelOps:
             abi.Op.GETXATTR: self.getxattr, abi.Op.LISTXATTR: self.listxattr, abi.Op.STATFS: self.statfs,
         }
 
-    def attach(self, session: Session) -> None:
+    def attach(self, session: Connection) -> None:
         self.session = session
         self.ops.invalidate = self.invalidate_inode
         self.ops.live = lambda: {"requests": session.requests, "in_flight": len(session.scopes),

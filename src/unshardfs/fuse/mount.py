@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from unshardfs.util.errors import ConfigError
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_SYNCHRONOUS, MS_DIRSYNC = 16, 128

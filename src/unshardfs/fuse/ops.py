@@ -8,7 +8,7 @@ against the backing shards, reads that follow a replaced shard once, and
 extended attributes (including the live statistics on the root).
 
 Errors a request should answer are raised as `FsError(errno)`; anything
-else is classified by the engine through `unshardfs.edge`.
+else is classified by the engine through `unshardfs.tree.edge`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
 
-from ..edge import read_current
-from ..errors import DataError, StaleError
-from ..vtree import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FdRange, FileNode, Node
-from .abi import FsError
+from unshardfs.fuse.abi import FsError
+from unshardfs.tree.edge import read_current
+from unshardfs.tree.nodes import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FdRange, FileNode, Node
+from unshardfs.util.errors import DataError, StaleError
 
 ROOT = 1
 STATS_XATTR = "user.unshardfs.stats"
@@ -35,7 +35,7 @@ FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 1 << 17
 ENOATTR = errno.ENODATA
 FS_ENCODING = sys.getfilesystemencoding()
-SERVED_MAX = 1 << 16  # inodes remembered as served (`TreeOps.served`), least recently served forgotten
+SERVED_MAX = 1 << 16  # inodes remembered as served (`Bridge.served`), least recently served forgotten
 
 
 @dataclass
@@ -43,7 +43,7 @@ class MountOptions:
     entry_timeout: float = 3600.0
     attr_timeout: float = 3600.0
     # How long the kernel engine's reader looks for the next request itself before it waits
-    # through trio (`server.Session._quick_wait`, which gives way to trio's own work); 0: never.
+    # through trio (`server.Connection._quick_wait`, which gives way to trio's own work); 0: never.
     quick_wait: float = 100e-6
 
 
@@ -237,7 +237,7 @@ class EntrySink(Protocol):
 
 
 class FileEntrySink(EntrySink, Protocol):
-    """A sink that can also take many plain file entries at once (optional, see `TreeOps.fill`):
+    """A sink that can also take many plain file entries at once (optional, see `Bridge.fill`):
     `add_files(names, idents, start, slot_bits, next_cookie)` takes entries `names[start:]`
     with inodes `slot_bits | ident` and cookies from `next_cookie` on, as many as fit, and
     returns how many it took, or None if it cannot take these (they are then added one by one)."""
@@ -262,7 +262,7 @@ class Listing:
     done: bool = False
 
 
-class TreeOps:
+class Bridge:
     """The virtual tree as the FUSE engines see it (see the module docstring)."""
 
     def __init__(self, root: DirNode, options: MountOptions | None = None,

@@ -33,10 +33,10 @@ from typing import Any, Callable, Coroutine, Protocol, Sized, Union
 
 import trio
 
-from .. import edge
-from . import abi
-from ..sources.pagecache import PAGE
-from .splice import SpliceFailed, Splicer
+from unshardfs.fuse import abi
+from unshardfs.fuse.splice import SpliceFailed, Splicer
+from unshardfs.tree import edge
+from unshardfs.util.pagecache import PAGE
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class InitConfig:
     congestion_threshold: int = 48
     max_pages: int = 256
     splice: bool = True  # READ replies may be spliced from a file (`splice.Splicer`)
-    # How long the reader looks for the next request itself (`Session._quick_wait`) before it
+    # How long the reader looks for the next request itself (`Connection._quick_wait`) before it
     # waits through trio, when no request is waiting on anything; 0: never.
     quick_wait: float = 100e-6
 
@@ -108,7 +108,7 @@ class Negotiated:
 
 
 @dataclass
-class Session:
+class Connection:
     """One mounted connection: the /dev/fuse fd and what was negotiated on it."""
 
     fd: int

@@ -18,8 +18,8 @@ import fcntl
 import logging
 import os
 
-from . import abi
-from ..sources.pagecache import PAGE
+from unshardfs.fuse import abi
+from unshardfs.util.pagecache import PAGE
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import ByteSource, ObjectStat, join_path
-from .counting import CountingSource, SourceCounters
-from .http import HttpOptions
-from .local import LocalSource
+from unshardfs.sources.base import ByteSource, ObjectStat, join_path
+from unshardfs.sources.counting import CountingSource, SourceCounters
+from unshardfs.sources.http import HttpOptions
+from unshardfs.sources.local import LocalSource
 
 __all__ = ["ByteSource", "CountingSource", "ObjectStat", "LocalSource", "RemoteOptions", "SourceCounters",
-           "join_key", "open_source"]
+           "join_path", "open_source"]
 
 
 @dataclass
@@ -27,7 +27,7 @@ class RemoteOptions:
 
 
 def _bucket(rest: str, scheme: str) -> tuple[str, str]:
-    from ..errors import ConfigError
+    from unshardfs.util.errors import ConfigError
 
     bucket, _, prefix = rest.partition("/")
     if not bucket:
@@ -38,7 +38,7 @@ def _bucket(rest: str, scheme: str) -> tuple[str, str]:
 def open_source(url: str, remote: RemoteOptions | None = None) -> ByteSource:
     """Resolve a user-given SOURCE: a path, file://, http(s)://, gs:// or s3:// URL
     (format prefixes such as precomputed:// already split off)."""
-    from ..errors import ConfigError
+    from unshardfs.util.errors import ConfigError
 
     remote = remote or RemoteOptions()
     scheme, sep, rest = url.partition("://")
@@ -48,24 +48,24 @@ def open_source(url: str, remote: RemoteOptions | None = None) -> ByteSource:
     if scheme == "file":
         return LocalSource(rest)
     if scheme in ("http", "https"):
-        from .http import HttpSource
+        from unshardfs.sources.http import HttpSource
 
         source = HttpSource(url, remote.http)
     elif scheme == "gs":
-        from .objectstore import GcsSource
+        from unshardfs.sources.objectstore import GcsSource
 
         bucket, prefix = _bucket(rest, scheme)
         # Without --gcs-endpoint, Google's: the only host that may see the user's Google credentials.
         source = GcsSource(bucket, prefix, remote.http, remote.gcs_endpoint)
     elif scheme == "s3":
-        from .objectstore import S3Source
+        from unshardfs.sources.objectstore import S3Source
 
         bucket, prefix = _bucket(rest, scheme)
         source = S3Source(bucket, prefix, remote.http, remote.s3_endpoint)
     else:
         raise ConfigError(f"unsupported source scheme {scheme}:// (paths, file://, http(s)://, gs://, s3://)")
     if remote.cache_dir:
-        from .diskcache import DiskCachedSource
+        from unshardfs.sources.diskcache import DiskCachedSource
 
         source = DiskCachedSource(source, remote.cache_dir, remote.cache_dir_bytes)
     return source

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, NamedTuple, Protocol
 
-from ..errors import ConfigError
-from ..vtree import FdRange
+from unshardfs.util.errors import ConfigError
+
+
+class FdRange(NamedTuple):
+    """Bytes of a file as they lie in an open descriptor of the backing file, all in the page
+    cache when handed out: an engine may move them to the kernel without copying (splice).
+    Fewer than `size` bytes there means the backing file shrank: the engine must not answer
+    with what is left (see `FileNode.cached_range`)."""
+
+    fd: int
+    offset: int
+    size: int
 
 
 @dataclass(frozen=True, slots=True)

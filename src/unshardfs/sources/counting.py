@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, AsyncIterator, Coroutine
 
-from ..vtree import FdRange
-from .base import ByteSource, ObjectStat, SourceLayer
+from unshardfs.sources.base import ByteSource, FdRange, ObjectStat, SourceLayer
 
 
 @dataclass

@@ -32,9 +32,9 @@ import stat as statmod
 import time
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..fdpath import Beneath, regular_file
-from .base import ByteSource, SourceLayer
+from unshardfs.sources.base import ByteSource, SourceLayer
+from unshardfs.util.errors import ConfigError
+from unshardfs.util.fdpath import Beneath, regular_file
 
 log = logging.getLogger(__name__)
 

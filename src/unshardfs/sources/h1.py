@@ -79,7 +79,7 @@ class RemoteProtocolError(TransportError):
 
 
 @dataclass
-class Request:
+class ClientRequest:
     """An outgoing request; `authorize` hooks may add headers (credentials, signatures)."""
 
     method: str
@@ -376,7 +376,7 @@ class Pool:
             if isinstance(part, memoryview) and isinstance(part.obj, bytearray) and len(part.obj) == BODY_PIECE:
                 self.spare.append(part.obj)
 
-    async def send(self, request: Request, timeout: float) -> Response:
+    async def send(self, request: ClientRequest, timeout: float) -> Response:
         """Send `request` and read the response head (1xx answers skipped)."""
         where = endpoint(request.url)
         conn = await self._connection(where, timeout)

@@ -36,11 +36,11 @@ from urllib.parse import quote, urljoin
 import httpx
 import trio
 
-from ..caches import ExpiringMap
-from ..errors import ConfigError, SourceError, StaleError
-from ..logonce import log_once
-from . import h1
-from .base import ObjectStat, name_problem
+from unshardfs.sources import h1
+from unshardfs.sources.base import ObjectStat, name_problem
+from unshardfs.util.errors import ConfigError, SourceError, StaleError
+from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import ExpiringMap
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class HttpSource:
     def object_url(self, path: str) -> str:
         return f"{self.base_url}/{quote_path(path)}" if path else self.base_url + "/"
 
-    async def authorize(self, request: h1.Request) -> None:
+    async def authorize(self, request: h1.ClientRequest) -> None:
         """Add credentials to a request (none for plain HTTP)."""
 
     def pool(self) -> h1.Pool:
@@ -260,7 +260,7 @@ class HttpSource:
     async def _send(self, method: str, url: str, headers: dict[str, str] | None) -> h1.Response:
         """One attempt: the request, then the redirects `redirect_refusal` allows."""
         for _hop in range(MAX_REDIRECTS + 1):
-            request = h1.Request(method, url, {**BASE_HEADERS, **(headers or {})})
+            request = h1.ClientRequest(method, url, {**BASE_HEADERS, **(headers or {})})
             if h1.endpoint(url).key == self._credential_key:
                 await self.authorize(request)
             self.counters.requests += 1

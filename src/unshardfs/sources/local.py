@@ -9,13 +9,13 @@ import stat as statmod
 from typing import Any, AsyncIterator
 
 import trio
-from ..caches import QuickLRU
-from ..errors import ConfigError, SourceError, StaleError
-from ..logonce import log_once
-from ..fdpath import Beneath, regular_file
-from ..vtree import FdRange
-from .base import ObjectStat, join_path, name_problem
-from .pagecache import page_cache
+
+from unshardfs.sources.base import FdRange, ObjectStat, join_path, name_problem
+from unshardfs.util.errors import ConfigError, SourceError, StaleError
+from unshardfs.util.fdpath import Beneath, regular_file
+from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import QuickLRU
+from unshardfs.util.pagecache import page_cache
 
 log = logging.getLogger(__name__)
 

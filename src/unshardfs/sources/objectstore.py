@@ -32,12 +32,12 @@ from urllib.parse import unquote_plus, urlencode
 
 import trio
 
-from ..core.fields import Fields, as_str, load_json
-from ..errors import ConfigError, SourceError
-from ..logonce import log_once
-from . import h1
-from .base import ObjectStat, join_path, name_problem
-from .http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, path_problem, quote_path
+from unshardfs.sources import h1
+from unshardfs.sources.base import ObjectStat, join_path, name_problem
+from unshardfs.sources.http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, path_problem, quote_path
+from unshardfs.util.errors import ConfigError, SourceError
+from unshardfs.util.fields import Fields, as_str, load_json
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class GcsSource(_PrefixListing):
         super().__init__(bucket, f"{self.endpoint}/{bucket}", prefix, options)
         self._credentials = _google_credentials()
 
-    async def authorize(self, request: h1.Request) -> None:
+    async def authorize(self, request: h1.ClientRequest) -> None:
         creds = self._credentials
         if creds is None:
             return
@@ -286,7 +286,7 @@ class S3Source(_PrefixListing):
         # Without list permission S3 answers 403 for missing keys of a public bucket.
         return status in (403, 404, 410)
 
-    async def authorize(self, request: h1.Request) -> None:
+    async def authorize(self, request: h1.ClientRequest) -> None:
         if self._signer is not None:
             self._signer(request)
 
@@ -341,7 +341,7 @@ def _aws_signer(region: str):
     frozen = credentials  # refreshable credentials re-resolve on get_frozen_credentials()
     log.info("s3:// requests are signed with AWS credentials (%s)", getattr(credentials, "method", "?"))
 
-    def sign(request: h1.Request) -> None:
+    def sign(request: h1.ClientRequest) -> None:
         aws = AWSRequest(method=request.method, url=str(request.url),
                          headers={k: v for k, v in request.headers.items() if k.lower() in ("range", "if-match")})
         S3SigV4Auth(frozen.get_frozen_credentials(), "s3", region).add_auth(aws)

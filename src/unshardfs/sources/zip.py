@@ -7,7 +7,7 @@ in bounded windows, and each member's 30-byte local header once, on its
 first read. A STORED member is then a byte range of the archive, so a shard
 inside a zip is read exactly like a shard in a directory (range reads,
 coalescing, read-ahead all work on it unchanged); a DEFLATE (or bzip2, zstd)
-member is decoded whole, capped by `Limits.payload_bytes`, verified (size,
+member is decoded whole, capped by `DataLimits.payload_bytes`, verified (size,
 CRC-32) and kept in a small byte-bounded cache.
 
 Why not `zipfile.ZipFile`: it wants a seekable file (a remote archive would
@@ -25,7 +25,7 @@ would overlap another's local header or the central directory, that share a
 local header, are encrypted or use an unknown method are skipped the same
 way; a local header that disagrees with the central directory (signature,
 name, method, sizes, position) makes that member's reads fail. The central
-directory is read only up to `Limits.index_bytes` (`--max-index-size`), and
+directory is read only up to `DataLimits.index_bytes` (`--max-index-size`), and
 memory grows with the entries actually present, never with a count an end
 record claims.
 """
@@ -48,12 +48,12 @@ import numpy as np
 import trio
 from cachetools import LRUCache
 
-from ..core.bounded import STEP, off_loop, unzstd
-from ..core.flight import Flights
-from ..core.limits import Limits
-from ..errors import ConfigError, DataError, SourceError, StaleError
-from ..logonce import log_once
-from .base import ByteSource, IndexCache, ObjectStat, name_problem, stat_and_tail
+from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, name_problem, stat_and_tail
+from unshardfs.util.decompress import STEP, off_loop, unzstd
+from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
+from unshardfs.util.flight import Flights
+from unshardfs.util.limits import DataLimits
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -387,12 +387,12 @@ class ZipSource:
 
     listable = True
 
-    def __init__(self, inner: ByteSource, archive: str, root: str = "", limits: Limits | None = None,
+    def __init__(self, inner: ByteSource, archive: str, root: str = "", limits: DataLimits | None = None,
                  url: str | None = None) -> None:
         self.inner = inner
         self.archive = archive
         self.root = _root_prefix(root)
-        self.limits = limits or Limits()
+        self.limits = limits or DataLimits()
         self.remote = inner.remote
         self.index_cache: IndexCache | None = inner.index_cache
         self.description = (url or f"{inner.description.rstrip('/')}/{archive}") + (

@@ -24,8 +24,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from .mounts import MountFn, mounting
-from .trees import assert_same_file, assert_same_tree, walk_files
+from unshardfs.testing.mounts import MountFn, mounting
+from unshardfs.testing.trees import assert_same_file, assert_same_tree, walk_files
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Iterable
 
-from .http_servers import DatasetServer, Logged
+from unshardfs.testing.http_servers import DatasetServer, Logged
 
 MODES = ("stacked-gzip", "endless", "other-offset", "bad-content-range", "drip", "huge-error", "redirect",
          "repeat-token", "endless-tokens", "bad-names")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 from typing import AsyncIterator, Mapping
 
-from ..errors import SourceError, StaleError
-from ..sources.base import IndexCache, ObjectStat, name_problem
+from unshardfs.sources.base import IndexCache, ObjectStat, name_problem
+from unshardfs.util.errors import SourceError, StaleError
 
 _DIR = ObjectStat(0, 0, True, ())
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import trio
 
-from unshardfs.errors import StaleError
 from unshardfs.sources.base import ByteSource, stat_and_tail
+from unshardfs.util.errors import StaleError
 
 T = TypeVar("T")
 MakeSource = Callable[[], ByteSource]

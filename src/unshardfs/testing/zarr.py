@@ -10,14 +10,13 @@ empty and whole shards are missing, as in real sparse volumes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-import os
 
 # zarr-python 2 lives in a venv of its own (scripts/setup makes it at the
 # repository root); UNSHARDFS_ZARR2_PYTHON points elsewhere.

@@ -17,12 +17,12 @@ from typing import AsyncIterator, Callable
 
 import trio
 
-from ..edge import classify
-from ..errors import ConfigError, DataError
-from ..fdpath import Beneath, regular_file
-from ..logonce import log_once
-from ..sources.base import name_problem
-from ..vtree import DirNode, FileNode
+from unshardfs.sources.base import name_problem
+from unshardfs.tree.edge import classify
+from unshardfs.tree.nodes import DirNode, FileNode
+from unshardfs.util.errors import ConfigError, DataError
+from unshardfs.util.fdpath import Beneath, regular_file
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 

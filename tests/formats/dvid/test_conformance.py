@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.formats.dvid.test_mount import SHARDING, VARIANTS
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
 from unshardfs.testing.dvid import BLOCK, agglomerate, encode_volume, info_for, sample_volume, shard_groups, write_scale
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
 
 SIZE = (200, 130, 70)  # 4 x 3 x 2 blocks, edge blocks clipped
 GRID = tuple(-(-s // BLOCK) for s in SIZE)

@@ -13,9 +13,18 @@ import struct
 import numpy as np
 import pytest
 
+from unshardfs.testing.dvid import (
+    BLOCK,
+    Variant,
+    agglomerate,
+    encode_block,
+    encode_volume,
+    info_for,
+    sample_volume,
+    write_scale,
+    zero_subblock_block,
+)
 from unshardfs.testing.mounts import run_cli
-from unshardfs.testing.dvid import (BLOCK, Variant, agglomerate, encode_block, encode_volume, info_for, sample_volume,
-                         write_scale, zero_subblock_block)
 
 SIZES = [(200, 130, 70), (100, 65, 35)]  # edge chunks clipped; scale 1 is a single shard
 SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "hash": "identity", "preshift_bits": 3,

@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from unshardfs.testing.mounts import run_cli
-from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import sharding
+from unshardfs.testing.trees import assert_same_tree
 
 pytest.importorskip("neuroglancer")
 

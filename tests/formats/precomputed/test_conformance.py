@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
 from tests.support.precomputed import chunk_locations
-from unshardfs.testing.trees import walk_files
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.testing.trees import walk_files
 
 KEY = "1_1_1"
 SIZE, CHUNK = (64, 64, 32), (16, 16, 8)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.support.precomputed import chunk_locations
-from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.mounts import stats
+from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 KEY = "1_1_1"
 SIZE, CHUNK = (96, 64, 48), (8, 8, 8)  # 12*8*6 = 576 chunks of 1 KiB (uint16)

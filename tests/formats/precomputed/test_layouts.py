@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.testing.trees import assert_same_tree
 
 MINISHARD_BITS = 2
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from unshardfs.core.blob import Blob
-from unshardfs.errors import DataError
 from unshardfs.formats.precomputed.shards import decode_minishard, decode_minishards
+from unshardfs.util.errors import DataError
 
 BASE = 1024
 

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import sharding, write_objects
+from unshardfs.testing.trees import assert_same_tree
 
 SPECS = {
     "murmur-raw": sharding(minishard=2, shard=2),

@@ -14,15 +14,15 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unshardfs.caches import Caches, CacheSizes
+from unshardfs.core.caches import Caches, CacheSizes
 from unshardfs.core.chunks import ChunkContext
 from unshardfs.core.codecs import codec
 from unshardfs.core.runtime import Runtime
-from unshardfs.errors import DataError
 from unshardfs.formats.precomputed.dirs import SegmentNaming
 from unshardfs.formats.precomputed.shards import PrecomputedStore
-from unshardfs.formats.precomputed.sharding import ShardingSpec
 from unshardfs.sources import LocalSource
+from unshardfs.util.errors import DataError
+from unshardfs.volume.sharding import ShardingSpec
 
 specs = st.fixed_dictionaries({
     "@type": st.just("neuroglancer_uint64_sharded_v1"),

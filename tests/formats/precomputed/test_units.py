@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unshardfs.errors import ConfigError, DataError
-from unshardfs.formats.precomputed.dirs import manifest_fragment_bytes, parse_segment_id
-from unshardfs.formats.precomputed.morton import MortonCoder
 from unshardfs.core.blob import Blob
-from unshardfs.core.bounded import gunzip
+from unshardfs.formats.precomputed.dirs import manifest_fragment_bytes, parse_segment_id
 from unshardfs.formats.precomputed.shards import decode_minishard
-from unshardfs.formats.precomputed.sharding import ShardingSpec, murmurhash3_x86_128_low64
 from unshardfs.sources.base import normalize_path
+from unshardfs.util.decompress import gunzip
+from unshardfs.util.errors import ConfigError, DataError
+from unshardfs.volume.morton import MortonCoder
+from unshardfs.volume.sharding import ShardingSpec, murmurhash3_x86_128_low64
 
 
 def spec(**kw) -> ShardingSpec:
@@ -183,7 +183,7 @@ def test_paths_cannot_escape(path):
 
 
 def _scale_dir(size, chunk, offset):
-    from unshardfs.formats.precomputed.grid import ChunkGrid
+    from unshardfs.volume.grid import ChunkGrid
 
     return ChunkGrid(size, chunk, offset)
 

@@ -11,8 +11,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from unshardfs.testing.trees import assert_same_tree
 from unshardfs.testing.precomputed import Scale, read_all, sharding, write_volume
+from unshardfs.testing.trees import assert_same_tree
 
 CASES = {
     # name: (scales, data_type, num_channels, volume type)

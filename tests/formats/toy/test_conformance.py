@@ -13,10 +13,10 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
-from unshardfs.testing.mounts import force_unmount, run_cli
 from tests.support.toyformat.plugin import HEADER, MARKER
 from tests.support.toyformat.writer import write_toy
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.mounts import force_unmount, run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 INHERITED = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # before `registered` runs

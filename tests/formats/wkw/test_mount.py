@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from tests.formats.wkw.datasets import MIXED, OLD, SPAN, WkwData, write_dataset
-from unshardfs.testing.mounts import run_cli
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from tests.support.served import served
-from unshardfs.testing.trees import assert_same_tree, walk_files
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.mounts import run_cli
+from unshardfs.testing.trees import assert_same_tree, walk_files
 
 JSON = ("datasource-properties.json",)
 

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from unshardfs.core.fields import MetadataError
 from unshardfs.formats.wkw.properties import Mag, has_wkw_layers, parse_mag, parse_properties
+from unshardfs.util.fields import MetadataError
 
 BOX = {"topLeft": [1, 2, 3], "width": 10, "height": 20, "depth": 30}
 

@@ -12,8 +12,19 @@ import numpy as np
 import pytest
 
 from unshardfs.testing.trees import assert_same_tree, unstamped, walk_files
-from unshardfs.testing.zarr import (DEBIAN_ZARR_PYTHON, BYTES_BE, BYTES_LE, CRC, ZCase, codec, consolidate, read_with_zarr2, sharding,
-                           write_case, write_group)
+from unshardfs.testing.zarr import (
+    BYTES_BE,
+    BYTES_LE,
+    CRC,
+    DEBIAN_ZARR_PYTHON,
+    ZCase,
+    codec,
+    consolidate,
+    read_with_zarr2,
+    sharding,
+    write_case,
+    write_group,
+)
 
 GZ = codec("gzip", level=1)
 ZSTD = codec("zstd", level=3, checksum=False)

@@ -14,9 +14,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unshardfs.errors import DataError
-from unshardfs.session import Session
+from unshardfs.app.opened import OpenedSource
 from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case
+from unshardfs.util.errors import DataError
 
 SHARD = "arr/c/0/0"
 INNER = [(i, j) for i in range(4) for j in range(4)]
@@ -35,7 +35,7 @@ def read_all(store: Path) -> dict[tuple, object]:
     """Each inner chunk's bytes, None when absent, or the DataError."""
 
     async def main() -> dict:
-        tree = (await Session.open(str(store))).tree
+        tree = (await OpenedSource.open(str(store))).tree
         out: dict[tuple, object] = {}
         for index in INNER:
             try:

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unshardfs.errors import ConfigError
 from unshardfs.formats.zarr.keys import KeyLayout
 from unshardfs.formats.zarr.metadata import ArrayMeta
 from unshardfs.formats.zarr.sharding import Unsupported, unshard
 from unshardfs.formats.zarr.v2 import array_v2, fill_value
 from unshardfs.testing.zarr import BYTES_LE, CRC, codec, sharding
+from unshardfs.util.errors import ConfigError
 
 GZ = codec("gzip", level=1)
 

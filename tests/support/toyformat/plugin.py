@@ -9,10 +9,28 @@ from typing import AsyncIterator
 
 import numpy as np
 
-from unshardfs.abc import (Blob, ByteSource, BytesFile, ChunkContext, ChunkInventory, ChunkTable, ConfigError,
-                           DataError, Dataset, DecimalNaming, Fields, FixedSize, FormatPlugin, InventoryPart, Runtime,
-                           ShardedDir, ShardedStore, codec, parse_decimal)
-from unshardfs.formats.jsonfile import encode_json, read_json
+from unshardfs.abc import (
+    Blob,
+    BytesFile,
+    ByteSource,
+    ChunkContext,
+    ChunkInventory,
+    ChunkTable,
+    ConfigError,
+    DataError,
+    Dataset,
+    DecimalNaming,
+    Fields,
+    FixedSize,
+    FormatPlugin,
+    InventoryPart,
+    Runtime,
+    ShardedDir,
+    ShardedStore,
+    codec,
+    parse_decimal,
+)
+from unshardfs.core.jsonfile import encode_json, read_json
 
 MARKER = "toy.json"
 SUFFIX = ".toyshard"

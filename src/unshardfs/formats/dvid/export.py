@@ -12,21 +12,20 @@ from __future__ import annotations
 import os
 from typing import AsyncIterator
 
-from ...core.chunks import ChunkContext
-from ...core.dirs import ChunksDir
-from ...core.fields import VOXEL_LIMIT, Fields, ShallowEdit, as_ints, grid_shape, load_json
-from ...core.inventory import ChunkInventory, InventoryPart
-from ...core.limits import METADATA_LEVELS
-from ...core.runtime import Runtime
-from ...errors import ConfigError
-from ...overlay import OverlayDir
-from ...sources.base import ByteSource, ObjectStat
-from ...vtree import BytesFile, DirNode, Node
-from ..jsonfile import encode_json, read_json
-from ..precomputed.dataset import layout
-from ..precomputed.grid import ChunkGrid, GridNaming
-from ..precomputed.sharding import ShardingSpec
-from .store import SHARD_FILE, DvidBlockCodec, DvidStore, dvid_geometry
+from unshardfs.core.chunks import ChunkContext
+from unshardfs.core.dirs import ChunksDir
+from unshardfs.core.inventory import ChunkInventory, InventoryPart
+from unshardfs.core.jsonfile import encode_json, read_json
+from unshardfs.core.runtime import Runtime
+from unshardfs.formats.dvid.store import SHARD_FILE, DvidBlockCodec, DvidStore, dvid_geometry
+from unshardfs.sources.base import ByteSource, ObjectStat
+from unshardfs.tree.nodes import BytesFile, DirNode, Node
+from unshardfs.tree.overlay import OverlayDir
+from unshardfs.util.errors import ConfigError
+from unshardfs.util.fields import VOXEL_LIMIT, Fields, ShallowEdit, as_ints, grid_shape, load_json
+from unshardfs.util.limits import METADATA_LEVELS
+from unshardfs.volume.grid import ChunkGrid, GridNaming
+from unshardfs.volume.sharding import ShardingSpec, layout
 
 
 class ExportRoot(OverlayDir):

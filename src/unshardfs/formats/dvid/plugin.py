@@ -8,15 +8,14 @@ has an `info`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import argparse
 import os
+from typing import Any
 
-from ...core.runtime import Runtime
-from ...errors import ConfigError
-from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin
+from unshardfs.core.registry import Dataset, FormatPlugin
+from unshardfs.core.runtime import Runtime
+from unshardfs.sources.base import ByteSource
+from unshardfs.util.errors import ConfigError
 
 
 class DvidFormat(FormatPlugin):
@@ -41,7 +40,7 @@ class DvidFormat(FormatPlugin):
         return out
 
     async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
-        from .export import looks_like_export
+        from unshardfs.formats.dvid.export import looks_like_export
 
         if options.get("info"):
             return True
@@ -54,7 +53,7 @@ class DvidFormat(FormatPlugin):
         return True
 
     async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
-        from .export import DvidExport
+        from unshardfs.formats.dvid.export import DvidExport
 
         export = DvidExport(runtime, options.get("info"), bool(options.get("supervoxels")))
         return Dataset(await export.build(), export.inventory)

@@ -28,14 +28,21 @@ from typing import Awaitable, Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
-from ...core.blob import Blob
-from ...core.fields import DEFAULT_LIMITS, MetadataError, load_json, off_loop
-from ...core.limits import Limits
-from ...core.table import MAX_BAD_REASONS, ChunkTable
-from ...errors import DataError
-from ...logonce import log_once
-from ...sources.base import ByteSource
-from .ipc import FILE_MAGIC, RECORD_BATCH, IpcError, footer_batches, message_header, message_prefix
+from unshardfs.core.blob import Blob
+from unshardfs.core.table import MAX_BAD_REASONS, ChunkTable
+from unshardfs.formats.dvid.ipc import (
+    FILE_MAGIC,
+    RECORD_BATCH,
+    IpcError,
+    footer_batches,
+    message_header,
+    message_prefix,
+)
+from unshardfs.sources.base import ByteSource
+from unshardfs.util.errors import DataError
+from unshardfs.util.fields import DEFAULT_LIMITS, MetadataError, load_json, off_loop
+from unshardfs.util.limits import DataLimits
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +118,7 @@ def parse_csv_index(text: str, where: str) -> dict[Cell, RecordRef]:
     return out
 
 
-def parse_json_index(raw: bytes, where: str, limits: Limits = DEFAULT_LIMITS) -> dict[Cell, int]:
+def parse_json_index(raw: bytes, where: str, limits: DataLimits = DEFAULT_LIMITS) -> dict[Cell, int]:
     try:
         mapping = load_json(raw, where, limits)
     except MetadataError as e:
@@ -130,7 +137,7 @@ class ArrowShardReader:
 
     def __init__(self, source: ByteSource, read: Callable[[Blob, int, int], Awaitable[bytes]], chunk_size: Cell,
                  owned: Callable[[np.ndarray, int], np.ndarray], chunk_ids: Callable[[np.ndarray], np.ndarray],
-                 limits: Limits = DEFAULT_LIMITS) -> None:
+                 limits: DataLimits = DEFAULT_LIMITS) -> None:
         self.source = source
         # The mount's metadata bounds (--max-metadata-*), which JSON chunk indexes honour too.
         self.limits = limits

@@ -16,19 +16,19 @@ from typing import AsyncIterator, Callable
 import numpy as np
 import pyarrow as pa
 
-from ...core.blob import Blob
-from ...core.bounded import unzstd
-from ...core.codecs import GeometrySized, PayloadRef
-from ...core.runtime import Runtime
-from ...core.store import ShardedStore
-from ...core.table import ChunkTable, int_list
-from ...errors import DataError
-from ...logonce import log_once
-from ...sources.base import join_path
-from ..precomputed.grid import Cell, ChunkGrid, VolumeGeometry
-from ..precomputed.sharding import ShardingSpec
-from .block import decode_block, max_block_bytes
-from .shard import ArrowShardReader, ShardIndex, decode_record
+from unshardfs.core.blob import Blob
+from unshardfs.core.codecs import GeometrySized, PayloadRef
+from unshardfs.core.runtime import Runtime
+from unshardfs.core.store import ShardedStore
+from unshardfs.core.table import ChunkTable, int_list
+from unshardfs.formats.dvid.block import decode_block, max_block_bytes
+from unshardfs.formats.dvid.shard import ArrowShardReader, ShardIndex, decode_record
+from unshardfs.sources.base import join_path
+from unshardfs.util.decompress import unzstd
+from unshardfs.util.errors import DataError
+from unshardfs.util.logonce import log_once
+from unshardfs.volume.grid import Cell, ChunkGrid, VolumeGeometry
+from unshardfs.volume.sharding import ShardingSpec
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.fields import Fields, MetadataError
-from ...core.naming import Naming
-from .morton import MortonCoder
+from unshardfs.core.naming import Naming
+from unshardfs.util.fields import Fields, MetadataError
+from unshardfs.volume.morton import MortonCoder
 
 ANNOTATIONS_TYPE = "neuroglancer_annotations_v1"
 MAX_RANK = 32  # Neuroglancer's own limit on coordinate-space rank

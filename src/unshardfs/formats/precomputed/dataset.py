@@ -7,30 +7,30 @@ the mount goes live and never surfaces later as a puzzling I/O error.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import functools
 from typing import Any, AsyncIterator, Callable
 
-from ...core.chunks import ChunkContext
-from ...core.codecs import codec
-from ...core.dirs import ShardedDir
-from ...core.fields import INT_LIMIT, VOXEL_LIMIT, Fields, MetadataError, ShallowEdit, as_ints, grid_shape
-from ...core.geometry import Geometry
-from ...core.inventory import ChunkInventory, InventoryPart
-from ...core.limits import METADATA_LEVELS
-from ...core.runtime import Runtime
-from ...errors import ConfigError, quote
-from ...passthrough import PassthroughDir
-from ...sources.base import ObjectStat, join_path, normalize_path
-from ...vtree import BytesFile, DirNode, Node, Verdict
-from ..jsonfile import encode_json, read_json
-from ...core.naming import Naming
-from .annotations import ANNOTATIONS_TYPE, CellNaming, grid_of, rank_of
-from .dirs import MultiLodMeshDir, SegmentNaming
-from .grid import ChunkGrid, GridNaming, VolumeGeometry
-from .shards import PrecomputedStore
-from .sharding import ShardingSpec
+from unshardfs.core.chunks import ChunkContext
+from unshardfs.core.codecs import codec
+from unshardfs.core.dirs import ShardedDir
+from unshardfs.core.geometry import Geometry
+from unshardfs.core.inventory import ChunkInventory, InventoryPart
+from unshardfs.core.jsonfile import encode_json, read_json
+from unshardfs.core.naming import Naming
+from unshardfs.core.runtime import Runtime
+from unshardfs.formats.precomputed.annotations import ANNOTATIONS_TYPE, CellNaming, grid_of, rank_of
+from unshardfs.formats.precomputed.dirs import MultiLodMeshDir, SegmentNaming
+from unshardfs.formats.precomputed.shards import PrecomputedStore
+from unshardfs.sources.base import ObjectStat, join_path, normalize_path
+from unshardfs.tree.nodes import BytesFile, DirNode, Node, Verdict
+from unshardfs.tree.passthrough import PassthroughDir
+from unshardfs.util.errors import ConfigError, quote
+from unshardfs.util.fields import INT_LIMIT, VOXEL_LIMIT, Fields, MetadataError, ShallowEdit, as_ints, grid_shape
+from unshardfs.util.limits import METADATA_LEVELS
+from unshardfs.volume.grid import ChunkGrid, GridNaming, VolumeGeometry
+from unshardfs.volume.sharding import ShardingSpec, layout
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,6 @@ DirFactory = Callable[[ObjectStat], DirNode]
 VOXEL_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "float32": 4,
                "uint64": 8, "int64": 8, "float64": 8}
 MORTON_BITS = 64  # chunk ids are uint64
-
-
-def layout(spec: ShardingSpec) -> str:
-    return (f"{spec.hash}, preshift {spec.preshift_bits}, minishard_bits {spec.minishard_bits}, shard_bits "
-            f"{spec.shard_bits}; minishard index {spec.minishard_index_encoding}, data {spec.data_encoding}")
 
 
 class PrecomputedDataset:

@@ -15,15 +15,15 @@ from typing import AsyncIterator, Literal, cast
 
 import numpy as np
 
-from ...core.chunks import ChunkContext, ChunkFile
-from ...core.codecs import Stored
-from ...core.dirs import ShardedDir
-from ...core.naming import IDENT_LIMIT, DecimalNaming, Naming, parse_decimal
-from ...errors import DataError
-from ...logonce import log_once
-from ...sources.base import ByteSource, ObjectStat
-from ...vtree import Batch, Entry, Node, Verdict
-from .shards import PrecomputedStore
+from unshardfs.core.chunks import ChunkContext, ChunkFile
+from unshardfs.core.codecs import Stored
+from unshardfs.core.dirs import ShardedDir
+from unshardfs.core.naming import IDENT_LIMIT, DecimalNaming, Naming, parse_decimal
+from unshardfs.formats.precomputed.shards import PrecomputedStore
+from unshardfs.sources.base import ByteSource, ObjectStat
+from unshardfs.tree.nodes import Batch, Entry, Node, Verdict
+from unshardfs.util.errors import DataError
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 

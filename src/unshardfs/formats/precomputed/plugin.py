@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...caches import SHARD_INDEX
-from ...core.runtime import Runtime
-from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin
-from .sharding import MINISHARD_INDEX
+from unshardfs.core.caches import SHARD_INDEX
+from unshardfs.core.registry import Dataset, FormatPlugin
+from unshardfs.core.runtime import Runtime
+from unshardfs.sources.base import ByteSource
+from unshardfs.volume.sharding import MINISHARD_INDEX
 
 
 class PrecomputedFormat(FormatPlugin):
@@ -24,7 +24,7 @@ class PrecomputedFormat(FormatPlugin):
         return st is not None and not st.is_dir
 
     async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
-        from .dataset import PrecomputedDataset
+        from unshardfs.formats.precomputed.dataset import PrecomputedDataset
 
         dataset = PrecomputedDataset(runtime)
         return Dataset(await dataset.build(), dataset.inventory)

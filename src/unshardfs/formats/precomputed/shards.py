@@ -16,17 +16,17 @@ from typing import AsyncIterator, Hashable, cast
 
 import numpy as np
 
-from ...caches import SHARD_INDEX
-from ...concurrency import gather
-from ...core.blob import Blob, Ident
-from ...core.bounded import gunzip, gunzip_cost, off_loop
-from ...core.runtime import Runtime
-from ...core.store import ShardedStore
-from ...core.table import ChunkTable
-from ...errors import DataError
-from ...logonce import log_once
-from ...sources.base import join_path
-from .sharding import MINISHARD_INDEX, ShardingSpec
+from unshardfs.core.blob import Blob, Ident
+from unshardfs.core.caches import SHARD_INDEX
+from unshardfs.core.runtime import Runtime
+from unshardfs.core.store import ShardedStore
+from unshardfs.core.table import ChunkTable
+from unshardfs.sources.base import join_path
+from unshardfs.util.concurrency import gather
+from unshardfs.util.decompress import gunzip, gunzip_cost, off_loop
+from unshardfs.util.errors import DataError
+from unshardfs.util.logonce import log_once
+from unshardfs.volume.sharding import MINISHARD_INDEX, ShardingSpec
 
 log = logging.getLogger(__name__)
 

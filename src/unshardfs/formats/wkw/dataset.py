@@ -16,19 +16,19 @@ import math
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from ...core.chunks import ChunkContext
-from ...core.dirs import ChunksDir
-from ...core.inventory import ChunkInventory, InventoryPart
-from ...core.runtime import Runtime
-from ...errors import ConfigError, SourceError
-from ...overlay import OverlayDir
-from ...sources.base import ByteSource, ObjectStat, join_path
-from ...vtree import BytesFile, DirNode, Node
-from ..jsonfile import encode_json, read_json
-from ..precomputed.grid import ChunkGrid, GridNaming
-from .header import BLOCK_TYPES, HEADER_BYTES, HeaderError, WkwHeader
-from .properties import PROPERTIES, Layer, Mag, finest_first, parse_mag, parse_properties
-from .store import MagView, WkwBlockCodec, WkwStore, list_files, wkw_geometry
+from unshardfs.core.chunks import ChunkContext
+from unshardfs.core.dirs import ChunksDir
+from unshardfs.core.inventory import ChunkInventory, InventoryPart
+from unshardfs.core.jsonfile import encode_json, read_json
+from unshardfs.core.runtime import Runtime
+from unshardfs.formats.wkw.header import BLOCK_TYPES, HEADER_BYTES, HeaderError, WkwHeader
+from unshardfs.formats.wkw.properties import PROPERTIES, Layer, Mag, finest_first, parse_mag, parse_properties
+from unshardfs.formats.wkw.store import MagView, WkwBlockCodec, WkwStore, list_files, wkw_geometry
+from unshardfs.sources.base import ByteSource, ObjectStat, join_path
+from unshardfs.tree.nodes import BytesFile, DirNode, Node
+from unshardfs.tree.overlay import OverlayDir
+from unshardfs.util.errors import ConfigError, SourceError
+from unshardfs.volume.grid import ChunkGrid, GridNaming
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ directories (`1`, `2-2-1`, ...) holding a `header.wkw` (a bare layer).
 
 from __future__ import annotations
 
-from ...core.fields import DEFAULT_LIMITS, load_json, off_loop
-from ...core.runtime import Runtime
-from ...errors import ConfigError, SourceError
-from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin
+from unshardfs.core.registry import Dataset, FormatPlugin
+from unshardfs.core.runtime import Runtime
+from unshardfs.sources.base import ByteSource
+from unshardfs.util.errors import ConfigError, SourceError
+from unshardfs.util.fields import DEFAULT_LIMITS, load_json, off_loop
 
 
 class WkwFormat(FormatPlugin):
@@ -23,8 +23,8 @@ class WkwFormat(FormatPlugin):
     json_names = ("datasource-properties.json",)
 
     async def detect(self, source: ByteSource, options: dict[str, object]) -> bool:
-        from .dataset import mag_dirs
-        from .properties import PROPERTIES, has_wkw_layers
+        from unshardfs.formats.wkw.dataset import mag_dirs
+        from unshardfs.formats.wkw.properties import PROPERTIES, has_wkw_layers
 
         st = await source.stat(PROPERTIES)
         if st is not None and not st.is_dir and st.size <= DEFAULT_LIMITS.metadata_bytes:
@@ -38,7 +38,7 @@ class WkwFormat(FormatPlugin):
         return bool(await mag_dirs(source))
 
     async def open(self, runtime: Runtime, options: dict[str, object]) -> Dataset:
-        from .dataset import WkwDataset
+        from unshardfs.formats.wkw.dataset import WkwDataset
 
         dataset = WkwDataset(runtime)
         return Dataset(await dataset.build(), dataset.inventory)

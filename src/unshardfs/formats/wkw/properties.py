@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from ...core.fields import VOXEL_LIMIT, Fields, MetadataError, as_int, as_ints, as_str
+from unshardfs.util.fields import VOXEL_LIMIT, Fields, MetadataError, as_int, as_ints, as_str
 
 PROPERTIES = "datasource-properties.json"
 MAX_MAGS = 64

@@ -17,18 +17,18 @@ from typing import AsyncIterator
 import lz4.block
 import numpy as np
 
-from ...core.blob import Blob
-from ...core.codecs import GeometrySized, PayloadRef
-from ...core.fetch import Extent
-from ...core.runtime import Runtime
-from ...caches import SHARD_INDEX
-from ...core.store import ShardedStore
-from ...core.table import ChunkTable
-from ...errors import DataError
-from ...sources.base import ByteSource, join_path
-from ..precomputed.grid import ChunkGrid, VolumeGeometry
-from ..precomputed.morton import MortonCoder
-from .header import BLOCK_TYPES, HEADER_BYTES, RAW, HeaderError, WkwHeader
+from unshardfs.core.blob import Blob
+from unshardfs.core.caches import SHARD_INDEX
+from unshardfs.core.codecs import GeometrySized, PayloadRef
+from unshardfs.core.fetch import Extent
+from unshardfs.core.runtime import Runtime
+from unshardfs.core.store import ShardedStore
+from unshardfs.core.table import ChunkTable
+from unshardfs.formats.wkw.header import BLOCK_TYPES, HEADER_BYTES, RAW, HeaderError, WkwHeader
+from unshardfs.sources.base import ByteSource, join_path
+from unshardfs.util.errors import DataError
+from unshardfs.volume.grid import ChunkGrid, VolumeGeometry
+from unshardfs.volume.morton import MortonCoder
 
 FileCell = tuple[int, int, int]  # a shard: the (x, y, z) index of one .wkw file
 _DIR = {"z": re.compile(r"^z(0|[1-9]\d{0,8})$"), "y": re.compile(r"^y(0|[1-9]\d{0,8})$")}

@@ -13,26 +13,25 @@ sharded array), the v2 view leaves it out.
 from __future__ import annotations
 
 import logging
-
 import math
 from typing import Any, AsyncIterator, cast
 
-from ...core.chunks import ChunkContext
-from ...core.codecs import Crc32cSuffix, Stored
-from ...core.inventory import ChunkInventory, InventoryPart
-from ...core.runtime import Runtime
-from ...errors import ConfigError
-from ...logonce import log_once
-from ...passthrough import PassthroughDir
-from ...sources.base import ObjectStat, join_path, name_problem
-from ...vtree import BytesFile, DirNode, Node, Verdict
-from ..jsonfile import encode_json, read_built
-from .keys import KeyLayout
-from .metadata import ArrayMeta, node_type
-from .sharding import Unsharded, Unsupported, unshard
-from .store import ZarrStore
-from .tree import ArrayDir, ChunkGeometry, ChunkView, FlatNaming, GroupDir
-from .v2 import DTYPES, array_v2, attrs_v2, ome_attributes
+from unshardfs.core.chunks import ChunkContext
+from unshardfs.core.codecs import Crc32cSuffix, Stored
+from unshardfs.core.inventory import ChunkInventory, InventoryPart
+from unshardfs.core.jsonfile import encode_json, read_built
+from unshardfs.core.runtime import Runtime
+from unshardfs.formats.zarr.keys import KeyLayout
+from unshardfs.formats.zarr.metadata import ArrayMeta, node_type
+from unshardfs.formats.zarr.sharding import Unsharded, Unsupported, unshard
+from unshardfs.formats.zarr.store import ZarrStore
+from unshardfs.formats.zarr.tree import ArrayDir, ChunkGeometry, ChunkView, FlatNaming, GroupDir
+from unshardfs.formats.zarr.v2 import DTYPES, array_v2, attrs_v2, ome_attributes
+from unshardfs.sources.base import ObjectStat, join_path, name_problem
+from unshardfs.tree.nodes import BytesFile, DirNode, Node, Verdict
+from unshardfs.tree.passthrough import PassthroughDir
+from unshardfs.util.errors import ConfigError
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 

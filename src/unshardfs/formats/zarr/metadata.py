@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.fields import as_ints, grid_shape
-from ...errors import ConfigError
+from unshardfs.util.errors import ConfigError
+from unshardfs.util.fields import as_ints, grid_shape
 
 MAX_DIMS = 32  # zarr-python, TensorStore and numpy all stop at 32 dimensions or fewer
 

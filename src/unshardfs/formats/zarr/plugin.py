@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any, AsyncIterator
 
-import argparse
-
-from ...core.runtime import Runtime
-from ...errors import ConfigError
-from ...sources.base import ByteSource
-from ..registry import Dataset, FormatPlugin
+from unshardfs.core.registry import Dataset, FormatPlugin
+from unshardfs.core.runtime import Runtime
+from unshardfs.sources.base import ByteSource
+from unshardfs.util.errors import ConfigError
 
 VIEWS = ("zarr3", "zarr2")
 # A Zarr v2 store (a zarr-python 2 ZipStore, `x.zip|zip:|zarr2:`) has no sharding: it is shown as stored.
@@ -18,7 +17,7 @@ V2_MARKERS = (".zgroup", ".zarray")
 
 async def _v2_store(runtime: Runtime) -> Dataset:
     """A Zarr v2 store, shown as stored (its files unchanged): what v2 readers of a zipped store need."""
-    from ...passthrough import PassthroughDir
+    from unshardfs.tree.passthrough import PassthroughDir
 
     st = await runtime.source.stat("")
     if st is None or not st.is_dir:
@@ -54,7 +53,7 @@ class ZarrFormat(FormatPlugin):
         return False
 
     async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
-        from .hierarchy import ZarrHierarchy
+        from unshardfs.formats.zarr.hierarchy import ZarrHierarchy
 
         if await runtime.source.stat("zarr.json") is None:
             return await _v2_store(runtime)

@@ -13,17 +13,16 @@ also permutes the coordinates the inner chunk shape is given in).
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 import numpy as np
 
-from ...errors import ConfigError, DataError
-from ...core.fields import as_ints, grid_shape
-from .metadata import ArrayMeta, codec_config, codec_name
+from unshardfs.formats.zarr.metadata import ArrayMeta, codec_config, codec_name
+from unshardfs.util.errors import ConfigError, DataError
+from unshardfs.util.fields import as_ints, grid_shape
 
 EMPTY = (1 << 64) - 1
 

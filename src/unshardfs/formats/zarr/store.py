@@ -21,18 +21,18 @@ from typing import AsyncIterator, Iterable, cast
 
 import numpy as np
 
-from ...caches import SHARD_INDEX
-from ...core.blob import Blob
-from ...core.fetch import SEED_MAX, Extent
-from ...core.runtime import Runtime
-from ...core.store import ShardedStore
-from ...core.table import ChunkTable
-from ...errors import DataError
-from ...logonce import log_once
-from ...sources.base import join_path, stat_and_tail
-from .keys import KeyLayout, parse_index
-from .metadata import ArrayMeta
-from .sharding import EMPTY, Unsharded
+from unshardfs.core.blob import Blob
+from unshardfs.core.caches import SHARD_INDEX
+from unshardfs.core.fetch import SEED_MAX, Extent
+from unshardfs.core.runtime import Runtime
+from unshardfs.core.store import ShardedStore
+from unshardfs.core.table import ChunkTable
+from unshardfs.formats.zarr.keys import KeyLayout, parse_index
+from unshardfs.formats.zarr.metadata import ArrayMeta
+from unshardfs.formats.zarr.sharding import EMPTY, Unsharded
+from unshardfs.sources.base import join_path, stat_and_tail
+from unshardfs.util.errors import DataError
+from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
 

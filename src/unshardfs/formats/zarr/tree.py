@@ -14,16 +14,16 @@ from typing import AsyncIterator, Awaitable, Callable, Literal
 
 import numpy as np
 
-from ...core.chunks import ChunkContext
-from ...core.geometry import Geometry
-from ...core.nameorder import NameOrder
-from ...core.naming import Naming
-from ...core.table import int_list
-from ...overlay import OverlayDir
-from ...sources.base import ByteSource, ObjectStat, join_path
-from ...vtree import Batch, DirNode, Node, Verdict
-from .keys import KeyLayout, parse_index
-from .store import ZarrStore
+from unshardfs.core.chunks import ChunkContext
+from unshardfs.core.geometry import Geometry
+from unshardfs.core.nameorder import NameOrder
+from unshardfs.core.naming import Naming
+from unshardfs.core.table import int_list
+from unshardfs.formats.zarr.keys import KeyLayout, parse_index
+from unshardfs.formats.zarr.store import ZarrStore
+from unshardfs.sources.base import ByteSource, ObjectStat, join_path
+from unshardfs.tree.nodes import Batch, DirNode, Node, Verdict
+from unshardfs.tree.overlay import OverlayDir
 
 BATCH = 1024
 

@@ -8,15 +8,14 @@ encoding. Anything else raises `Unsupported` with the reason.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
 import string
 import struct
 import sys
+from typing import Any
 
-from .metadata import ArrayMeta, codec_config, codec_name
-from .sharding import Unsharded, Unsupported, transpose_order
+from unshardfs.formats.zarr.metadata import ArrayMeta, codec_config, codec_name
+from unshardfs.formats.zarr.sharding import Unsharded, Unsupported, transpose_order
 
 # v3 data type -> (numpy kind + itemsize); endianness comes from the bytes codec.
 DTYPES = {

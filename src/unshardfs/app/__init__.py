@@ -1,0 +1,1 @@
+"""The application: the CLI, its options, opening a SOURCE, the daemon, serve and cluster runs."""

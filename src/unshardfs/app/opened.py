@@ -1,0 +1,81 @@
+"""A SOURCE opened for serving: counted byte source, caches, read path, format, virtual tree.
+
+The FUSE mount, the offline tools and the HTTP server all start the same
+way; this is that one way, so none of them knows how the source stack is
+layered or what a format needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import trio
+
+from unshardfs.app.pipeline import open_spec, parse_source
+from unshardfs.core.caches import Caches
+from unshardfs.core.fetch import FetchPolicy
+from unshardfs.core.registry import Dataset, index_levels, open_dataset
+from unshardfs.core.runtime import Runtime
+from unshardfs.sources import CountingSource, RemoteOptions, open_source
+from unshardfs.sources.zip import ZipSource, ZipSummary
+from unshardfs.tree.nodes import DirNode
+from unshardfs.util.limits import DataLimits
+
+
+@dataclass
+class OpenedSource:
+    source: CountingSource
+    runtime: Runtime
+    dataset: Dataset
+
+    @property
+    def tree(self) -> DirNode:
+        return self.dataset.tree
+
+    @property
+    def caches(self) -> Caches:
+        return self.runtime.caches
+
+    @classmethod
+    async def open(cls, url: str, options: dict | None = None, caches: Caches | None = None) -> "OpenedSource":
+        """Open `url` with the options `options.format_options` made from a command line."""
+        options = options or {}
+        spec = parse_source(url)
+        remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or DataLimits()
+        source = CountingSource(await open_spec(spec, lambda base: open_source(base, remote), limits))
+        runtime = Runtime(source, caches or Caches(levels=index_levels()), limits, options.get("policy") or FetchPolicy())
+        try:
+            dataset = await open_dataset(runtime, spec.format, options.get("formats") or {})
+        except BaseException:
+            await source.aclose()
+            raise
+        return cls(source, runtime, dataset)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator["OpenedSource"]:
+        """Serve with background work (prefetch, index read-ahead) enabled; cancelled on exit."""
+        async with trio.open_nursery() as nursery:
+            self.runtime.fetcher.attach(nursery)
+            try:
+                yield self
+            finally:
+                self.runtime.fetcher.attach(None)
+                nursery.cancel_scope.cancel()
+
+    @property
+    def archive(self) -> "ZipSummary | None":
+        """What the zip archive the source is read through holds (None when there is none)."""
+        inner = self.source.inner
+        return inner.summary if isinstance(inner, ZipSource) else None
+
+    def stats(self) -> dict:
+        """Backing-source sections (reads, HTTP, disk cache), the read path and the caches."""
+        return {**self.source.stats(), **self.runtime.stats(), "caches": self.caches.usage(),
+                # the daemon's CPU so far: what a workload cost per file, beside the round trips it waited for
+                "process": {"cpu_seconds": round(time.process_time(), 4)}}
+
+    async def aclose(self) -> None:
+        await self.source.aclose()

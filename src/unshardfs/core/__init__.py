@@ -1,0 +1,1 @@
+"""The sharded-read core: blobs, chunk tables, the coalescing fetcher, read-ahead, caches and the format plug-in registry."""

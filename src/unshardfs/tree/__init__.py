@@ -1,0 +1,1 @@
+"""The node API: the directories and files every format produces and every front end serves."""

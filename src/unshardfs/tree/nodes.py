@@ -1,0 +1,165 @@
+"""The virtual tree: what every format produces and the FUSE adapter serves.
+
+A format turns a byte source into directories and files. The adapter knows
+nothing about formats; it only calls these methods. Everything is async so a
+remote byte source can sit underneath without changing the contract.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import AsyncIterator, Iterator, Union
+
+from unshardfs.sources.base import FdRange
+
+
+class Node:
+    """Attributes common to files and directories.
+
+    `mtime_ns` must be stable (taken from backing objects), never "now", so
+    that tools comparing timestamps (rsync, make, caches) behave.
+    """
+
+    __slots__ = ("mtime_ns", "ident")
+    is_dir = False
+
+    def __init__(self, mtime_ns: int) -> None:
+        self.mtime_ns = mtime_ns
+        # Id of a computed child within its directory (< 2**CHILD_ID_BITS),
+        # set by directories that implement `child_name`; None otherwise.
+        self.ident: int | None = None
+
+    def xattrs(self) -> dict[str, bytes]:
+        """Extended attributes describing where the bytes come from."""
+        return {}
+
+
+def size_of(node: Node) -> int:
+    """A file's size; 0 for a directory (what stat shows for it here)."""
+    return node.size if isinstance(node, FileNode) else 0
+
+
+class FileNode(Node):
+    __slots__ = ("size",)
+
+    def __init__(self, size: int, mtime_ns: int) -> None:
+        super().__init__(mtime_ns)
+        self.size = size
+
+    async def read(self, offset: int, size: int) -> bytes:
+        raise NotImplementedError
+
+    def cached_range(self, offset: int, size: int) -> FdRange | None:
+        """Where the bytes `read(offset, size)` would return lie, if that is known without any
+        I/O and they are all in the page cache; None otherwise (then `read` serves them).
+
+        An extension point for files whose bytes are stored as they are shown: the descriptor is
+        the backing file's, checked against the version the file was resolved from. Only valid
+        until the next await. The default: None."""
+        return None
+
+    def read_now(self, offset: int, size: int) -> bytes | bytearray | None:
+        """The bytes `read(offset, size)` returns (or a bytearray of them, handed over), if they
+        can be had at once without waiting on anything (a local file stored as shown, its bytes
+        in the page cache); None otherwise
+        (then `read` serves them, and reports whatever stood in the way). Lets an engine answer
+        a READ where it read the request, with no coroutine. The default: None."""
+        return None
+
+    def span(self, offset: int, size: int) -> int:
+        """How many bytes a read at `offset` of up to `size` returns (0 at or past the end)."""
+        if offset >= self.size or size <= 0:
+            return 0
+        return min(size, self.size - offset)
+
+
+Entry = tuple[str, Node]
+
+
+class EntryBatch:
+    """Directory entries produced together, whose nodes are built only on demand.
+
+    A listing of a million chunks needs names, sizes and inode idents, not
+    a million objects: the FUSE adapter reads those three lists directly,
+    and calls `node(i)` only where it must keep a node. Iterating a batch
+    yields (name, node) pairs like a plain list of entries, so walkers need
+    not know the difference. All entries of a batch are files sharing one
+    mtime.
+    """
+
+    __slots__ = ("names", "sizes", "idents", "mtime_ns")
+
+    def __init__(self, names: list[str], sizes: list[int], idents: list[int | None], mtime_ns: int) -> None:
+        self.names = names
+        self.sizes = sizes
+        self.idents = idents
+        self.mtime_ns = mtime_ns
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def node(self, i: int) -> "FileNode":
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Entry]:
+        for i, name in enumerate(self.names):
+            yield name, self.node(i)
+
+
+# What `DirNode.entries` yields: plain (name, node) lists or lazy batches.
+Batch = Union[list[Entry], EntryBatch]
+
+
+class Verdict(enum.Enum):
+    """Lookup answers other than a node or None (absent), for layered directories."""
+
+    PASS = "pass"  # not this layer's name: the layer below decides
+    HIDE = "hide"  # the name exists below but is hidden from the view
+
+# Ids of computed children must fit in this many bits, leaving the rest of a
+# 64-bit inode number to say which directory they belong to.
+CHILD_ID_BITS = 56
+
+
+class DirNode(Node):
+    __slots__ = ()
+    is_dir = True
+
+    async def lookup(self, name: str) -> Node | None:
+        """The child called `name`, or None when it does not exist."""
+        raise NotImplementedError
+
+    def entries(self) -> AsyncIterator[Batch]:
+        """Children in a stable order, produced lazily in batches.
+
+        Implementations must stream: a scale directory can hold a billion
+        chunks, so nothing may build the whole listing in memory. Batches
+        (e.g. one per minishard) keep the per-entry cost of async iteration
+        out of large listings.
+        """
+        raise NotImplementedError
+
+    # Directories whose children are computed from ids (chunk ids, segment
+    # ids) set `ident` on those children and map it back with `child_name`;
+    # the FUSE adapter then derives inode numbers from the ids instead of
+    # remembering every child the kernel has seen, so the daemon's memory
+    # does not grow with the size of listed directories.
+
+    stable_key: str | None = None  # identifies the directory across re-lookups
+
+    def child_name(self, ident: int) -> str:
+        """The name of the child whose `ident` is given."""
+        raise KeyError(ident)
+
+
+class BytesFile(FileNode):
+    """A small file held in memory (rewritten metadata such as `info`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes, mtime_ns: int) -> None:
+        super().__init__(len(data), mtime_ns)
+        self.data = data
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset:offset + size]

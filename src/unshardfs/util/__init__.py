@@ -1,0 +1,1 @@
+"""Utilities: errors, log-once, bounded maps, limits, metadata fields, bounded decompression, Linux calls."""
