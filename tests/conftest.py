@@ -7,6 +7,8 @@ from typing import Iterator
 
 import pytest
 
+import tests.support.profiles  # noqa: F401  (the hypothesis profile, loaded before any test module)
+
 from unshardfs.testing.mounts import MountFn, mounting
 
 

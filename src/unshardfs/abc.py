@@ -37,7 +37,7 @@ from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.geometry import FixedSize, Geometry
 from unshardfs.core.inventory import ChunkInventory, InventoryPart
 from unshardfs.core.naming import DecimalNaming, Naming, parse_decimal
-from unshardfs.core.registry import Dataset, FormatPlugin, register_format
+from unshardfs.core.registry import Dataset, FormatPlugin, register_format, unregister_format
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
 from unshardfs.core.table import ChunkTable
@@ -52,5 +52,5 @@ __all__ = [
     "Codec", "ConfigError", "DataError", "Dataset", "DecimalNaming", "DirNode", "Extent", "Fetcher", "Fields",
     "FileNode", "FixedSize", "FormatPlugin", "Geometry", "GeometrySized", "IndexLevel", "InventoryPart", "DataLimits", "MetadataError",
     "Naming", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_path", "parse_decimal",
-    "register_codec", "register_format",
+    "register_codec", "register_format", "unregister_format",
 ]

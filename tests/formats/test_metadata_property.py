@@ -31,6 +31,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from unshardfs.core.runtime import Runtime
 from unshardfs.formats.dvid.export import DvidExport
 from unshardfs.formats.dvid.shard import parse_csv_index, parse_json_index
@@ -42,7 +43,7 @@ from unshardfs.testing.precomputed import MESH_INFO, SKELETON_INFO, sharding
 from unshardfs.util.errors import ConfigError, DataError
 
 MAX_PEAK = 64 << 20
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=examples(150), deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # -- documents --------------------------------------------------------------------------
@@ -319,7 +320,7 @@ def test_unparseable_bytes(traced, raw):
         assert outcome(files, parse) == "config"
 
 
-GROWN_SETTINGS = settings(SETTINGS, max_examples=40)
+GROWN_SETTINGS = settings(SETTINGS, max_examples=examples(40))
 
 
 @GROWN_SETTINGS

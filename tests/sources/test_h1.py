@@ -17,6 +17,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from unshardfs.sources import h1
 
 URL = "http://127.0.0.1:9/ds/obj"  # nothing listens on port 9 (discard): a new connection is refused
@@ -104,7 +105,7 @@ bodies = st.binary(max_size=3000)
 splits = st.lists(st.integers(0, 4000), max_size=6)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, declared_delta=st.integers(-20, 20), extra=st.binary(max_size=200), pieces=splits,
        limit=st.integers(0, 4000), close=st.booleans(), plain=st.booleans())
 def test_declared_length_is_exactly_what_is_returned(body, declared_delta, extra, pieces, limit, close, plain):
@@ -124,7 +125,7 @@ def test_declared_length_is_exactly_what_is_returned(body, declared_delta, extra
         assert pooled == (0 if wire.close or len(sent) > declared else 1)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, sizes=st.lists(st.integers(1, 700), max_size=8), pieces=splits,
        limit=st.integers(0, 4000), plain=st.booleans())
 def test_chunked_bodies_are_capped(body, sizes, pieces, limit, plain):
@@ -136,7 +137,7 @@ def test_chunked_bodies_are_capped(body, sizes, pieces, limit, plain):
         assert outcome == body and pooled == 1
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, pieces=splits, limit=st.integers(0, 4000))
 def test_bodies_delimited_by_the_close_are_capped_and_never_pooled(body, pieces, limit):
     outcome, pooled, _ = exchange(Wire(head(200) + body, pieces, close=True), limit)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.bombs import Bad, assert_contained
+from tests.support.profiles import examples
 from tests.support.zips import Member, build, deflate
 from unshardfs.sources import LocalSource
 from unshardfs.sources.zip import ZipSource
@@ -234,7 +235,7 @@ def test_index_memory_per_entry(tmp_path):
     assert peak / n < 600, peak / n
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_garbled_central_directory(tmp_path, data):
     """Any garbling of the central directory and end records: a one-line ConfigError, or paths whose

@@ -93,6 +93,13 @@ def register_format(plugin: FormatPlugin | type[FormatPlugin]) -> FormatPlugin:
     return instance
 
 
+def unregister_format(name: str) -> None:
+    """Forget the format registered as `name` (a plug-in's tests register one for a while)."""
+    global _json_names
+    _PLUGINS.pop(name, None)
+    _json_names = None
+
+
 def _load(group: str, what: str) -> Iterable[tuple[EntryPoint, object]]:
     for ep in entry_points(group=group):
         try:

@@ -16,6 +16,7 @@ import json
 import shutil
 import struct
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -23,7 +24,7 @@ KINDS = ("point", "line", "axis_aligned_bounding_box", "ellipsoid")
 NAMES = ("x", "y", "z", "t")
 
 
-def _writer(kind: str, rank: int):
+def _writer(kind: str, rank: int) -> Any:
     import neuroglancer
     from neuroglancer.write_annotations import AnnotationWriter
 
@@ -34,7 +35,7 @@ def _writer(kind: str, rank: int):
                             properties=properties)
 
 
-def _add(writer, kind: str, rank: int, rng: np.random.Generator, n: int) -> None:
+def _add(writer: Any, kind: str, rank: int, rng: np.random.Generator, n: int) -> None:
     for i in range(n):
         a = rng.uniform(0, 100, rank)
         b = a + rng.uniform(1, 10, rank)
@@ -51,11 +52,11 @@ def _add(writer, kind: str, rank: int, rng: np.random.Generator, n: int) -> None
             writer.add_ellipsoid(a, b - a, **extra)
 
 
-def _spatial_level(writer, path: Path, info: dict, grid: list[int]) -> None:
+def _spatial_level(writer: Any, path: Path, info: dict[str, Any], grid: list[int]) -> None:
     """A level of several cells: each annotation in the cell of its first point."""
     lower, upper = np.asarray(info["lower_bound"]), np.asarray(info["upper_bound"])
     size = np.maximum((upper - lower) / np.asarray(grid), 1e-3)
-    cells: dict[tuple[int, ...], list] = {}
+    cells: dict[tuple[int, ...], list[Any]] = {}
     for annotation in writer.annotations:
         point = np.frombuffer(annotation.encoded[:4 * len(grid)], dtype="<f4")
         cell = tuple(int(c) for c in np.clip(((point - lower) // size).astype(int), 0, np.asarray(grid) - 1))
@@ -68,7 +69,7 @@ def _spatial_level(writer, path: Path, info: dict, grid: list[int]) -> None:
                             "limit": max(len(a) for a in cells.values())})
 
 
-def _pack(plain_dir: Path, sharded_dir: Path, spec: dict, key_of) -> None:
+def _pack(plain_dir: Path, sharded_dir: Path, spec: dict[str, Any], key_of: Callable[[str], bytes]) -> None:
     import tensorstore as ts
 
     store = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{sharded_dir}/",
@@ -85,7 +86,7 @@ def _cell_key(name: str, shape: list[int]) -> bytes:
     return struct.pack(">Q", int(_zorder_compressed(np.array([int(c) for c in name.split("_")]), np.array(shape))))
 
 
-def write_annotation_set(root: Path, kind: str, rank: int, spec: dict, n: int = 60, seed: int = 0) -> dict[str, Path]:
+def write_annotation_set(root: Path, kind: str, rank: int, spec: dict[str, Any], n: int = 60, seed: int = 0) -> dict[str, Path]:
     """`root/plain` (Neuroglancer's unsharded writer, plus a multi-cell spatial level) and
     `root/sharded` (every index repacked into shards with `spec`)."""
     writer = _writer(kind, rank)

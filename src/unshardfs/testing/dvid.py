@@ -16,6 +16,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -93,10 +94,10 @@ def sample_volume(shape: tuple[int, int, int], seed: int) -> np.ndarray:
     vol[:BLOCK, :BLOCK, :BLOCK] = 7  # a solid block
     vol[2 * BLOCK:3 * BLOCK, BLOCK:2 * BLOCK, :] = 0  # blocks DVID skips
     vol[2 * BLOCK + 8:2 * BLOCK + 16, :8, :8] = 0  # a zero sub-block inside a block
-    return vol
+    return np.asarray(vol, dtype=np.uint64)
 
 
-def info_for(sizes: list[tuple[int, int, int]], sharding: dict) -> dict:
+def info_for(sizes: list[tuple[int, int, int]], sharding: dict[str, Any]) -> dict[str, Any]:
     return {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64",
             "num_channels": 1,
             "scales": [{"key": f"{8 << i}.0x{8 << i}.0x{8 << i}.0", "size": list(size),
@@ -126,12 +127,12 @@ def _schema(zstd: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def shard_groups(grid: tuple[int, int, int], sharding: dict) -> dict[int, list[tuple[int, int, int]]]:
+def shard_groups(grid: tuple[int, int, int], sharding: dict[str, Any]) -> dict[int, list[tuple[int, int, int]]]:
     from cloudvolume.datasource.precomputed.common import compressed_morton_code
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
 
     spec = ShardingSpecification.from_dict(dict(sharding))
-    groups: dict[int, list] = {}
+    groups: dict[int, list[Any]] = {}
     for x in range(grid[0]):
         for y in range(grid[1]):
             for z in range(grid[2]):
@@ -158,7 +159,7 @@ def encode_volume(vol: np.ndarray) -> dict[tuple[int, int, int], tuple[bytes, np
     return out
 
 
-def write_scale(scale_dir: Path, blocks: dict, grid: tuple[int, int, int], sharding: dict, variant: Variant) -> None:
+def write_scale(scale_dir: Path, blocks: dict[tuple[int, int, int], Any], grid: tuple[int, int, int], sharding: dict[str, Any], variant: Variant) -> None:
     scale_dir.mkdir(parents=True, exist_ok=True)
     schema = _schema(variant.zstd)
     zstd = zstandard.ZstdCompressor(level=3)
@@ -189,8 +190,10 @@ def write_scale(scale_dir: Path, blocks: dict, grid: tuple[int, int, int], shard
             spans.extend([(end - size, size, i) for i in range(len(rows[at:at + batch_size]))])
         writer.close()
         body = sink.getvalue()
-        key_of = (lambda c: "_".join(str(v * BLOCK) for v in c)) if variant.key_units == "voxel" \
-            else (lambda c: "_".join(map(str, c)))
+        unit = BLOCK if variant.key_units == "voxel" else 1
+
+        def key_of(c: tuple[int, int, int]) -> str:
+            return "_".join(str(v * unit) for v in c)
         mapping = {key_of(c): i for i, c in enumerate(present)}
         if variant.index == "footer":
             text = json.dumps(mapping).encode()

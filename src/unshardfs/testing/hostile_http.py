@@ -34,7 +34,7 @@ import urllib.parse
 import zlib
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from unshardfs.testing.http_servers import DatasetServer, Logged
 
@@ -67,7 +67,7 @@ class HostileServer(DatasetServer):
         self._closed = threading.Event()
         self._tokens = 0
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._closed.set()
         super().__exit__(*exc)
 
@@ -175,7 +175,7 @@ class HostileServer(DatasetServer):
         self._start(h, 302, {"Location": self.redirect_to + h.path, "Content-Length": "0"})
         self._record(h, 302, 0)
 
-    def _listing_page(self, h: BaseHTTPRequestHandler, page: dict) -> None:
+    def _listing_page(self, h: BaseHTTPRequestHandler, page: dict[str, Any]) -> None:
         # ensure_ascii: lone surrogates (names that are not UTF-8) travel as \\udXXX escapes.
         body = json.dumps(page, ensure_ascii=True).encode()
         self._start(h, 200, {"Content-Type": "application/json", "Content-Length": str(len(body))})

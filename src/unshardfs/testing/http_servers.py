@@ -18,6 +18,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -61,7 +62,7 @@ class DatasetServer:
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # headers and body go out as separate writes
 
-            def log_message(self, *args) -> None:
+            def log_message(self, *args: Any) -> None:
                 pass
 
             def do_HEAD(self) -> None:
@@ -76,7 +77,7 @@ class DatasetServer:
             # the test server's, not the client's.
             request_queue_size = 128
 
-            def handle_error(self, request, client_address) -> None:
+            def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # clients hanging up early (a dropped fallback download) are expected here
 
         self.httpd = Server((host, 0), Handler)
@@ -92,7 +93,7 @@ class DatasetServer:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -200,12 +201,12 @@ class DatasetServer:
         return self._reply(h, 200, b"" if head else target.read_bytes(), headers, head, rng, drop,
                            length=size)
 
-    def _gcs_list(self, h, query: dict, head: bool, rng: str | None) -> None:
+    def _gcs_list(self, h: BaseHTTPRequestHandler, query: dict[str, Any], head: bool, rng: str | None) -> None:
         prefix = query.get("prefix", [""])[0]
         delimiter = query.get("delimiter", [""])[0]
         limit = min(int(query.get("maxResults", [self.page_size])[0]), self.page_size)
         start = int(query.get("pageToken", ["0"])[0])
-        entries: list[tuple[str, dict | None]] = []
+        entries: list[tuple[str, dict[str, Any] | None]] = []
         seen = set()
         for p in sorted(self.root.rglob("*")):
             if not p.is_file():
@@ -225,7 +226,7 @@ class DatasetServer:
                                    "updated": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime)),
                                    "etag": hashlib.md5(name.encode()).hexdigest()}))
         page = entries[start:start + limit]
-        body: dict = {"kind": "storage#objects"}
+        body: dict[str, Any] = {"kind": "storage#objects"}
         items = [item for _, item in page if item is not None]
         prefixes = [name for name, item in page if item is None]
         if items:

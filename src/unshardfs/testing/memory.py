@@ -8,7 +8,7 @@ of an earlier `stat` fail with `StaleError`, as the real sources do.
 from __future__ import annotations
 
 import itertools
-from typing import AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 from unshardfs.sources.base import IndexCache, ObjectStat, name_problem
 from unshardfs.util.errors import SourceError, StaleError
@@ -58,7 +58,7 @@ class MemorySource:
     async def stat_dir(self, path: str) -> ObjectStat | None:
         return _DIR if path not in self._files and self._is_dir(path) else None
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: tuple[object, ...] | None = None) -> bytes:
         self.requests["read"] += 1
         found = self._files.get(path)
         if found is None or (version is not None and version != (found[1],)):
@@ -67,7 +67,7 @@ class MemorySource:
             raise SourceError(f"{self.description}: no object {path!r}")
         return found[0][offset:offset + size]
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: tuple[object, ...] | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:

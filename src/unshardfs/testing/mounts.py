@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 UNSHARDFS = [sys.executable, "-m", "unshardfs"]
 
@@ -24,14 +24,15 @@ class Mount:
     def log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The daemon's live counters (what `unshardfs stats` prints)."""
         return stats(self.path)
 
 
-def stats(mountpoint: Path) -> dict:
+def stats(mountpoint: Path) -> dict[str, Any]:
     """The live counters of the daemon serving `mountpoint` (its stats xattr)."""
-    return json.loads(os.getxattr(mountpoint, "user.unshardfs.stats"))
+    stats: dict[str, Any] = json.loads(os.getxattr(mountpoint, "user.unshardfs.stats"))
+    return stats
 
 
 MountFn = Callable[..., Mount]
@@ -61,7 +62,7 @@ def mounting(tmp_path: Path) -> Iterator[MountFn]:
             force_unmount(mnt)
 
 
-def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The CLI in a subprocess, with this process's environment unless `env` is given."""
     return subprocess.run([*UNSHARDFS, *args], capture_output=True, text=True, timeout=timeout, env=env)
 

@@ -12,13 +12,14 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
 
 def sharding(hash: str = "murmurhash3_x86_128", preshift: int = 0, minishard: int = 2, shard: int = 2,
-             index_enc: str = "raw", data_enc: str = "raw") -> dict:
+             index_enc: str = "raw", data_enc: str = "raw") -> dict[str, Any]:
     return {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": preshift, "hash": hash,
             "minishard_bits": minishard, "shard_bits": shard,
             "minishard_index_encoding": index_enc, "data_encoding": data_enc}
@@ -28,16 +29,16 @@ def sharding(hash: str = "murmurhash3_x86_128", preshift: int = 0, minishard: in
 class Scale:
     size: tuple[int, int, int]
     chunk: tuple[int, int, int]
-    sharding: dict | None
+    sharding: dict[str, Any] | None
     encoding: str = "raw"
     voxel_offset: tuple[int, int, int] = (0, 0, 0)
     resolution: tuple[float, float, float] = (1.0, 1.0, 1.0)
     # Fraction of the volume (along x) that is written; the rest stays absent.
     fill: float = 1.0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
-def _scale_metadata(scale: Scale, sharded: bool) -> dict:
+def _scale_metadata(scale: Scale, sharded: bool) -> dict[str, Any]:
     meta = {"size": list(scale.size), "chunk_size": list(scale.chunk), "encoding": scale.encoding,
             "voxel_offset": list(scale.voxel_offset), "resolution": list(scale.resolution), **scale.extra}
     if sharded and scale.sharding is not None:
@@ -96,11 +97,12 @@ def read_all(path: Path, scale_index: int = 0) -> np.ndarray:
 
 # -- skeletons and meshes via CloudVolume's shard assembly -------------------
 
-def _shard_files(spec: dict, data: dict[int, bytes], data_offset: dict[int, int] | None = None) -> dict[str, bytes]:
+def _shard_files(spec: dict[str, Any], data: dict[int, bytes], data_offset: dict[int, int] | None = None) -> dict[str, bytes]:
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
 
     sspec = ShardingSpecification.from_dict(dict(spec))
-    return synthesize_shard_files(sspec, data, data_offset)
+    files: dict[str, bytes] = synthesize_shard_files(sspec, data, data_offset)
+    return files
 
 
 def random_skeletons(n: int, seed: int) -> dict[int, bytes]:
@@ -158,7 +160,7 @@ def random_multilod_meshes(n: int, seed: int) -> dict[int, tuple[bytes, bytes]]:
     return out
 
 
-def write_objects(root: Path, kind: str, spec: dict, seed: int = 0, n: int = 40) -> dict[str, Path]:
+def write_objects(root: Path, kind: str, spec: dict[str, Any], seed: int = 0, n: int = 40) -> dict[str, Path]:
     """Sharded and unsharded skeleton ('skeletons') or multi-LOD mesh ('mesh') directories.
 
     Both live in a segmentation dataset whose info names them, the way

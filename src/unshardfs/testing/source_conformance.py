@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import posixpath
 from pathlib import Path
-from typing import Awaitable, Callable, ClassVar, TypeVar
+from typing import Any, Awaitable, Callable, ClassVar, TypeVar
 
 import numpy as np
 import pytest

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -27,7 +28,7 @@ ZARR2_PYTHON = Path(os.environ.get("UNSHARDFS_ZARR2_PYTHON")
 DEBIAN_ZARR_PYTHON = Path(os.environ.get("UNSHARDFS_DEBIAN_ZARR_PYTHON") or "/usr/bin/python3")
 
 
-def codec(name: str, **config) -> dict:
+def codec(name: str, **config: Any) -> dict[str, Any]:
     return {"name": name, "configuration": config} if config else {"name": name}
 
 
@@ -36,7 +37,8 @@ BYTES_BE = codec("bytes", endian="big")
 CRC = codec("crc32c")
 
 
-def sharding(chunk_shape, codecs, index_codecs=(BYTES_LE, CRC), location="end") -> dict:
+def sharding(chunk_shape: Sequence[int], codecs: Sequence[dict[str, Any]],
+             index_codecs: Sequence[dict[str, Any]] = (BYTES_LE, CRC), location: str = "end") -> dict[str, Any]:
     return codec("sharding_indexed", chunk_shape=list(chunk_shape), codecs=list(codecs),
                  index_codecs=list(index_codecs), index_location=location)
 
@@ -46,17 +48,17 @@ class ZCase:
     shape: tuple[int, ...]
     dtype: str
     shard_shape: tuple[int, ...]
-    codecs: list  # of the sharded array
+    codecs: list[Any]  # of the sharded array
     plain_chunks: tuple[int, ...]  # inner chunk shape in array order
-    plain_codecs: list  # what an unsharded writer uses
+    plain_codecs: list[Any]  # what an unsharded writer uses
     writer: str = "zarr"  # or "tensorstore"
     fill_value: object = 0
-    key_encoding: dict = field(default_factory=lambda: codec("default", separator="/"))
-    attributes: dict = field(default_factory=dict)
-    dimension_names: list | None = None
+    key_encoding: dict[str, Any] = field(default_factory=lambda: codec("default", separator="/"))
+    attributes: dict[str, Any] = field(default_factory=dict[str, Any])
+    dimension_names: list[Any] | None = None
     holes: bool = True
 
-    def metadata(self, sharded: bool) -> dict:
+    def metadata(self, sharded: bool) -> dict[str, Any]:
         meta = {
             "zarr_format": 3, "node_type": "array", "shape": list(self.shape), "data_type": self.dtype,
             "chunk_grid": codec("regular", chunk_shape=list(self.shard_shape if sharded else self.plain_chunks)),
@@ -98,7 +100,7 @@ class _Epoch:
         return 0.0
 
 
-def _write_zarr(path: Path, meta: dict, data: np.ndarray) -> None:
+def _write_zarr(path: Path, meta: dict[str, Any], data: np.ndarray) -> None:
     import gzip
     from unittest import mock
 
@@ -111,7 +113,7 @@ def _write_zarr(path: Path, meta: dict, data: np.ndarray) -> None:
         array[...] = data
 
 
-def _write_tensorstore(path: Path, meta: dict, data: np.ndarray) -> None:
+def _write_tensorstore(path: Path, meta: dict[str, Any], data: np.ndarray) -> None:
     import tensorstore as ts
 
     members = {k: v for k, v in meta.items() if k not in ("zarr_format", "node_type")}
@@ -132,7 +134,7 @@ def write_case(root: Path, name: str, case: ZCase, seed: int = 0) -> np.ndarray:
     return data
 
 
-def write_group(path: Path, attributes: dict | None = None) -> None:
+def write_group(path: Path, attributes: dict[str, Any] | None = None) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group",
                                                 "attributes": attributes or {}}))
@@ -165,7 +167,8 @@ def read_with_zarr2(path: Path, out: Path, consolidated: bool = False, python: P
     result = subprocess.run([str(python or ZARR2_PYTHON), "-c", script, str(path), str(out), "1" if consolidated else "0"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    return np.load(out)
+    array: np.ndarray = np.load(out)
+    return array
 
 
 __all__ = ["BYTES_BE", "BYTES_LE", "CRC", "DEBIAN_ZARR_PYTHON", "ZARR2_PYTHON", "ZCase", "codec", "consolidate", "read_with_zarr2",

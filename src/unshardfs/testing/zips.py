@@ -13,6 +13,7 @@ import json
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 
 def _members(src: Path) -> list[Path]:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.formats.dvid.test_mount import SHARDING, VARIANTS
 from unshardfs.testing.dvid import BLOCK, agglomerate, encode_volume, info_for, sample_volume, shard_groups, write_scale
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance, InProcessConformance
 
 SIZE = (200, 130, 70)  # 4 x 3 x 2 blocks, edge blocks clipped
 GRID = tuple(-(-s // BLOCK) for s in SIZE)
@@ -65,3 +65,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> FormatCase:
 
 class TestDvidConformance(FormatConformance):
     pass
+
+
+class TestDvidInProcess(InProcessConformance):
+    """The same checks over the node API, without a mount (the quick tier's)."""

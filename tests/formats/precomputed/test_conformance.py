@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support.precomputed import chunk_locations
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance, InProcessConformance
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import walk_files
 
@@ -47,3 +47,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> FormatCase:
 
 class TestPrecomputedConformance(FormatConformance):
     pass
+
+
+class TestPrecomputedInProcess(InProcessConformance):
+    """The same checks over the node API, without a mount (the quick tier's)."""

@@ -14,6 +14,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from unshardfs.core.caches import Caches, CacheSizes
 from unshardfs.core.chunks import ChunkContext
 from unshardfs.core.codecs import codec
@@ -80,7 +81,7 @@ async def read_chunk(chunks: ChunkContext, chunk_id: int) -> bytes | None:
     return data
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=specs, chunks=chunk_sets, data=st.data())
 def test_reads_are_exact_absent_or_dataerror(spec, chunks, data):
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from unshardfs.core.blob import Blob
 from unshardfs.formats.precomputed.dirs import manifest_fragment_bytes, parse_segment_id
 from unshardfs.formats.precomputed.shards import decode_minishard
@@ -36,7 +37,7 @@ def test_murmurhash_published_vectors(key, expected):
     assert murmurhash3_x86_128_low64(key) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(chunk_id=st.integers(0, 2**64 - 1), preshift=st.integers(0, 12), minishard=st.integers(0, 8),
        shard=st.integers(0, 12), hash_=st.sampled_from(["identity", "murmurhash3_x86_128"]))
 def test_shard_location_matches_cloudvolume(chunk_id, preshift, minishard, shard, hash_):
@@ -52,7 +53,7 @@ def test_shard_location_matches_cloudvolume(chunk_id, preshift, minishard, shard
     assert (int(s_arr[0]), int(m_arr[0])) == (shard_no, minishard_no)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(grid=st.tuples(st.integers(1, 300), st.integers(1, 300), st.integers(1, 300)), data=st.data())
 def test_compressed_morton_matches_cloudvolume(grid, data):
     from cloudvolume.datasource.precomputed.common import compressed_morton_code

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.toyformat.plugin import HEADER, MARKER
 from tests.support.toyformat.writer import write_toy
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance, InProcessConformance
 from unshardfs.testing.mounts import force_unmount, run_cli
 
 REPO = Path(__file__).resolve().parents[3]
@@ -80,3 +80,20 @@ def test_found_only_through_its_entry_point(case: FormatCase, registered: Path, 
     inspected = run_cli("inspect", "--json", "-q", str(case.sharded))
     assert inspected.returncode == 0, inspected.stderr
     assert '"toy chunks"' in inspected.stdout and f'"chunks": {len(KEYS)}' in inspected.stdout, inspected.stdout
+
+
+class TestToyInProcess(InProcessConformance):
+    """The same checks over the node API, without a mount (the quick tier's): registered in this
+    process through the public API, as a plug-in's own tests would."""
+
+    @pytest.fixture(autouse=True)
+    def in_this_process(self) -> Iterator[None]:
+        from unshardfs.core import registry
+        from tests.support.toyformat.plugin import ToyFormat
+
+        registry.load_plugins()
+        plugin = registry.register_format(ToyFormat)
+        try:
+            yield
+        finally:
+            registry.unregister_format(plugin.name)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.formats.wkw.datasets import MIXED, SPAN, write_dataset
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance, InProcessConformance
 
 
 def chunks_of_file(data, layer: str, mag_index: int, f: tuple[int, int, int]) -> list[str]:
@@ -46,3 +46,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> FormatCase:
 
 class TestWkwConformance(FormatConformance):
     pass
+
+
+class TestWkwInProcess(InProcessConformance):
+    """The same checks over the node API, without a mount (the quick tier's)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance
+from unshardfs.testing.format_conformance import Damaged, FormatCase, FormatConformance, InProcessConformance
 from unshardfs.testing.trees import walk_files
 from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case, write_group
 
@@ -50,3 +50,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> FormatCase:
 
 class TestZarrConformance(FormatConformance):
     pass
+
+
+class TestZarrInProcess(InProcessConformance):
+    """The same checks over the node API, without a mount (the quick tier's)."""

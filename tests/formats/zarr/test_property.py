@@ -14,6 +14,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from unshardfs.app.opened import OpenedSource
 from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case
 from unshardfs.util.errors import DataError
@@ -50,7 +51,7 @@ def read_all(store: Path) -> dict[tuple, object]:
     return trio.run(main)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_damaged_index_never_yields_other_bytes(pristine, tmp_path, data):
     assert all(isinstance(v, bytes) for v in read_all(pristine / "sharded" / "arr").values())

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from unshardfs.formats.zarr.keys import KeyLayout
 from unshardfs.formats.zarr.metadata import ArrayMeta
 from unshardfs.formats.zarr.sharding import Unsupported, unshard
@@ -105,7 +106,7 @@ def test_v2_mapping():
         array_v2(text, unshard(text, "t"), ".", "t")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(grid=st.lists(st.integers(1, 9), min_size=1, max_size=4), data=st.data())
 def test_chunk_ids_are_numpys_c_order(grid, data):
     """`id_of`/`index_of` (plain arithmetic, per chunk) agree with numpy's ravel/unravel, errors included."""
