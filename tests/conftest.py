@@ -1,4 +1,5 @@
-"""Shared fixtures: real FUSE mounts that are always unmounted, even when a test fails."""
+"""Shared fixtures (real FUSE mounts that are always unmounted, even when a test fails) and the
+markers that sort tests into tiers."""
 
 from __future__ import annotations
 
@@ -8,11 +9,25 @@ from typing import Iterator
 import pytest
 
 import tests.support.profiles  # noqa: F401  (the hypothesis profile, loaded before any test module)
-
 from unshardfs.testing.mounts import MountFn, mounting
+
+# What a test module uses to reach the kernel or another process: its tests are `mount` tests.
+OUT_OF_PROCESS = frozenset({"run_cli", "mounting", "start_daemon", "force_unmount", "daemon_pids", "MountFn"})
 
 
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[MountFn]:
     """`mount(source, *options)` mounts in the background and returns a `Mount`."""
     yield from mounting(tmp_path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`mount` on every test that mounts or runs the CLI: it uses the `mount` fixture, or its module
+    uses the helpers that start daemons, unless the test's class says it runs in process."""
+    for item in items:
+        if item.get_closest_marker("mount"):
+            continue
+        in_process = getattr(getattr(item, "cls", None), "in_process", False)
+        module_names = set(vars(item.module)) if isinstance(item, pytest.Function) and item.module else set()
+        if "mount" in getattr(item, "fixturenames", ()) or (not in_process and module_names & OUT_OF_PROCESS):
+            item.add_marker(pytest.mark.mount)

@@ -93,6 +93,7 @@ def _read_names(libc, handle, limit: int | None = None) -> list[str]:
     return names
 
 
+@pytest.mark.smoke
 def test_lookup_listing_seekdir_telldir(volume, mount, engine):
     m = mount(volume["sharded"], "--fuse-engine", engine)
     want = sorted(os.listdir(volume["plain"] / KEY))
@@ -116,6 +117,7 @@ def test_lookup_listing_seekdir_telldir(volume, mount, engine):
     assert sorted(head + rest) == want
 
 
+@pytest.mark.smoke
 def test_pread_mmap_seek(volume, mount, engine):
     m = mount(volume["sharded"], "--fuse-engine", engine)
     rng = random.Random(3)

@@ -60,6 +60,7 @@ class FormatConformance:
     def mount(self, tmp_path: Path) -> Iterator[MountFn]:
         yield from mounting(tmp_path)
 
+    @pytest.mark.smoke
     def test_mount_equals_unsharded_twin(self, case: FormatCase, mount: MountFn) -> None:
         m = mount(case.sharded, *case.args)
         assert assert_same_tree(m.path, case.twin, case.json_files) >= len(case.same_table)
@@ -126,6 +127,8 @@ class InProcessConformance:
     """The same checks over the node API, in this process (no mount): inherit beside
     `FormatConformance` with the same `case` fixture. What each test opens is what `mount` with
     `case.args` would serve; the kernel's part (page cache, request sizes) is the mounted suite's."""
+
+    in_process = True  # no mount, whatever else the test module imports
 
     def test_tree_equals_unsharded_twin(self, case: FormatCase) -> None:
         async def main() -> None:

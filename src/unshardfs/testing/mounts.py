@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ def mounting(tmp_path: Path) -> Iterator[MountFn]:
     """The body of a `mount` fixture: `mount(source, *options)` mounts in the background (under
     `tmp_path`) and returns a `Mount`; every mount is unmounted when the generator ends."""
     mounted: list[Path] = []
+    daemons: list[subprocess.Popen[bytes]] = []
     counter = iter(range(1000))
 
     def mount(source: Path | str, *options: str) -> Mount:
@@ -50,9 +52,7 @@ def mounting(tmp_path: Path) -> Iterator[MountFn]:
         mnt.mkdir()
         log = tmp_path / f"unshardfs{n}.log"
         mounted.append(mnt)
-        result = run_cli("mount", str(source), str(mnt), "--log-file", str(log), *options)
-        assert result.returncode == 0, f"mount failed: {result.stderr}\n{log.read_text() if log.exists() else ''}"
-        assert os.path.ismount(mnt)
+        daemons.append(start_daemon(str(source), mnt, log, *options))
         return Mount(mnt, log)
 
     try:
@@ -60,6 +60,39 @@ def mounting(tmp_path: Path) -> Iterator[MountFn]:
     finally:
         for mnt in mounted:
             force_unmount(mnt)
+        for daemon in daemons:
+            try:
+                daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(timeout=10)
+
+
+def start_daemon(source: str, mountpoint: Path, log: Path, *options: str,
+                 timeout: float = 60) -> subprocess.Popen[bytes]:
+    """Mount as `unshardfs mount` does, minus its detaching parent: the daemon itself is started here
+    (one interpreter per mount, not two) with the readiness pipe the CLI would read; returns once it
+    is mounted (with the daemon's process, for the caller to reap after unmounting), or fails the
+    test with what it said."""
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(log, "ab") as out:
+            daemon = subprocess.Popen([*UNSHARDFS, "mount", source, str(mountpoint), "--log-file", str(log), *options,
+                                       "--foreground", "--ready-fd", str(write_fd)],
+                                      pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                      start_new_session=True)
+    finally:
+        os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        ready = select.select([pipe], [], [], timeout)[0]
+        message = pipe.read().decode(errors="replace").strip() if ready else f"not mounted within {timeout} s"
+    if message != "OK":
+        if daemon.poll() is None:
+            daemon.kill()
+        daemon.wait(timeout=30)
+        raise AssertionError(f"mount failed: {message}\n{log.read_text() if log.exists() else ''}")
+    assert os.path.ismount(mountpoint)
+    return daemon
 
 
 def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
