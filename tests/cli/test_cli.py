@@ -173,7 +173,7 @@ def test_help_and_version():
 
 @pytest.mark.skipif(os.getuid() != 0 or not shutil.which("mount"), reason="mount(8) as root")
 def test_fstab_line_mounts(dataset, tmp_path):
-    """The fstab form documented in the README, driven through mount(8) and mount.fuse3."""
+    """The fstab form documented in docs/mount.md, driven through mount(8) and mount.fuse3."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     program = Path(UNSHARDFS[0]).with_name("unshardfs")

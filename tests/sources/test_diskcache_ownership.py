@@ -18,7 +18,7 @@ from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 HEX = "ab" + "0" * 62  # a name the cache itself could have chosen
-SUBDIR, MARKER = "unshardfs-index-cache", "CACHEDIR.TAG"  # as the README documents them
+SUBDIR, MARKER = "unshardfs-index-cache", "CACHEDIR.TAG"  # as docs/untrusted.md documents them
 
 
 @pytest.fixture(scope="module")

@@ -132,7 +132,7 @@ def test_reads_are_exact_absent_or_dataerror(spec, chunks, data):
 def test_raw_index_damage_is_undetectable_by_design(tmp_path):
     """The documented limit: a raw minishard index offset nudged inside the
     data area moves a chunk onto neighbouring bytes. Pinned here so that the
-    README's statement stays true (and is revisited if checks are added)."""
+    statement in docs/guarantees.md stays true (revisited if checks are added)."""
     spec = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0, "hash": "identity",
             "minishard_bits": 0, "shard_bits": 0, "minishard_index_encoding": "raw", "data_encoding": "raw"}
     write_shards(tmp_path, spec, {1: b"A" * 50, 2: b"B" * 50, 3: b"C" * 50})
