@@ -222,8 +222,13 @@ def test_keep_alive_pipelining_and_request_bodies(site):
         # HTTP/1.0: answered, then closed.
         answer = _exchange(url, b"GET /info HTTP/1.0\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"<closed>")
-        # A body is never read: 413 and the connection ends; upgrades are declined (answered as HTTP/1.1).
+        # A small body is read and dropped, never taken for a request; a larger one is a 413 and the
+        # connection ends. Upgrades are declined (answered as HTTP/1.1).
         for body in (b"Content-Length: 5\r\n\r\nabcde", b"Transfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n"):
+            answer = _exchange(url, b"GET /info HTTP/1.1\r\nHost: x\r\n" + body + b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 404 ") == 1, answer
+            assert b"<closed>" not in answer
+        for body in (b"Content-Length: 65537\r\n\r\nabcde", b"Transfer-Encoding: chunked\r\n\r\n10001\r\nabcde"):
             answer = _exchange(url, b"GET /info HTTP/1.1\r\nHost: x\r\n" + body)
             assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"<closed>"), answer
         answer = _exchange(url, b"GET /info HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n" + get_info)

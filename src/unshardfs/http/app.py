@@ -37,7 +37,7 @@ STATS_PATH = "/_unshardfs/stats"  # reserved: the same JSON as a mount's stats x
 PIECE = 1 << 20  # bytes per body message: bounded memory per response however large the file
 PAGE = 10_000  # entries per HTML listing page (million-entry directories stay usable)
 METHODS = "GET, HEAD, OPTIONS"
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$", re.IGNORECASE)  # range units are case-insensitive
 NAME_BYTES = 1024  # a longer path segment names nothing in any source (and reaches none)
 NUMBER_DIGITS = 18  # past any file size; longer numbers are not converted (CPU, and int's digit limit)
 _TOKENS = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")
@@ -81,7 +81,9 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
 
     Multiple ranges, other units and malformed values are ignored (RFC 9110
     allows serving the whole representation), so no request can make the
-    server assemble many pieces. An unsatisfiable range is a 416.
+    server assemble many pieces. An unsatisfiable range is a 416. A suffix of
+    an empty representation is satisfiable (RFC 9110 section 14.1.1) yet names
+    no byte a Content-Range could state: the whole, empty, representation.
     """
     if not value:
         return None
@@ -95,7 +97,7 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
         n = _number(last)
         if n == 0:
             raise HttpError(416, "empty suffix range", {"Content-Range": f"bytes */{size}"})
-        return max(0, size - n), size
+        return (max(0, size - n), size) if size else None
     start = _number(first)
     end = min(_number(last) + 1, size) if last else size
     if start >= size or (last and _number(last) < start):
@@ -259,9 +261,10 @@ class TreeApp:
             self.counters["not_modified"] += 1
             return await self._reply(send, 304, b"", {k: v for k, v in validators.items()
                                                      if k in ("ETag", "Last-Modified")})
-        wanted = parse_range(headers.get("range"), node.size)
-        if wanted is not None and "if-range" in headers and headers["if-range"].strip() != tag:
-            wanted = None  # the client's copy is another version: send it whole
+        # An If-Range that does not hold (another version, or a date: only the strong ETag is
+        # compared) means the Range is ignored, however unsatisfiable (RFC 9110 section 13.2.2).
+        if_range = headers.get("if-range")
+        wanted = parse_range(headers.get("range"), node.size) if if_range is None or if_range.strip() == tag else None
         start, end = wanted if wanted is not None else (0, node.size)
         extra = {"Content-Range": f"bytes {start}-{end - 1}/{node.size}"} if wanted is not None else {}
         # The first piece is read before the status goes out, so a damaged file

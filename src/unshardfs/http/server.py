@@ -12,8 +12,16 @@ resource a client can tie up here has a bound and a clock:
 - request heads: `max_header_bytes` in all, whether they arrive in pieces
   (h11's incomplete-event limit) or in one piece (counted here); a head must
   arrive whole within `header_seconds` of its first byte; an idle
-  connection closes after `keep_alive_seconds`. Request bodies are never
-  read: a request that declares one is a 413 and ends its connection.
+  connection closes after `keep_alive_seconds`.
+- request framing: heads and bodies are read as strictly as RFC 9112 writes
+  them (`framing`): whatever a lenient reader, such as a proxy in front, could
+  frame differently is refused with a 400 (or 501, 413) and the connection
+  closed, so no byte of one request is ever read as another. A body is read
+  only to be dropped (no method here takes one), up to `framing.BODY_BYTES`;
+  head and body must arrive whole within `header_seconds` of the first byte.
+- closing: after its last answer a connection stops sending and takes what
+  the client still sends for up to LINGER_SECONDS (LINGER_BYTES), so the
+  kernel does not reset it and discard that answer unread.
 - responses: a client that takes no byte of its answer for
   `send_timeout_seconds` is dropped; the bytes held
   for clients that have not taken them yet are bounded in total by
@@ -41,12 +49,17 @@ from typing import Awaitable, Callable, Sequence
 import h11
 import trio
 
+from unshardfs.http.framing import BodyReader, HeadReader, Refusal, body_reader
+
 log = logging.getLogger(__name__)
 
 App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 RECEIVE = 1 << 16  # bytes per receive: what h11 may hold beyond a head in progress
 COALESCE = 1 << 16  # a response head and body pieces up to this size go out in one write
+LINGER_SECONDS = 1.0  # after the last answer, what the client still sends is taken this long...
+LINGER_BYTES = 256 << 10  # ...and up to this much
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 @dataclass(frozen=True)
@@ -64,9 +77,6 @@ class ServerLimits:
 
 
 
-# The client's state once a request without a body is read (HTTP/1.0, or an upgrade we will decline).
-_REQUEST_READ = (h11.DONE, h11.MUST_CLOSE, h11.MIGHT_SWITCH_PROTOCOL)
-
 
 @lru_cache(maxsize=64)
 def _reason(status: int) -> bytes:
@@ -81,6 +91,10 @@ def _bare(status: int, text: str = "") -> bytes:
     body = (text + "\n").encode() if text else b""
     return (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
             % (status, _reason(status), len(body))) + body
+
+
+class _Gone(Exception):
+    """The client closed its side, or stopped taking an interim answer: the connection ends unanswered."""
 
 
 class _Date:
@@ -138,7 +152,7 @@ class Server:
     async def _handle(self, stream: trio.SocketStream) -> None:
         if self.open >= self.limits.max_connections and not self._evict_waiting():
             self.counters["refused"] += 1
-            await _Connection(self, stream).refuse(503, "too many connections")
+            await _Connection(self, stream).refuse(503, "too many connections", linger=False)
             await stream.aclose()
             return
         conn = _Connection(self, stream)
@@ -191,13 +205,16 @@ class Server:
 
 
 class _Connection:
-    """One client: requests read with h11 one at a time, each answered by the app before the next is read."""
+    """One client: requests read one at a time (framed here, then parsed by h11), each answered by the app
+    before the next is read."""
 
     def __init__(self, server: Server, stream: trio.SocketStream) -> None:
         self.server = server
         self.limits = server.limits
         self.stream = stream
+        # h11 is given each head once it is checked and its body dropped, without the body's framing fields.
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
+        self.buffer = bytearray()  # received, not yet taken: the head in progress, then pipelined requests
         self.scope = trio.CancelScope()
         self.evicted = False
         self.head: bytes = b""  # the response head, sent with the first body piece
@@ -212,77 +229,111 @@ class _Connection:
                 if request is None:
                     return
                 await self._answer(request)
-                if not self.complete or self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
-                    return  # cut short, Connection: close, or a body we never read
+                if not self.complete:
+                    return  # cut short
+                if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
+                    await self._linger()  # Connection: close, HTTP/1.0, or an upgrade declined
+                    return
                 self.h11.start_next_cycle()
 
     # -- reading ------------------------------------------------------------------
 
     async def _next_request(self) -> h11.Request | None:
+        """The next request once its head is read and checked and its body dropped; None once the
+        connection is to end (refused, timed out, or closed by the client)."""
         server = self.server
         server.waiting[self] = None
         deadline = trio.current_time() + self.limits.keep_alive_seconds
-        started = bool(self.h11.trailing_data[0])
-        if started:
+        if self.buffer:
             deadline = min(deadline, trio.current_time() + self.limits.header_seconds)
         try:
-            while True:
-                try:
-                    event = self.h11.next_event()
-                except h11.RemoteProtocolError as e:
-                    server.counters["bad_requests"] += 1
-                    await self.refuse(e.error_status_hint, "malformed request")
+            reader = HeadReader(self.limits.max_header_bytes, self.limits.max_target_bytes)
+            while (head := reader.read(self.buffer)) is None:
+                started = bool(self.buffer)
+                if not await self._receive_until(deadline):
+                    await self._timed_out(started)
                     return None
-                if isinstance(event, h11.Request):
-                    self._end_of_head()
-                    return await self._checked(event)
-                if event is not h11.NEED_DATA:  # ConnectionClosed (PAUSED cannot happen between cycles)
-                    return None
-                with trio.move_on_at(deadline):
-                    data = await self.stream.receive_some(RECEIVE)
-                    if not started and data:
-                        started = True
-                        deadline = min(deadline, trio.current_time() + self.limits.header_seconds)
-                    self.h11.receive_data(data)
-                    continue
-                if started:
-                    server.counters["head_timeouts"] += 1
-                    await self.refuse(408, "request head too slow")
-                    return None
-                return None  # idle keep-alive over
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                if not started:
+                    deadline = min(deadline, trio.current_time() + self.limits.header_seconds)
+            del self.buffer[:head.size]
+            body = body_reader(head)
+            if body is not None:
+                if head.expects_continue():
+                    await self._interim(CONTINUE)
+                while not self._drop_body(body):
+                    if not await self._receive_until(deadline):
+                        await self._timed_out(True)
+                        return None
+        except Refusal as e:
+            server.counters["bad_requests"] += 1
+            await self.refuse(e.status, str(e))
+            return None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, _Gone):
             return None
         finally:
             server.waiting.pop(self, None)
-
-    def _end_of_head(self) -> None:
-        """Take h11's EndOfMessage of a request without a body, so its state says DONE (a body leaves it not)."""
+        self.h11.receive_data(head.without_framing())
         try:
-            self.h11.next_event()
-        except h11.RemoteProtocolError:
-            pass  # a malformed body (chunk size): never read; the request's state stays not DONE
-
-    async def _checked(self, request: h11.Request) -> h11.Request | None:
-        """The request, or None once refused: h11 bounds heads that arrive in pieces, this the rest."""
-        size = len(request.method) + len(request.target) + 12 + sum(len(k) + len(v) + 4 for k, v in request.headers)
-        if len(request.target) > self.limits.max_target_bytes:
-            self.server.counters["bad_requests"] += 1
-            await self.refuse(414, "request target too long")
-            return None
-        if size > self.limits.max_header_bytes:
-            self.server.counters["bad_requests"] += 1
-            await self.refuse(431, "request headers too large")
+            request, end = self.h11.next_event(), self.h11.next_event()
+        except h11.RemoteProtocolError:  # not after the checks above: h11 is the more lenient reader
+            request = end = h11.NEED_DATA
+        if not isinstance(request, h11.Request) or not isinstance(end, h11.EndOfMessage):
+            server.counters["bad_requests"] += 1
+            await self.refuse(400, "malformed request")
             return None
         return request
 
-    async def refuse(self, status: int, text: str) -> None:
+    async def _receive_until(self, deadline: float) -> bool:
+        """More bytes onto the buffer; False once `deadline` passes; _Gone when the client has closed."""
+        with trio.move_on_at(deadline):
+            data = await self.stream.receive_some(RECEIVE)
+            if not data:
+                raise _Gone
+            self.buffer += data
+            return True
+        return False
+
+    def _drop_body(self, body: BodyReader) -> bool:
+        """Take what of the body the buffer holds; whether it is all taken."""
+        taken, done = body.read(self.buffer)
+        del self.buffer[:taken]
+        return done
+
+    async def _timed_out(self, started: bool) -> None:
+        """A request that did not arrive in time is a 408; an idle keep-alive connection closes without a word."""
+        if started:
+            self.server.counters["head_timeouts"] += 1
+            await self.refuse(408, "request too slow")
+
+    async def _interim(self, head: bytes) -> None:
+        """An interim (1xx) response, sent on its own: h11 only knows final ones."""
+        with trio.move_on_after(self.limits.send_timeout_seconds) as timer:
+            await self.stream.send_all(head)
+        if timer.cancelled_caught:
+            raise _Gone
+
+    async def refuse(self, status: int, text: str, linger: bool = True) -> None:
         """Answer `status` without h11 (there is no request it could answer) and have the connection end."""
         with trio.move_on_after(1):
             try:
                 await self.stream.send_all(_bare(status, text))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+                return None
+        if linger:
+            await self._linger()
         return None
+
+    async def _linger(self) -> None:
+        """Stop sending and take what the client still sends, for a moment: closing a socket with
+        unread bytes resets the connection, and a reset can discard the answer before it is read."""
+        with trio.move_on_after(LINGER_SECONDS):
+            try:
+                await self.stream.send_eof()
+                taken = 0
+                while taken < LINGER_BYTES and (data := await self.stream.receive_some(RECEIVE)):
+                    taken += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     # -- answering ----------------------------------------------------------------
 
@@ -296,10 +347,6 @@ class _Connection:
         self.head = b""
         self.complete = False
         self.wrote = False
-        if self.h11.their_state not in _REQUEST_READ:  # a body: a read-only server never reads one
-            self.server.counters["bad_requests"] += 1
-            await self.refuse(413, "request bodies are not accepted")
-            return
         self.closing = self.server.stopping
         try:
             await self.server.app(scope, self._receive, self._send)
