@@ -489,6 +489,20 @@ def test_generated_streams_are_framed_as_a_strict_reader_frames_them(url, data):
     assert tuple(_answers(stream)) == expected.statuses, data
 
 
+def test_a_client_that_waits_for_100_continue_gets_it(url):
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+        s.sendall(_request(b"Host: x", b"Expect: 100-continue", b"Content-Length: 5", method=b"GET"))
+        assert s.recv(1 << 16) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(b"abcde" + GET)
+        stream = b""
+        while len(_answers(stream)) < 2:
+            piece = s.recv(1 << 16)
+            assert piece, stream
+            stream += piece
+        assert _answers(stream) == [200, 200]
+
+
 def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
     volume = write_volume(tmp_path / "volume", [Scale((16, 16, 8), (16, 16, 8), sharding(minishard=1, shard=1))],
                           "uint8")

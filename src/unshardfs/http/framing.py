@@ -33,7 +33,8 @@ BODY_BYTES = 64 << 10  # a request body is read and dropped up to this many byte
 _TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]"
 _TOKEN = re.compile(_TCHAR + rb"+")
 _REQUEST_LINE = re.compile(rb"(" + _TCHAR + rb"+) ([\x21-\x7e]+) HTTP/([0-9]\.[0-9])")
-_FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")  # VCHAR, obs-text, SP, HTAB: no other control
+# A field line: a token, a colon, then VCHAR, obs-text, SP and HTAB only (no other control character).
+_FIELD_LINE = re.compile(rb"(" + _TCHAR + rb"+):([\t\x20-\x7e\x80-\xff]*)")
 _HOST = re.compile(rb"(\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(:[0-9]*)?")
 _QUOTED = rb'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t -~\x80-\xff])*"'
 _CHUNK_EXT = rb"(?:[ \t]*;[ \t]*" + _TCHAR + rb"+(?:[ \t]*=[ \t]*(?:" + _TCHAR + rb"+|" + _QUOTED + rb"))?)*"
@@ -93,6 +94,8 @@ class HeadReader:
 
     def read(self, data: bytes | bytearray) -> Head | None:
         """The head once `data` holds all of it, None while more is needed; raises Refusal."""
+        if not self.pos and not data.startswith(b"\r\n") and (head := self._whole(data)) is not None:
+            return head
         while True:
             end = data.find(b"\n", self.pos)
             if end < 0:
@@ -114,6 +117,21 @@ class HeadReader:
                 return self._head()
             self.fields.append(_field(text))
 
+    def _whole(self, data: bytes | bytearray) -> Head | None:
+        """The head read at once, when all of it is in `data` and every line ends in CRLF (the usual
+        case); None leaves it to the reading line by line. Lines are checked in the same order."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end + 4 > self.max_bytes:
+            return None
+        block = bytes(data[:end])
+        lines = block.split(b"\r\n")
+        if block.count(b"\r") != len(lines) - 1 or block.count(b"\n") != len(lines) - 1:
+            return None  # a bare CR or LF: refused where the line-by-line reading meets it
+        self.request = self._request_line(lines[0])
+        self.fields = [_field(line) for line in lines[1:]]
+        self.pos = end + 4
+        return self._head()
+
     def _request_line(self, text: bytes) -> tuple[bytes, bytes, bytes]:
         match = _REQUEST_LINE.fullmatch(text)
         if match is None:
@@ -131,7 +149,8 @@ class HeadReader:
         for name, value in fields:
             named.setdefault(name.lower(), []).append(value)
         hosts = named.get(b"host", [])
-        if len(hosts) > 1 or (not hosts and version.startswith(b"1.") and version != b"1.0") or any(not _HOST.fullmatch(h) for h in hosts):
+        needs_host = version.startswith(b"1.") and version != b"1.0"
+        if len(hosts) > 1 or (needs_host and not hosts) or any(not _HOST.fullmatch(h) for h in hosts):
             raise Refusal(400, "one valid Host field is required")
         length, chunked = _framing(version, named.get(b"transfer-encoding"), named.get(b"content-length"))
         return Head(method, target, version, fields, self.pos, length, chunked)
@@ -229,12 +248,12 @@ def _no_bare_cr(data: bytes | bytearray, start: int) -> None:
 
 
 def _field(text: bytes) -> tuple[bytes, bytes]:
-    name, colon, value = text.partition(b":")
-    if not colon or not _TOKEN.fullmatch(name):  # obs-fold, whitespace before the colon, no name
+    """(name, value) of a field line; obs-fold, whitespace before the colon, no name or a control
+    character in the value are a 400."""
+    match = _FIELD_LINE.fullmatch(text)
+    if match is None:
         raise Refusal(400, "malformed field line")
-    if not _FIELD_VALUE.fullmatch(value):
-        raise Refusal(400, "control character in a field value")
-    return name, value.strip(b" \t")
+    return match.group(1), match.group(2).strip(b" \t")
 
 
 class LengthReader:

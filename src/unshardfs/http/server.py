@@ -257,8 +257,8 @@ class _Connection:
                     deadline = min(deadline, trio.current_time() + self.limits.header_seconds)
             del self.buffer[:head.size]
             body = body_reader(head)
-            if body is not None:
-                if head.expects_continue():
+            if body is not None and not self._drop_body(body):
+                if head.expects_continue():  # the client waits for this before it sends the body
                     await self._interim(CONTINUE)
                 while not self._drop_body(body):
                     if not await self._receive_until(deadline):
