@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.served import served
+from unshardfs.http.framing import HeadReader, Refusal, body_reader
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 pytestmark = pytest.mark.timeout(300)
@@ -304,6 +305,7 @@ CATALOG: dict[str, bytes] = {
     "chunks past the bound": _te(b"chunked") + b"1\r\na\r\n" * (BODY_LIMIT // 6 + 1) + b"0\r\n\r\n" + SMUGGLED,
     "chunk longer than its size": _te(b"chunked") + b"3\r\nabcd\r\n0\r\n\r\n" + SMUGGLED,
     "chunk shorter than its size": _te(b"chunked") + b"5\r\nabc\r\n0\r\n\r\n" + SMUGGLED,
+    "chunk data then no crlf": _te(b"chunked") + b"3\r\nabcXY0\r\n\r\n" + SMUGGLED,  # two bytes skipped unseen
     "chunk data bare lf": _te(b"chunked") + b"3\r\nabc\n0\r\n\r\n" + SMUGGLED,
     "chunk line bare lf": _te(b"chunked") + b"3\nabc\r\n0\r\n\r\n" + SMUGGLED,
     "last chunk without its empty line": _te(b"chunked") + b"3\r\nabc\r\n0\r\n" + SMUGGLED,
@@ -534,3 +536,50 @@ def test_ranges_of_empty_and_one_byte_files_over_the_wire(url):
             else:
                 assert response.status == 200 and content_range is None and len(body) == size, (path, value)
         assert _alive(url) == 200
+
+
+def _framed_in_pieces(data: bytes, cuts: list[int]) -> Framing:
+    """What the server's readers make of `data` arriving in pieces cut at `cuts`: its reading loop,
+    in-process, with the statuses the tree would answer."""
+    pieces = iter([data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])])
+    buffer = bytearray()
+    statuses: list[int] = []
+
+    def more() -> bool:
+        piece = next(pieces, None)
+        buffer.extend(piece or b"")
+        return piece is not None
+
+    try:
+        while True:
+            reader = HeadReader(16 << 10, 8 << 10)
+            while (head := reader.read(buffer)) is None:
+                if not more():
+                    return Framing(tuple(statuses), False)
+            del buffer[:head.size]
+            body = body_reader(head)
+            while body is not None:
+                taken, done = body.read(buffer)
+                del buffer[:taken]
+                if done:
+                    break
+                if not more():
+                    return Framing(tuple(statuses), False)
+            statuses.append(_status(head.method, head.target))
+            if head.version == b"1.0" or any(t.strip().lower() == b"close" for v in head.values(b"connection")
+                                             for t in v.split(b",")):
+                return Framing(tuple(statuses), True)
+    except Refusal as e:
+        return Framing((*statuses, e.status), True)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.sampled_from(sorted(CATALOG.values())), st.lists(_message_bytes, min_size=1, max_size=3)
+                 .map(b"".join)), st.lists(st.integers(0, 1 << 17), max_size=12), st.booleans())
+def test_any_split_of_the_bytes_frames_the_same(data, cuts, bytewise):
+    """However the bytes arrive (cut anywhere, or one at a time), the server's readers frame them as
+    the reference frames them whole."""
+    if bytewise and len(data) > 4096:
+        bytewise = False
+    points = list(range(1, len(data))) if bytewise else sorted({c % (len(data) + 1) for c in cuts})
+    assert _framed_in_pieces(data, points) == strict_framing(data), (data[:300], points[:20])

@@ -10,7 +10,7 @@ resource a client can tie up here has a bound and a clock:
   sending its head), so idle and dripping clients cannot lock others out;
   when every connection is busy answering, the newcomer gets a 503.
 - request heads: `max_header_bytes` in all, whether they arrive in pieces
-  (h11's incomplete-event limit) or in one piece (counted here); a head must
+  or in one piece (`framing.HeadReader` counts them); a head must
   arrive whole within `header_seconds` of its first byte; an idle
   connection closes after `keep_alive_seconds`.
 - request framing: heads and bodies are read as strictly as RFC 9112 writes
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
-RECEIVE = 1 << 16  # bytes per receive: what h11 may hold beyond a head in progress
+RECEIVE = 1 << 16  # bytes per receive: what a connection may hold beyond a head in progress
 COALESCE = 1 << 16  # a response head and body pieces up to this size go out in one write
 LINGER_SECONDS = 1.0  # after the last answer, what the client still sends is taken this long...
 LINGER_BYTES = 256 << 10  # ...and up to this much
@@ -74,8 +74,6 @@ class ServerLimits:
     send_timeout_seconds: float = 30  # a client that takes no byte for this long is dropped
     buffer_bytes: int = 64 << 20  # response bytes held for slow clients, all connections together
     graceful_seconds: float = 2  # answers in progress may finish this long after a stop
-
-
 
 
 @lru_cache(maxsize=64)
@@ -314,12 +312,12 @@ class _Connection:
 
     async def refuse(self, status: int, text: str, linger: bool = True) -> None:
         """Answer `status` without h11 (there is no request it could answer) and have the connection end."""
-        with trio.move_on_after(1):
+        with trio.move_on_after(1) as timer:
             try:
                 await self.stream.send_all(_bare(status, text))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return None
-        if linger:
+        if linger and not timer.cancelled_caught:  # a client that takes no answer is not waited for
             await self._linger()
         return None
 
