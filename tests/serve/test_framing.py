@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from tests.support.served import served
 from unshardfs.http.framing import HeadReader, Refusal, body_reader
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
@@ -418,6 +419,7 @@ def url(tmp_path_factory):
         yield url
 
 
+@pytest.mark.mount  # starts `unshardfs serve`
 def test_the_smuggling_catalog_is_framed_as_a_strict_reader_frames_it(url):
     def one(name: str) -> tuple[str, Framing, Framing, int]:
         expected = strict_framing(CATALOG[name])
@@ -468,8 +470,9 @@ _message_bytes = st.builds(
     st.sampled_from(_LINES), st.lists(st.sampled_from(_FIELDS), max_size=4), st.sampled_from(_BODIES))
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@pytest.mark.mount
+@settings(max_examples=examples(500), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.lists(_message_bytes, min_size=1, max_size=3).map(b"".join))
 def test_generated_streams_are_framed_as_a_strict_reader_frames_them(url, data):
     """Half-closed after sending, so the server ends every exchange itself: at a refusal, or when it
@@ -491,6 +494,7 @@ def test_generated_streams_are_framed_as_a_strict_reader_frames_them(url, data):
     assert tuple(_answers(stream)) == expected.statuses, data
 
 
+@pytest.mark.mount  # starts `unshardfs serve`
 def test_a_client_that_waits_for_100_continue_gets_it(url):
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
@@ -505,6 +509,7 @@ def test_a_client_that_waits_for_100_continue_gets_it(url):
         assert _answers(stream) == [200, 200]
 
 
+@pytest.mark.mount  # starts `unshardfs serve`
 def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
     volume = write_volume(tmp_path / "volume", [Scale((16, 16, 8), (16, 16, 8), sharding(minishard=1, shard=1))],
                           "uint8")
@@ -515,6 +520,7 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
         assert _alive(url) == 200
 
 
+@pytest.mark.mount  # starts `unshardfs serve`
 def test_ranges_of_empty_and_one_byte_files_over_the_wire(url):
     """Through the real server: a suffix of an empty file is the whole (empty) file, never `bytes 0--1/0`."""
     parts = urlsplit(url)
@@ -573,7 +579,7 @@ def _framed_in_pieces(data: bytes, cuts: list[int]) -> Framing:
         return Framing((*statuses, e.status), True)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.one_of(st.sampled_from(sorted(CATALOG.values())), st.lists(_message_bytes, min_size=1, max_size=3)
                  .map(b"".join)), st.lists(st.integers(0, 1 << 17), max_size=12), st.booleans())
 def test_any_split_of_the_bytes_frames_the_same(data, cuts, bytewise):

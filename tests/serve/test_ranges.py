@@ -20,6 +20,7 @@ import trio
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.profiles import examples
 from unshardfs.http.app import TreeApp
 from unshardfs.tree.nodes import DirNode, FileNode, Node
 
@@ -145,7 +146,7 @@ def requests(draw: st.DrawFn) -> tuple[bytes, str | None, str | None, str]:
     return data, draw(range_values(size)), if_range, draw(st.sampled_from(["GET", "HEAD"]))
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(requests())
 @example((b"", "bytes=-5", None, "GET"))  # a suffix of nothing: never `206 bytes 0--1/0`
 @example((b"", "bytes=0-", None, "GET"))
