@@ -16,7 +16,7 @@ from typing import Any, Callable
 from unshardfs import __version__
 from unshardfs.app.daemon import MountRequest, detach, serve, unmount
 from unshardfs.app.options import add_cache_options, add_source_options, format_options, make_caches
-from unshardfs.fuse.engines import ENGINES
+from unshardfs.fuse.engines import ENGINES, require
 from unshardfs.fuse.ops import STATS_XATTR, MountOptions
 from unshardfs.http.server import ServerLimits
 from unshardfs.util.errors import ConfigError, DataError, SourceError
@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="how long the kernel may cache names and attributes (default 3600)")
     m.add_argument("--fuse-engine", choices=ENGINES, default="kernel",
                    help="kernel: our own FUSE protocol session (no-open, parallel lookups; default); "
-                        "pyfuse3: libfuse through pyfuse3")
+                        "pyfuse3: libfuse through pyfuse3 (pip install 'unshardfs[pyfuse3]')")
     add_cache_options(m)
     add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -163,6 +163,7 @@ def default_log_file(mountpoint: str) -> str:
 
 
 def _mount(args: argparse.Namespace, argv: list[str]) -> int:
+    require(args.fuse_engine)  # a missing engine is reported here, not in a detached daemon's log
     if not args.foreground:
         return detach([a for a in argv if a not in ("-f", "--foreground")] + ["--foreground"],
                       args.log_file or default_log_file(args.mountpoint))

@@ -5,7 +5,9 @@
   parallel directory operations, 64 background requests, ~1 MiB requests (spliced READ replies),
   READDIRPLUS_AUTO and AUTO_INVAL_DATA, each as far as the kernel's protocol
   version offers them.
-- `pyfuse3`: pyfuse3 over libfuse, the binding named in the design brief.
+- `pyfuse3`: pyfuse3 over libfuse, the binding named in the design brief. pyfuse3 is an optional
+  dependency (`unshardfs[pyfuse3]`, built with a C compiler against libfuse3): it is imported only
+  when this engine is chosen, and `require` says how to get it when it is missing.
 
 Both serve the same operations layer (`unshardfs.fuse.ops.Bridge`).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -30,6 +33,29 @@ ENGINES = ("kernel", "pyfuse3")
 # Read-ahead in requests: a 2 MiB chunk read from its start is asked for in one window, as two
 # full requests sent together, so the second is moved while the reader copies the first.
 READAHEAD_REQUESTS = 2
+PYFUSE3_MISSING = ("the pyfuse3 engine needs the pyfuse3 package: pip install 'unshardfs[pyfuse3]' "
+                   "(and libfuse3-dev to build it)")
+
+
+def require(name: str) -> None:
+    """Check that engine `name` can run here; ConfigError with a one-line remedy if it cannot.
+
+    Called before a mount detaches, so the user sees the reason on the terminal."""
+    if name not in ENGINES:
+        raise ConfigError(f"unknown FUSE engine {name!r} (choose from {', '.join(ENGINES)})")
+    if name == "pyfuse3":
+        _import_pyfuse3()
+
+
+def _import_pyfuse3() -> ModuleType:
+    try:
+        import pyfuse3
+    except ImportError as e:
+        # Installed but unloadable (built against a libfuse3 that is gone): the reason is added.
+        absent = isinstance(e, ModuleNotFoundError) and e.name == "pyfuse3"
+        detail = "" if absent else f"; importing it failed: {e}"
+        raise ConfigError(PYFUSE3_MISSING + detail) from None
+    return pyfuse3
 
 
 class Engine(Protocol):
@@ -112,8 +138,7 @@ class KernelEngine:
 
 class Pyfuse3Engine:
     def __init__(self, ops: Bridge, mountpoint: str, fsname: str, options: list[str]) -> None:
-        import pyfuse3
-
+        pyfuse3 = _import_pyfuse3()
         from unshardfs.fuse.pyfuse3_engine import Pyfuse3Operations
 
         self.pyfuse3 = pyfuse3
@@ -142,8 +167,7 @@ class Pyfuse3Engine:
 
 
 def open_engine(name: str, ops: Bridge, mountpoint: str, fsname: str, options: list[str]) -> Engine:
+    require(name)
     if name == "kernel":
         return KernelEngine(ops, mountpoint, fsname, options)
-    if name == "pyfuse3":
-        return Pyfuse3Engine(ops, mountpoint, fsname, options)
-    raise ConfigError(f"unknown FUSE engine {name!r} (choose from {', '.join(ENGINES)})")
+    return Pyfuse3Engine(ops, mountpoint, fsname, options)
