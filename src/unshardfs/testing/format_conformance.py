@@ -60,7 +60,6 @@ class FormatConformance:
     def mount(self, tmp_path: Path) -> Iterator[MountFn]:
         yield from mounting(tmp_path)
 
-    @pytest.mark.smoke
     def test_mount_equals_unsharded_twin(self, case: FormatCase, mount: MountFn) -> None:
         m = mount(case.sharded, *case.args)
         assert assert_same_tree(m.path, case.twin, case.json_files) >= len(case.same_table)
