@@ -140,12 +140,14 @@ def test_mountpoint_beside_an_archive_is_fine(dataset, tmp_path):
 
 
 @needs_root
-@pytest.mark.parametrize("how", ["mount bound in the source", "its parent bound in the source with submounts"])
-def test_own_mount_brought_into_the_source_later_is_absent(source, tmp_path, mount: MountFn, how):
+@pytest.mark.parametrize("how,engine", [("mount bound in the source", "kernel"),
+                                        ("its parent bound in the source with submounts", "kernel"),
+                                        ("mount bound in the source", "pyfuse3")])
+def test_own_mount_brought_into_the_source_later_is_absent(source, tmp_path, mount: MountFn, how, engine):
     """A bind mount made after mounting brings the mount inside its own source: a walk of the
     mount finishes (no reader, and no daemon thread, ever waits in state D) and the daemon keeps
     serving; the entry that would lead into the mount is absent."""
-    m = mount(source)
+    m = mount(source, "--fuse-engine", engine)
     if how == "mount bound in the source":
         binding = bound(m.path, source / "sub")
         inside, parent, name = source / "sub", m.path, "sub"
