@@ -173,7 +173,9 @@ def test_own_mount_brought_into_the_source_later_is_absent(source, tmp_path, mou
 # -- unmount takes the path the user gave --------------------------------------------------------------
 
 
-def test_unmount_through_the_symlink_it_was_mounted_by(dataset, tmp_path):
+@pytest.fixture
+def through_symlink(dataset, tmp_path) -> Iterator[tuple[Path, Path]]:
+    """(the real mountpoint, a symlink to it), mounted through the symlink; unmounted afterwards."""
     real = tmp_path / "real"
     real.mkdir()
     alias = tmp_path / "alias"
@@ -182,30 +184,29 @@ def test_unmount_through_the_symlink_it_was_mounted_by(dataset, tmp_path):
         result = run_cli("mount", str(dataset), str(alias), "--log-file", str(tmp_path / "log"), timeout=60)
         assert result.returncode == 0, result.stderr
         assert mounted(real)
-        result = run_cli("unmount", str(alias), timeout=60)
+        yield real, alias
+
+
+def test_unmount_through_the_symlink_it_was_mounted_by(through_symlink):
+    real, alias = through_symlink
+    result = run_cli("unmount", str(alias), timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert not mounted(real)
+
+
+def test_lazy_unmount_through_a_symlink_of_a_busy_mount(through_symlink):
+    real, alias = through_symlink
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=real)
+    try:
+        busy = run_cli("unmount", str(alias), timeout=60)
+        one_line(busy, "cannot unmount")
+        assert mounted(real)
+        result = run_cli("unmount", "-z", str(alias), timeout=60)
         assert result.returncode == 0 and result.stderr == "", result.stderr
         assert not mounted(real)
-
-
-def test_lazy_unmount_through_a_symlink_of_a_busy_mount(dataset, tmp_path):
-    real = tmp_path / "real"
-    real.mkdir()
-    alias = tmp_path / "alias"
-    alias.symlink_to(real)
-    with cleaned(real):
-        result = run_cli("mount", str(dataset), str(alias), "--log-file", str(tmp_path / "log"), timeout=60)
-        assert result.returncode == 0, result.stderr
-        holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=real)
-        try:
-            busy = run_cli("unmount", str(alias), timeout=60)
-            one_line(busy, "cannot unmount")
-            assert mounted(real)
-            result = run_cli("unmount", "-z", str(alias), timeout=60)
-            assert result.returncode == 0 and result.stderr == "", result.stderr
-            assert not mounted(real)
-        finally:
-            holder.kill()
-            holder.wait(timeout=10)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
 
 
 def test_unmount_of_what_is_not_a_mount_is_one_line(tmp_path):
