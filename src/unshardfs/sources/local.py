@@ -123,8 +123,10 @@ class LocalSource:
 
     def _guard(self) -> None:
         own = self._own
-        if own is None or not own.refresh() and own.generation == self._own_generation:
+        if own is None:
             return
+        if not own.refresh() and own.generation == self._own_generation:
+            return  # the mount table is as it was when last looked at
         self._own_generation = own.generation
         self._fenced = own.beneath(fd_path(self._beneath.fd))
         self._beneath.avoid = own.hides if self._fenced else None

@@ -225,7 +225,7 @@ _KINDS = ((statmod.S_ISDIR, "a directory"), (statmod.S_ISFIFO, "a FIFO"), (statm
 
 
 def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
 
 
 def open_argument(path: str, what: str, write: bool = False) -> int:
