@@ -165,8 +165,9 @@ def default_log_file(mountpoint: str) -> str:
 def _mount(args: argparse.Namespace, argv: list[str]) -> int:
     require(args.fuse_engine)  # a missing engine is reported here, not in a detached daemon's log
     if not args.foreground:
+        format_options(args)  # a bad file argument (--info) is refused here, before detaching
         return detach([a for a in argv if a not in ("-f", "--foreground")] + ["--foreground"],
-                      args.log_file or default_log_file(args.mountpoint))
+                      args.log_file or default_log_file(args.mountpoint), default_log=not args.log_file)
 
     _logging(args.debug)
     ready_fd = args.ready_fd

@@ -19,7 +19,7 @@ from unshardfs.core.caches import Caches
 from unshardfs.core.fetch import FetchPolicy
 from unshardfs.core.registry import Dataset, index_levels, open_dataset
 from unshardfs.core.runtime import Runtime
-from unshardfs.sources import CountingSource, RemoteOptions, open_source
+from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.zip import ZipSource, ZipSummary
 from unshardfs.tree.nodes import DirNode
 from unshardfs.util.limits import DataLimits
@@ -70,6 +70,20 @@ class OpenedSource:
         """What the zip archive the source is read through holds (None when there is none)."""
         inner = self.source.inner
         return inner.summary if isinstance(inner, ZipSource) else None
+
+    def local_directories(self) -> list[tuple[LocalSource, bool]]:
+        """The local directories the source reads, each with whether its whole tree is served
+        (False for the directory an archive is read from: only that one file is)."""
+        found: list[tuple[LocalSource, bool]] = []
+        whole = True
+        layer: object = self.source
+        while layer is not None:
+            if isinstance(layer, LocalSource):
+                found.append((layer, whole))
+            elif isinstance(layer, ZipSource):
+                whole = False
+            layer = getattr(layer, "inner", None)
+        return found
 
     def stats(self) -> dict:
         """Backing-source sections (reads, HTTP, disk cache), the read path and the caches."""

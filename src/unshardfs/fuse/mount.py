@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from unshardfs.util.errors import ConfigError
+from unshardfs.util.mountinfo import mounted_at
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_SYNCHRONOUS, MS_DIRSYNC = 16, 128
@@ -199,13 +200,8 @@ def _receive_fd(sock: socket.socket) -> int | None:
 def _device(target: str) -> str | None:
     """The device (major:minor) mounted on `target`, from /proc/self/mountinfo (the last mount
     there wins), never by touching the path."""
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
-                found = fields[2]
-    return found
+    entry = mounted_at(target)
+    return None if entry is None else entry.device
 
 
 def listed(target: str) -> bool:

@@ -15,6 +15,7 @@ from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.fdpath import Beneath, regular_file
 from unshardfs.util.logonce import log_once
 from unshardfs.util.maps import QuickLRU
+from unshardfs.util.mountinfo import OwnMount, fd_path
 from unshardfs.util.pagecache import page_cache
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,36 @@ class LocalSource:
         self._nowait = bool(_RWF_NOWAIT) and hasattr(os, "preadv")
         self._probe = bytearray(1)  # `_readable_now`'s buffer
         self.slow_reads = 0  # reads that had to wait on the disk (done on a worker thread)
+        self._own: OwnMount | None = None  # the serving daemon's own mount (`keep_out`)
+        self._own_generation = -1
+        self._fenced = False  # one of its mount points lies beneath the root
+
+    @property
+    def root_fd(self) -> int:
+        """The root directory, held open (O_PATH): compare it, never resolve paths from it by hand."""
+        return self._beneath.fd
+
+    def keep_out(self, own: OwnMount) -> None:
+        """Never stat, open or list anything at `own`'s mount points (the serving daemon's own
+        mount and its bind mounts or copies): such an entry is absent. While none lies beneath
+        the root (checked again whenever the mount table changes), nothing costs more than a
+        poll; while one does, paths are resolved without crossing mount points unseen
+        (`Beneath.avoid`), listings skip those names, and known files are resolved afresh."""
+        self._own = own
+        self._own_generation = -1
+        self._guard()
+
+    def _guard(self) -> None:
+        own = self._own
+        if own is None:
+            return
+        if not own.refresh() and own.generation == self._own_generation:
+            return  # the mount table is as it was when last looked at
+        self._own_generation = own.generation
+        self._fenced = own.beneath(fd_path(self._beneath.fd))
+        self._beneath.avoid = own.hides if self._fenced else None
+        if self._fenced:
+            self._known.clear()
 
     def os_path(self, path: str) -> str:
         """For messages only: nothing is ever opened by this string."""
@@ -116,8 +147,10 @@ class LocalSource:
         else -- a replaced, removed or rewritten file, a link, a FIFO -- is resolved again beneath
         the root as below. The fstatat only compares: nothing it reaches is opened, listed or
         served, and a stat never blocks on a FIFO. (Every lookup of a chunk revalidates its shard
-        this way: one system call instead of openat2, fstat and close.)"""
-        known = self._known.get(path)
+        this way: one system call instead of openat2, fstat and close.) Not while the daemon's
+        own mount lies beneath the root: that one call could cross into it."""
+        self._guard()
+        known = None if self._fenced else self._known.get(path)
         if known is not None:
             try:
                 if _version(os.stat(path, dir_fd=self._beneath.fd, follow_symlinks=False)) == known.version:
@@ -135,7 +168,7 @@ class LocalSource:
                 return None
             raise SourceError(f"stat {self.os_path(path)}: {e.strerror}") from e
         result = _to_stat(st)
-        if result is not None and not result.is_dir and path:
+        if result is not None and not result.is_dir and path and not self._fenced:
             if len(self._known) >= KNOWN_FILES:
                 self._known.clear()
             self._known[path] = result
@@ -173,6 +206,7 @@ class LocalSource:
                 return fd
             self._drop_fd(path)
         os_path = self.os_path(path)
+        self._guard()
         try:
             # O_NONBLOCK: a FIFO swapped in opens at once (and is refused below) instead of
             # blocking the daemon's only thread.
@@ -316,6 +350,7 @@ class LocalSource:
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         os_path = self.os_path(path)
+        self._guard()
         try:
             fd = self._beneath.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
@@ -325,10 +360,14 @@ class LocalSource:
                 return
             raise SourceError(f"list {os_path}: {e.strerror}") from e
         try:
+            # The daemon's own mount points here: skipped by name, before any stat could enter them.
+            own = self._own.names_in(fd_path(fd)) if self._fenced and self._own is not None else frozenset()
             # Names and lstats relative to the opened directory (DirEntry.stat uses fd itself,
             # so it stays open until the listing ends).
             with os.scandir(fd) as it:
                 for entry in it:
+                    if entry.name in own:
+                        continue
                     problem = name_problem(entry.name)
                     if problem is not None:
                         log_once(log, f"name:{os_path}:{problem}", "%s: skipping %s", os_path, problem)

@@ -9,6 +9,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,73 @@ def force_unmount(mountpoint: Path) -> None:
     for pid in daemon_pids(mountpoint):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
+def connection(mountpoint: Path) -> int | None:
+    """The FUSE connection number of the mount on `mountpoint` (its device's minor), from the
+    mount table: the mount itself is never touched."""
+    from unshardfs.util.mountinfo import mounted_at, mountpoint_path
+
+    entry = mounted_at(mountpoint_path(str(mountpoint)))
+    return None if entry is None else int(entry.device.split(":")[1])
+
+
+def abort(mountpoint: Path) -> bool:
+    """Abort the FUSE connection of the mount on `mountpoint` through fusectl (mounted first if it
+    is not; root only): every request waiting on it fails at once. True if aborted."""
+    number = connection(mountpoint)
+    if number is None:
+        return False
+    if not (FUSECTL / str(number)).exists():
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", str(FUSECTL)], capture_output=True, timeout=30)
+    try:
+        (FUSECTL / str(number) / "abort").write_text("1")
+    except OSError:
+        return False
+    return True
+
+
+def blocked(pid: int) -> bool:
+    """Whether a thread of process `pid` sleeps uninterruptibly (state D): waiting on a file system
+    that does not answer."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, IndexError):
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
+                return True
+    return False
+
+
+@dataclass
+class Bounded:
+    """A command run within a bound over a mount: its exit code (None if it had to be stopped),
+    its output, and whether it was seen stuck in state D."""
+
+    returncode: int | None
+    stdout: str
+    stuck: bool
+
+
+def run_bounded(cmd: list[str], mountpoint: Path, seconds: float = 30) -> Bounded:
+    """Run `cmd` (a reader of `mountpoint`) for at most `seconds`; if it has not finished by then,
+    note whether it sat in state D, abort the mount's connection (which frees it) and kill it,
+    so a hang fails the test instead of leaving the machine stuck."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + seconds
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        returncode, stuck = proc.poll(), False
+        if returncode is None:
+            stuck = blocked(proc.pid)
+            abort(mountpoint)
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        out.seek(0)
+        return Bounded(returncode, out.read().decode(errors="replace"), stuck)
 
 
 def wait_for(predicate: Callable[[], bool], seconds: float = 20) -> bool:

@@ -28,6 +28,7 @@ import ctypes
 import errno
 import os
 import stat as statmod
+from typing import Callable
 
 # openat2(2) resolve flags (include/uapi/linux/openat2.h).
 RESOLVE_NO_XDEV = 0x01
@@ -89,7 +90,14 @@ class Beneath:
     `links=True`: symlinks are followed while they stay beneath (a relative
     target, or an absolute one inside `path`); one leading outside is refused
     with EXDEV. `links=False`: no symlink is followed anywhere (ELOOP).
+
+    `avoid(dir_fd, name)`, when set, names entries that must never be entered, not even
+    stat'ed (a daemon's own mount, `mountinfo.OwnMount`): the kernel then resolves without
+    crossing any mount point (RESOLVE_NO_XDEV), and a path that crosses one is walked by hand,
+    asking `avoid` before each component; an avoided one is absent (ENOENT).
     """
+
+    avoid: Callable[[int, str], bool] | None = None
 
     def __init__(self, path: str, links: bool, fd: int | None = None) -> None:
         """Open directory `path` (or adopt `fd`, a directory already opened and checked by the caller)."""
@@ -110,17 +118,19 @@ class Beneath:
         # openat2 refuses O_PATH with flags that mean nothing to it (EINVAL), O_NOCTTY among them.
         flags |= os.O_CLOEXEC if flags & os.O_PATH else BASE_FLAGS
         if openat2 is not None:
+            guarded = self.avoid is not None
+            resolve = self._resolve | (RESOLVE_NO_XDEV if guarded else 0)
             for _ in range(3):
                 try:
                     return openat2(self.fd, (rel or ".").encode(errors="surrogateescape"), flags,
-                                   mode if flags & os.O_CREAT else 0, self._resolve)
+                                   mode if flags & os.O_CREAT else 0, resolve)
                 except OSError as e:
                     # EXDEV: a link the kernel will not follow beneath (absolute, say) that may still
-                    # point inside; EAGAIN: a concurrent rename made the kernel give up. Either way
-                    # the careful walk below decides.
+                    # point inside, or (guarded) a mount point on the way; EAGAIN: a concurrent
+                    # rename made the kernel give up. Either way the careful walk below decides.
                     if e.errno == errno.EAGAIN:
                         continue
-                    if e.errno != errno.EXDEV or not self.links:
+                    if e.errno != errno.EXDEV or not (self.links or guarded):
                         raise
                     break
         return self._walk(rel, flags, mode)
@@ -171,6 +181,8 @@ class Beneath:
                     os.close(stack.pop())
                     continue
                 last = not todo
+                if self.avoid is not None and self.avoid(stack[-1], name):
+                    raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), rel)
                 try:
                     if last:
                         fd = os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=stack[-1])
@@ -205,3 +217,41 @@ class Beneath:
         finally:
             for fd in stack[1:]:
                 os.close(fd)
+
+
+NULL_DEVICE = (1, 3)  # /dev/null's major and minor: the one device a log may be written to
+_KINDS = ((statmod.S_ISDIR, "a directory"), (statmod.S_ISFIFO, "a FIFO"), (statmod.S_ISSOCK, "a socket"),
+          (statmod.S_ISCHR, "a character device"), (statmod.S_ISBLK, "a block device"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
+
+
+def open_argument(path: str, what: str, write: bool = False) -> int:
+    """Open a file named on the command line (`what` names the option in messages): never
+    blocking, never a controlling terminal, never inherited. For reading it must be a regular
+    file; for writing (appending; created if missing, its directory is not) a regular file or
+    /dev/null. Anything else -- a FIFO (which would block the opener until a reader or writer
+    came), a directory, a socket, another device -- is a one-line ConfigError, and so is an
+    open that fails. The descriptor returned is blocking again (regular files never wait)."""
+    from unshardfs.util.errors import ConfigError
+
+    flags = os.O_NONBLOCK | BASE_FLAGS | (os.O_WRONLY | os.O_APPEND | os.O_CREAT if write else os.O_RDONLY)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        try:  # what is there, named without opening it (a stat never blocks on a FIFO)
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = statmod.S_IFREG
+        if statmod.S_ISREG(mode):
+            raise ConfigError(f"cannot open {what} {path}: {e.strerror}") from None
+        raise ConfigError(f"{what} {path} is {_kind(mode)}, not a regular file") from None
+    st = os.fstat(fd)
+    null = write and statmod.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == NULL_DEVICE
+    if not (statmod.S_ISREG(st.st_mode) or null):
+        os.close(fd)
+        raise ConfigError(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+    os.set_blocking(fd, True)
+    return fd

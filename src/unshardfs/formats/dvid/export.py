@@ -22,6 +22,7 @@ from unshardfs.sources.base import ByteSource, ObjectStat
 from unshardfs.tree.nodes import BytesFile, DirNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError
+from unshardfs.util.fdpath import open_argument
 from unshardfs.util.fields import VOXEL_LIMIT, Fields, ShallowEdit, as_ints, grid_shape, load_json
 from unshardfs.util.limits import METADATA_LEVELS
 from unshardfs.volume.grid import ChunkGrid, GridNaming
@@ -51,13 +52,14 @@ class DvidExport:
 
     async def _info(self) -> tuple[object, int]:
         if self.info_path is not None:
+            fd = open_argument(self.info_path, "--info")  # a regular file, opened without blocking
             try:
-                with open(self.info_path, "rb") as f:
+                with os.fdopen(fd, "rb") as f:
                     raw = f.read(self.runtime.limits.metadata_bytes + 1)  # one byte more: too large is an error
-                return (load_json(raw, f"--info {self.info_path}", self.runtime.limits),
-                        os.stat(self.info_path).st_mtime_ns)
+                    mtime_ns = os.fstat(f.fileno()).st_mtime_ns
             except OSError as e:
                 raise ConfigError(f"cannot read --info {self.info_path}: {e.strerror}") from e
+            return load_json(raw, f"--info {self.info_path}", self.runtime.limits), mtime_ns
         loaded = await read_json(self.source, "info", self.runtime.limits)
         if loaded is None:
             raise ConfigError(f"{self.source.description} has no info file; give the volume spec the export was "

@@ -16,6 +16,7 @@ from unshardfs.core.registry import Dataset, FormatPlugin
 from unshardfs.core.runtime import Runtime
 from unshardfs.sources.base import ByteSource
 from unshardfs.util.errors import ConfigError
+from unshardfs.util.fdpath import open_argument
 
 
 class DvidFormat(FormatPlugin):
@@ -35,6 +36,7 @@ class DvidFormat(FormatPlugin):
         out: dict[str, Any] = {}
         if getattr(args, "info_path", None):
             out["info"] = os.path.abspath(args.info_path)
+            os.close(open_argument(out["info"], "--info"))  # what it is, before anything runs
         if getattr(args, "supervoxels", False):
             out["supervoxels"] = True
         return out
