@@ -206,6 +206,7 @@ def test_shard_tokens_are_stable_text():
         shard_token(object())
 
 
+@pytest.mark.slow
 def test_the_type_checker_refuses_an_override_of_the_final_methods(tmp_path):
     """`locate`, `tables` and the index reads are the core's: a format that overrides one is an error."""
     import os

@@ -170,6 +170,7 @@ class TestMemorySource(SourceConformance):
 '''
 
 
+@pytest.mark.slow
 def test_third_party_format_passes_the_shipped_suites(tmp_path: Path) -> None:
     site = tmp_path / "site"
     pkg = site / "extpack"

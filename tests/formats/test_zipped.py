@@ -145,6 +145,7 @@ def test_readers_through_the_mount(archives, mount, tmp_path):
 
 
 @pytest.mark.skipif(not OME04.exists(), reason="needs .venv-ome04 (scripts/setup makes it)")
+@pytest.mark.legacy
 def test_ome_zarr_py_011_reads_the_ozx(archives, mount, tmp_path):
     """An .ozx mounted --view zarr2 is the OME-Zarr 0.4 directory napari-ome-zarr's reader opens."""
     archive, unzipped = archives["image.ozx"]
@@ -166,6 +167,7 @@ def test_ome_zarr_py_011_reads_the_ozx(archives, mount, tmp_path):
 
 
 @pytest.mark.skipif(not DEBIAN_PYTHON.exists(), reason="needs the system Python")
+@pytest.mark.legacy
 def test_debian_zarr_reads_the_ozx(archives, mount, tmp_path):
     """Debian's python3-zarr 2.13 (numcodecs 0.11) reads every level of an .ozx through --view zarr2."""
     from unshardfs.testing.zarr import DEBIAN_ZARR_PYTHON, read_with_zarr2

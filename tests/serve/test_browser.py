@@ -24,7 +24,8 @@ from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 neuroglancer = pytest.importorskip("neuroglancer")
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/setup installs it)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/setup installs it)")]
 KEY = "1_1_1"
 
 

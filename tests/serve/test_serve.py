@@ -90,6 +90,7 @@ def test_tensorstore_and_cloudvolume_read_it(site):
             assert remote.skeleton.get(segid) == here.skeleton.get(segid)
 
 
+@pytest.mark.legacy
 def test_zarr2_view_read_by_zarr_python_2_over_http(tmp_path):
     from unshardfs.testing.zarr import BYTES_LE, ZCase, codec, consolidate
     from unshardfs.testing.zarr import sharding as zsharding

@@ -219,6 +219,7 @@ def test_truncated_archive(tmp_path):
     trio.run(main)
 
 
+@pytest.mark.slow
 def test_index_memory_per_entry(tmp_path):
     """What the index keeps per entry (names blob + columns), measured with 200,000 entries."""
     n = 200_000

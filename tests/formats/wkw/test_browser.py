@@ -16,7 +16,7 @@ from tests.serve.test_browser import CHROMIUM, _CorsHandler, screenshot
 from tests.support.served import served
 
 neuroglancer = pytest.importorskip("neuroglancer")
-pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/setup installs it)"),
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/setup installs it)"),
               pytest.mark.timeout(400)]
 RGB = "void main() { emitRGB(vec3(toNormalized(getDataValue(0)), toNormalized(getDataValue(1)), " \
       "toNormalized(getDataValue(2)))); }"

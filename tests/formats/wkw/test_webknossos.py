@@ -16,7 +16,8 @@ from tests.formats.wkw.test_mount import tensorstore_read
 
 REPO = Path(__file__).resolve().parents[3]
 PYTHON = REPO / ".venv-webknossos" / "bin" / "python"
-pytestmark = pytest.mark.skipif(not PYTHON.exists(), reason="needs .venv-webknossos (scripts/setup makes it)")
+pytestmark = [pytest.mark.legacy,
+              pytest.mark.skipif(not PYTHON.exists(), reason="needs .venv-webknossos (scripts/setup makes it)")]
 
 
 @pytest.fixture(scope="module")

@@ -134,6 +134,7 @@ def test_v3_view_reads_back(store, mount):
 
 
 @pytest.mark.parametrize("python", [None, DEBIAN_ZARR_PYTHON], ids=["zarr-2.18", "debian-zarr-2.13"])
+@pytest.mark.legacy
 def test_v2_view_reads_back_with_zarr2(store, mount, tmp_path, python):
     """zarr 2.18 from its venv, and Debian's python3-zarr (numcodecs 0.11, which knows no zstd `checksum`)."""
     root, data = store

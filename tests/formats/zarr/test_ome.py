@@ -69,6 +69,7 @@ def test_validated_as_04_by_ome_zarr_models(stores, mount):
 
 
 @pytest.mark.skipif(not OME04.exists(), reason="needs .venv-ome04 (scripts/setup makes it)")
+@pytest.mark.legacy
 def test_ome_zarr_py_011_reads_every_level(stores, mount, tmp_path):
     root, written = stores
     images = {"image.ome.zarr": ["image.ome.zarr"], "ngff.ome.zarr": ["ngff.ome.zarr"],
