@@ -1,6 +1,6 @@
 """Every byte source runs the one ByteSource conformance suite (unshardfs.testing.source_conformance):
-local directories, plain HTTP, the GCS JSON API stand-in, S3 through moto, and the disk-cache and
-counting layers."""
+local directories, plain HTTP, the GCS JSON API stand-in, S3 through moto, the disk-cache and
+counting layers, and the in-memory and latency stand-ins the in-process tests use."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from unshardfs.sources.diskcache import DiskCachedSource
 from unshardfs.sources.http import HttpOptions, HttpSource
 from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.latency import LatencySource
 from unshardfs.testing.memory import MemorySource
 from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance
 
@@ -47,6 +48,32 @@ class TestMemory(SourceConformance):
     @pytest.fixture
     def change(self, source: MemorySource) -> Change:
         return lambda path, data: source.remove(path) if data is None else source.put(path, data)
+
+
+class TestLatency(SourceConformance):
+    """The object-store stand-in of the in-process latency tests, as a plain HTTP server (not
+    listable; a stat and its tail in one request) and as a bucket listed in pages of two."""
+
+    listable, remote = False, True
+    tails = True
+    page_size: int | None = None
+
+    @pytest.fixture
+    def source(self) -> MemorySource:
+        return MemorySource(TREE)
+
+    @pytest.fixture
+    def make(self, source: MemorySource) -> MakeSource:
+        return lambda: LatencySource(source, 0.001, listable=self.listable, page_size=self.page_size)
+
+    @pytest.fixture
+    def change(self, source: MemorySource) -> Change:
+        return lambda path, data: source.remove(path) if data is None else source.put(path, data)
+
+
+class TestLatencyListed(TestLatency):
+    listable = True
+    page_size = 2
 
 
 class TestCounting(SourceConformance):

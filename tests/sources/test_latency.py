@@ -2,169 +2,41 @@
 lookups and scattered reads cost in requests and round trips, and that read-ahead changes
 those costs only, never the bytes.
 
-The precomputed volume is 256 raw chunks of 4 KiB (16^3 uint8) in 4 shards x 4 minishards
-(murmurhash), in two layouts of the same chunks: TensorStore's, which writes each minishard
-index right after its chunks, and CloudVolume's (Igneous), which writes all minishard indexes
-together after the data. The Zarr v3 array (zarr-python) holds 128 inner chunks of 4 KiB in 8
-shards. Round trips are counted by the server: the longest chain of requests each sent after
+The datasets are tests/support/latency.py's; what the core alone costs for the same work is
+pinned in process, under trio's MockClock, by tests/core/test_latency_inprocess.py. Round
+trips are counted by the server: the longest chain of requests each sent after
 the one before it was answered (`DatasetServer.round_trips`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
-import shutil
 import subprocess
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from unshardfs.core.policy import POLICY
+from tests.support.latency import (KEY, LISTED_OWN_READS, OPEN_WINDOW, SCANNED_BEFORE_READ_AHEAD, SPEC, ZARR_INDEX,
+                                   Shards, plain, scattered, sent_over_http, write_site)
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.mounts import daemon_pids
-from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import assert_same_tree
-from unshardfs.testing.zarr import BYTES_LE, ZCase, codec
-from unshardfs.testing.zarr import sharding as zsharding
-from unshardfs.testing.zarr import write_case
-
-SPEC = sharding(minishard=2, shard=2)
-SCALE = Scale((128, 128, 64), (16, 16, 16), SPEC)
-KEY = "1_1_1"
-# Segmentation as viewers read it: a file's size is known only from its payload (gzip trailer).
-SEG_SCALE = Scale((128, 128, 64), (16, 16, 16), sharding(minishard=2, shard=2, data_enc="gzip"),
-                  encoding="compressed_segmentation", extra={"compressed_segmentation_block_size": [8, 8, 8]})
-# Reads of a scan before it is recognised: after a listing, its first entry (or lowest id) and one
-# that follows it (a viewer, which never lists, needs a first read and two that follow it).
-SCANNED_BEFORE_READ_AHEAD = 2
-# A scan in listing order from the listing's first entry: that read is a request of its own and
-# prefetches the next OPEN_WINDOW entries (one more request), which the read confirming the scan
-# joins: one read of its own, a round trip sooner.
-OPEN_WINDOW = POLICY.open_window
-LISTED_OWN_READS = 1
-ZCASE = ZCase((64, 64, 128), "uint8", (32, 32, 64), [zsharding((16, 16, 16), [BYTES_LE])], (16, 16, 16),
-              [BYTES_LE], key_encoding=codec("default", separator="."), holes=False)
-
-
-def chunk_keys(plain_dir: Path) -> dict[str, int]:
-    """Chunk name -> chunk id (compressed Morton code of its grid cell), computed with CloudVolume."""
-    from cloudvolume.datasource.precomputed.common import compressed_morton_code
-
-    grid = [s // c for s, c in zip(SCALE.size, SCALE.chunk)]
-    keys = {}
-    for name in os.listdir(plain_dir):
-        cell = [int(part.split("-")[0]) // c for part, c in zip(name.split("_"), SCALE.chunk)]
-        keys[name] = int(compressed_morton_code(cell, grid))
-    return keys
-
-
-def igneous_layout(target: Path, tensorstore: Path, plain_dir: Path) -> None:
-    """The chunks of `plain_dir` sharded by CloudVolume (minishard indexes together after the data)."""
-    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
-
-    chunks = {path: (plain_dir / name).read_bytes() for name, path in chunk_keys(plain_dir).items()}
-    (target / KEY).mkdir(parents=True)
-    shutil.copy(tensorstore / "info", target / "info")
-    for name, data in synthesize_shard_files(ShardingSpecification.from_dict(dict(SPEC)), chunks).items():
-        (target / KEY / name).write_bytes(data)
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("latency")
-    volume = write_volume(root / "tensorstore", [SCALE], "uint8")
-    volume["sharded"].rename(root / "ts")
-    igneous_layout(root / "igneous", root / "ts", volume["plain"] / KEY)
-    write_case(root / "zarr", "arr", ZCASE)
-    write_case(root / "nested", "arr", replace(ZCASE, key_encoding=codec("default", separator="/")))
-    write_volume(root / "seg", [SEG_SCALE], "uint64", volume_type="segmentation")
-    return root
+    return write_site(tmp_path_factory.mktemp("latency"))
 
 
 @pytest.fixture
 def server(site):
     with DatasetServer(site) as srv:
         yield srv
-
-
-def plain(site: Path) -> Path:
-    return site / "tensorstore" / "plain" / KEY
-
-
-# -- what each request was for ------------------------------------------------------------
-
-class Shards:
-    """Byte ranges of a served precomputed chunk directory, parsed here from the files."""
-
-    def __init__(self, directory: Path) -> None:
-        self.index_size = 16 << SPEC["minishard_bits"]
-        self.minishards: dict[str, list[range]] = {}
-        self.chunks: dict[str, list[range]] = {}
-        for shard in sorted(directory.glob("*.shard")):
-            raw = shard.read_bytes()
-            index = np.frombuffer(raw[:self.index_size], "<u8").reshape(-1, 2)
-            self.minishards[shard.name] = [range(self.index_size + int(a), self.index_size + int(b))
-                                           for a, b in index if a != b]
-            chunks = []
-            for r in self.minishards[shard.name]:
-                table = np.frombuffer(raw[r.start:r.stop], "<u8").reshape(3, -1)
-                ends = self.index_size + np.cumsum(table[1] + table[2])
-                chunks += [range(int(e - n), int(e)) for e, n in zip(ends, table[2])]
-            self.chunks[shard.name] = sorted(chunks, key=lambda c: c.start)
-
-    def kind(self, shard: str, method: str, rng: str | None) -> str:
-        if method == "HEAD":
-            return "head"
-        first, last = (int(x) for x in rng[len("bytes="):].split("-"))  # type: ignore[index]
-        if (first, last) == (0, self.index_size - 1):
-            return "index"
-        if any(first < r.stop and r.start <= last for r in self.chunks[shard]):
-            return "payload"  # (with any minishard index between its chunks)
-        if any(first < r.stop and r.start <= last for r in self.minishards[shard]):
-            return "minishard"
-        return "other"
-
-    def costs(self, server: DatasetServer) -> dict[str, Counter]:
-        """Requests per shard file and kind (head, index, minishard, payload)."""
-        out: dict[str, Counter] = {name: Counter() for name in self.chunks}
-        for r in server.requests():
-            name = r.path.rsplit("/", 1)[-1]
-            if name in out:
-                out[name][self.kind(name, r.method, r.range)] += 1
-        return out
-
-    def payload_ranges(self, server: DatasetServer) -> dict[str, list[range]]:
-        out: dict[str, list[range]] = {name: [] for name in self.chunks}
-        for r in server.requests("GET"):
-            name = r.path.rsplit("/", 1)[-1]
-            if name in out and self.kind(name, r.method, r.range) == "payload":
-                first, last = (int(x) for x in r.range[len("bytes="):].split("-"))  # type: ignore[index]
-                out[name].append(range(first, last + 1))
-        return out
-
-    def check_payloads(self, server: DatasetServer, reread: int = 0) -> int:
-        """Every chunk fetched, every read whole chunks (with what lies between them), at most
-        `reread` chunks fetched twice; returns the bytes fetched beyond each chunk once."""
-        extra = 0
-        for name, reads in self.payload_ranges(server).items():
-            starts = {c.start for c in self.chunks[name]}
-            stops = {c.stop for c in self.chunks[name]}
-            assert all(r.start in starts and r.stop in stops for r in reads), f"{name}: {reads} cut chunks"
-            times = [sum(c.start >= r.start and c.stop <= r.stop for r in reads) for c in self.chunks[name]]
-            assert min(times) == 1, f"{name}: chunks never fetched"
-            reread -= sum(t - 1 for t in times)
-            extra += sum(len(r) for r in reads) - sum(len(c) for c in self.chunks[name])
-        assert reread >= 0, "chunks fetched twice"
-        return extra
-
 
 
 # -- scans ---------------------------------------------------------------------------------
@@ -181,7 +53,7 @@ def test_scan_in_listing_order(site, server, mount, layout):
     names = os.listdir(m.path / KEY)
     for name in names:
         assert (m.path / KEY / name).read_bytes() == (plain(site) / name).read_bytes(), name
-    costs = shards.costs(server)
+    costs = shards.costs(sent_over_http(server))
     first = next(s for s in costs if costs[s]["payload"] > 1)
     minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
     assert costs == {s: Counter(head=1, index=1, minishard=minishards,
@@ -190,7 +62,7 @@ def test_scan_in_listing_order(site, server, mount, layout):
     # does not write a shard's chunks in listing order): re-read rather than cost a request more.
     # What it reads beyond its chunks is wasted, and counted so: those, and the minishard indexes
     # TensorStore puts between its chunk runs.
-    wasted = shards.check_payloads(server, reread=LISTED_OWN_READS + OPEN_WINDOW)
+    wasted = shards.check_payloads(sent_over_http(server), reread=LISTED_OWN_READS + OPEN_WINDOW)
     fetch = m.stats()["fetch"]
     assert fetch["prefetch_wasted_bytes"] == wasted
     assert fetch["prefetch_cached_entries"] == 0  # every prefetched chunk was read
@@ -206,7 +78,7 @@ def test_cp_r_scan(site, server, mount, tmp_path):
     server.reset_log()
     subprocess.run(["cp", "-r", str(m.path / KEY), str(tmp_path / "copy")], check=True, timeout=60)
     assert_same_tree(tmp_path / "copy", plain(site))
-    costs = shards.costs(server)
+    costs = shards.costs(sent_over_http(server))
     assert all(c["head"] == c["index"] == c["minishard"] == 1 for c in costs.values()), costs
     # 2 reads before the scan is recognised, then per window of keys (32, 33, 65, 129, the
     # rest) one read per shard that spans the window's chunks there: what lies between them are
@@ -217,7 +89,7 @@ def test_cp_r_scan(site, server, mount, tmp_path):
     # reads and 3 twice when a scan needed 3 reads, listed or not).
     assert sum(c["payload"] for c in costs.values()) == 18
     fetch = m.stats()["fetch"]
-    wasted = shards.check_payloads(server, reread=SCANNED_BEFORE_READ_AHEAD)
+    wasted = shards.check_payloads(sent_over_http(server), reread=SCANNED_BEFORE_READ_AHEAD)
     assert fetch["prefetch_wasted_bytes"] == wasted == SCANNED_BEFORE_READ_AHEAD * 4096
     assert fetch["prefetch_cached_entries"] == 0
     assert fetch["prefetch_bytes"] == fetch["prefetch_hit_bytes"] + fetch["prefetch_wasted_bytes"]
@@ -237,7 +109,7 @@ def test_zarr_scan_in_listing_order(site, server, mount):
     for r in server.requests():
         shard = r.path.rsplit("/", 1)[-1]
         if shard.startswith("c."):
-            index = f"bytes=-{16 * 16 + 4}"  # 16 entries and a crc32c, at the end
+            index = f"bytes=-{ZARR_INDEX}"
             kind = "head" if r.method == "HEAD" else "index" if r.range == index else "payload"
             costs.setdefault(shard, Counter())[kind] += 1
     assert len(costs) == 8
@@ -292,34 +164,6 @@ def test_zarr_cp_r_of_nested_chunk_directories(site, server, mount, tmp_path):
 
 # -- scattered reads: a viewer -----------------------------------------------------------------
 
-def scattered(site: Path, n: int, seed: int) -> list[str]:
-    """`n` chunk names, none next to another in key order or in its minishard's table: no two
-    of them could be the start of a scan, in whatever order they are read."""
-    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
-
-    spec = ShardingSpecification.from_dict(dict(SPEC))
-    path = chunk_keys(plain(site))
-    table: dict[tuple, list[int]] = {}
-    for k in sorted(path.values()):
-        loc = spec.compute_shard_location(k)
-        table.setdefault((loc.shard_number, int(loc.minishard_number)), []).append(k)
-    near: dict[int, set[int]] = {k: {k - 1, k + 1} for k in path.values()}
-    for keys in table.values():
-        for a, b in zip(keys, keys[1:]):
-            near[a].add(b)
-            near[b].add(a)
-    names = sorted(path)
-    random.Random(seed).shuffle(names)
-    picked: list[str] = []
-    taken: set[int] = set()
-    for name in names:
-        if len(picked) < n and not near[path[name]] & taken:
-            picked.append(name)
-            taken.add(path[name])
-    assert len(picked) == n
-    return picked
-
-
 def test_scattered_reads_pay_nothing_for_read_ahead(site, server, mount):
     """A viewer reading scattered chunks (no listing) sends exactly the requests it sends
     with --no-read-ahead, and with 8 readers at once no prefetch starts either."""
@@ -365,7 +209,8 @@ def test_ls_lR_costs_three_round_trips(site, server, mount, layout, options):
     server.reset_log()
     subprocess.run(["ls", "-lR", str(m.path / KEY)], check=True, capture_output=True, timeout=60)
     minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
-    assert shards.costs(server) == {s: Counter(head=1, index=1, minishard=minishards) for s in shards.chunks}
+    costs = shards.costs(sent_over_http(server))
+    assert costs == {s: Counter(head=1, index=1, minishard=minishards) for s in shards.chunks}
     assert server.round_trips() == 3
 
 

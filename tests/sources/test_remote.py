@@ -318,6 +318,35 @@ def test_a_stat_with_its_tail_is_one_request(tmp_path):
         trio.run(main)
 
 
+def test_stats_of_one_object_asked_together_are_one_head(tmp_path: Path) -> None:
+    """Readers looking up chunks of one cold shard at once stat it together: one HEAD, whose answer
+    (an absence too) all of them get; later stats come from the stat cache."""
+    import trio
+
+    from unshardfs.sources.http import HttpSource
+
+    (tmp_path / "obj").write_bytes(b"x" * 1000)
+    with DatasetServer(tmp_path) as srv:
+        async def main() -> dict[str, list[int | None]]:
+            source = HttpSource(srv.url)
+            got: dict[str, list[int | None]] = {"obj": [], "absent": []}
+            try:
+                async def stat(path: str) -> None:
+                    st = await source.stat(path)
+                    got[path].append(st and st.size)
+
+                async with trio.open_nursery() as nursery:
+                    for path in ("obj", "absent") * 8:
+                        nursery.start_soon(stat, path)
+                await stat("obj")
+            finally:
+                await source.aclose()
+            return got
+
+        assert trio.run(main) == {"obj": [1000] * 9, "absent": [None] * 8}
+        assert sorted((r.method, r.path) for r in srv.requests()) == [("HEAD", "/absent"), ("HEAD", "/obj")]
+
+
 def test_timeouts_end_in_eio(site, server, mount):
     root, volume, _ = site
     m = mount(f"{server.url}/volume/sharded", "--timeout", "0.2", "--retries", "1", "--backoff", "0")

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 import trio
+import trio.testing
 
 from tests.sources.test_conformance import FAST, moto  # noqa: F401  (module-scoped S3 emulator)
 from tests.support.s3 import CREDENTIALS  # noqa: F401
@@ -21,6 +22,8 @@ from unshardfs.sources.http import HttpSource
 from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.sources.zip import ZipSource
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.latency import LatencySource
+from unshardfs.testing.memory import MemorySource
 from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
 from unshardfs.testing.zips import zip_tree
 
@@ -175,30 +178,30 @@ def test_archive_reads_per_member(tmp_path: Path) -> None:
 
 
 def test_remote_first_read_of_a_large_member_is_one_round_trip(tmp_path: Path) -> None:
-    """Over HTTP (a delay per request), a large member's first ranged read sends its local header read and
-    the range at the central directory's offset together: two requests, one round trip; a member whose
-    local extra field differs from the central one is read again at the right offset, still exact."""
+    """From an object store (a latency per request, on trio's MockClock), a large member's first ranged
+    read sends its local header read and the range at the central directory's offset together: two
+    requests, one round trip; a member whose local extra field differs from the central one is read
+    again at the right offset, still exact."""
     from tests.support.zips import Member, build
 
     big = bytes(range(256)) * 800
-    archive = tmp_path / "remote.zip"
     # "odd" has an extra field in its local header only: the guess from the central directory is wrong.
-    archive.write_bytes(build([Member(b"big", big), Member(b"odd", big, local_extra=b"\x99\x99\x04\x00abcd")]))
+    archive = build([Member(b"big", big), Member(b"odd", big, local_extra=b"\x99\x99\x04\x00abcd")])
+    store = LatencySource(MemorySource({"remote.zip": archive}), latency=0.25)
 
-    async def main(server: DatasetServer) -> None:
-        source = await ZipSource(HttpSource(server.url, FAST), archive.name).open()
-        # Opening it: its stat and tail (with the central directory) in one request, no HEAD.
-        assert [(r.method, r.range) for r in server.requests()] == [("GET", f"bytes=-{zipsource.TAIL}")]
+    async def main() -> None:
+        source = await ZipSource(store, "remote.zip").open()
+        # Opening it: its stat and tail (with the central directory) in one request, no stat of its own.
+        assert [(r.kind, r.offset) for r in store.log] == [("tail", -zipsource.TAIL)]
         for path in ("big", "odd"):
-            server.reset_log()
+            store.reset_log()
+            start = trio.current_time()
             assert await source.read(path, 70_000, 5000) == big[70_000:75_000]
-            assert (len(server.requests()), server.round_trips()) == ((2, 1) if path == "big" else (3, 2)), \
-                (path, server.requests())
-            server.reset_log()
+            assert (len(store.log), store.round_trips()) == ((2, 1) if path == "big" else (3, 2)), (path, store.log)
+            assert trio.current_time() - start == store.round_trips() * store.latency
+            store.reset_log()
             assert await source.read(path, 1000, 10) == big[1000:1010]
-            assert len(server.requests()) == 1
+            assert len(store.log) == 1
         await source.aclose()
 
-    with DatasetServer(tmp_path) as server:
-        server.faults.delay = 0.3  # long enough that two requests sent together overlap even on a busy machine
-        trio.run(main, server)
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

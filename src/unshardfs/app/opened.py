@@ -20,6 +20,7 @@ from unshardfs.core.fetch import FetchPolicy
 from unshardfs.core.registry import Dataset, index_levels, open_dataset
 from unshardfs.core.runtime import Runtime
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
+from unshardfs.sources.base import ByteSource
 from unshardfs.sources.zip import ZipSource, ZipSummary
 from unshardfs.tree.nodes import DirNode
 from unshardfs.util.limits import DataLimits
@@ -45,14 +46,25 @@ class OpenedSource:
         options = options or {}
         spec = parse_source(url)
         remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or DataLimits()
-        source = CountingSource(await open_spec(spec, lambda base: open_source(base, remote), limits))
-        runtime = Runtime(source, caches or Caches(levels=index_levels()), limits, options.get("policy") or FetchPolicy())
+        source = await open_spec(spec, lambda base: open_source(base, remote), limits)
+        return await cls.over(source, spec.format, options, caches)
+
+    @classmethod
+    async def over(cls, source: ByteSource, named: str | None = None, options: dict | None = None,
+                   caches: Caches | None = None) -> "OpenedSource":
+        """The dataset in `source` (a byte source made elsewhere: a test's in-memory store), as
+        `open` serves it; `named` is a format plug-in's name (None: detect). `source` is closed
+        with the result, or at once when no dataset opens."""
+        options = options or {}
+        counted = CountingSource(source)
+        runtime = Runtime(counted, caches or Caches(levels=index_levels()), options.get("limits") or DataLimits(),
+                          options.get("policy") or FetchPolicy())
         try:
-            dataset = await open_dataset(runtime, spec.format, options.get("formats") or {})
+            dataset = await open_dataset(runtime, named, options.get("formats") or {})
         except BaseException:
-            await source.aclose()
+            await counted.aclose()
             raise
-        return cls(source, runtime, dataset)
+        return cls(counted, runtime, dataset)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator["OpenedSource"]:

@@ -39,6 +39,7 @@ import trio
 from unshardfs.sources import h1
 from unshardfs.sources.base import ObjectStat, name_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
+from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
 from unshardfs.util.maps import ExpiringMap
 
@@ -234,6 +235,7 @@ class HttpSource:
         self._limiter: trio.CapacityLimiter | None = None
         self._stats = ExpiringMap(maxsize=200_000, ttl=self.options.stat_ttl)
         self._no_suffix = False  # the server ignores Range: `stat_tail` is a HEAD
+        self._stat_flights = Flights()  # HEADs in flight, joined by stats of the same path
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -358,8 +360,11 @@ class HttpSource:
             log_once(log, f"key:{self.description}:{problem}", "%s: %s: treated as absent", self.description,
                      problem)
             return None
-        result = await self._head(path)
-        self._stats[path] = result
+        # Readers looking up chunks of one cold shard at once stat it together: one HEAD.
+        return await self._stat_flights.run(path, lambda: self._head_kept(path))
+
+    async def _head_kept(self, path: str) -> ObjectStat | None:
+        result = self._stats[path] = await self._head(path)
         return result
 
     async def _head(self, path: str) -> ObjectStat | None:

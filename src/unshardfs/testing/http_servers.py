@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from unshardfs.testing.latency import round_trips
+
 
 @dataclass
 class Faults:
@@ -108,10 +110,7 @@ class DatasetServer:
     def round_trips(self) -> int:
         """The longest chain of logged requests each sent after the one before it was answered:
         the round trips a client waited for one after another, however many requests overlapped."""
-        chains: list[tuple[float, int]] = []  # (answered at, longest chain ending there)
-        for r in sorted(self.requests(), key=lambda r: r.start):
-            chains.append((r.end, 1 + max((n for end, n in chains if end <= r.start), default=0)))
-        return max((n for _, n in chains), default=0)
+        return round_trips((r.start, r.end) for r in self.requests())
 
     # -- request handling ------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import AsyncIterator
 
 from unshardfs.app.opened import OpenedSource
 from unshardfs.app.options import add_cache_options, add_source_options, format_options, make_caches
+from unshardfs.sources.base import ByteSource
 from unshardfs.tree.nodes import DirNode, FileNode, Node
 
 # What one read asks for: the kernel's largest READ at the default max_pages.
@@ -29,11 +30,17 @@ def options_parser() -> argparse.ArgumentParser:
 
 
 @contextlib.asynccontextmanager
-async def opened(source: str, *args: str) -> AsyncIterator[OpenedSource]:
+async def opened(source: str | ByteSource, *args: str, named: str | None = None) -> AsyncIterator[OpenedSource]:
     """`source` opened as `unshardfs mount SOURCE MNT *args` would open it, running (read-ahead and
-    prefetch on, unless the options turn them off) until the block ends."""
+    prefetch on, unless the options turn them off) until the block ends. `source` is a SOURCE as
+    the command line takes it, or a byte source made by the caller (a `MemorySource`, a
+    `LatencySource`), read as the format `named` (None: detected)."""
     parsed = options_parser().parse_args(list(args))
-    tree = await OpenedSource.open(source, format_options(parsed), make_caches(parsed))
+    options, caches = format_options(parsed), make_caches(parsed)
+    if isinstance(source, str):
+        tree = await OpenedSource.open(source, options, caches)
+    else:
+        tree = await OpenedSource.over(source, named, options, caches)
     try:
         async with tree.running():
             yield tree

@@ -8,6 +8,7 @@ of an earlier `stat` fail with `StaleError`, as the real sources do.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 from unshardfs.sources.base import IndexCache, ObjectStat, name_problem
@@ -30,6 +31,12 @@ class MemorySource:
         self.requests = {"stat": 0, "read": 0, "list": 0}
         for path, data in (files or {}).items():
             self.put(path, data)
+
+    @classmethod
+    def from_directory(cls, root: Path, description: str | None = None) -> "MemorySource":
+        """The files below `root` (a dataset written by a reference writer), by their relative paths."""
+        files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        return cls(files, description or f"memory copy of {root.name}")
 
     # -- changing it (behind a reader's back) ------------------------------------------
 
