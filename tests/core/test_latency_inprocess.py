@@ -88,8 +88,9 @@ def test_scan_in_listing_order(site: Path, layout: str) -> None:
     minishard in TensorStore's layout, all in one round trip) and one payload read; the shard
     the scan starts in also pays its first read and the prefetch of the next entries that read
     starts. Round trips: the listing's 3 (stats, shard indexes, minishard indexes), the first
-    read's, the open window's prefetch, which the second read joins, and then the prefetches of
-    the following windows, each landing before the reader gets there."""
+    read's (the open window's prefetch, which the second read finds, goes out with it), then the
+    prefetches of 3 later windows, each sent once the one before had landed and each landing
+    before the reader gets there: the reader waits for the listing and its first read only."""
     source, shards = store(site / layout), Shards(site / layout / KEY)
 
     async def main() -> tuple[dict[str, int], float]:
@@ -112,7 +113,6 @@ def test_scan_in_listing_order(site: Path, layout: str) -> None:
                                 payload=1 + (LISTED_OWN_READS + 1) * (s == first)) for s in costs}
     assert source.counts() == Counter(stat=4, read=4 + 4 * minishards + 4 + LISTED_OWN_READS + 1)
     assert source.round_trips() == 7
-    # The reader waited for the listing and for its first two reads only.
     assert waits(elapsed, 256) == 3 + LISTED_OWN_READS
     wasted = shards.check_payloads(sent_to(source), reread=LISTED_OWN_READS + OPEN_WINDOW)
     assert fetch["prefetch_wasted_bytes"] == wasted
@@ -123,8 +123,9 @@ def test_scan_in_listing_order(site: Path, layout: str) -> None:
 def test_zarr_scan_in_listing_order(site: Path) -> None:
     """A sharded Zarr v3 array read in listing order: per shard its index with its stat (one
     request: a suffix range), no stat of its own, and one payload read (the shard the scan
-    starts in also pays its first read and the prefetch of the next entries that read starts);
-    the indexes of all 8 shards in one round trip."""
+    starts in also pays its first read and the prefetch of the next entries that read starts).
+    Round trips: the 8 indexes' one, the first read's, then 3 later windows' prefetches, which
+    the reader never waits for."""
     source = store(site / "zarr" / "sharded" / "arr")
     reference = site / "zarr" / "plain" / "arr"
 
@@ -155,8 +156,8 @@ def test_zarr_scan_in_listing_order(site: Path) -> None:
 
 def test_scattered_reads_pay_nothing_for_read_ahead(site: Path) -> None:
     """A viewer reading scattered chunks by name (no listing) sends exactly the requests it
-    sends with --no-read-ahead; 8 readers sharing them send the same requests again, none
-    prefetched, in as many round trips as the busiest reader's chain of them."""
+    sends with --no-read-ahead; 8 readers sharing them send the same requests again (a shard's
+    stat and indexes once, however many readers need them at once), none prefetched."""
     names = scattered(site, 48, seed=5)
     sent: dict[tuple[str, ...], list[tuple[str, str, int, int]]] = {}
     trips: dict[tuple[str, ...], int] = {}
