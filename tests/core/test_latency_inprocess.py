@@ -223,3 +223,28 @@ def test_a_listing_costs_three_round_trips(site: Path, layout: str, options: tup
     costs = shards.costs(sent_to(source))
     assert costs == {s: Counter(head=1, index=1, minishard=minishards) for s in shards.chunks}
     assert source.round_trips() == 3 and elapsed == pytest.approx(3 * LATENCY)
+
+
+# -- the stand-in itself -----------------------------------------------------------------------
+
+def test_the_stand_in_counts_round_trips_on_the_mock_clock() -> None:
+    """Requests sent together are one round trip and one sent after their answers a second; stats
+    of one object are one request, kept afterwards; a listing costs a request per page."""
+    source = LatencySource(MemorySource({f"d/{i}": bytes([i]) * 10 for i in range(5)}), LATENCY,
+                           listable=True, page_size=2)
+
+    async def main() -> float:
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(source.read, f"d/{i}", 0, 4)
+                nursery.start_soon(source.stat, "d/0")
+        assert (len(source.log), source.round_trips()) == (4, 1)
+        assert await source.read("d/4", 2, 4) == bytes([4]) * 4 and source.round_trips() == 2
+        assert await source.stat("d/0") is not None and len(source.log) == 5  # kept
+        source.reset_log()
+        assert [name async for name, _ in source.list("d")] == ["0", "1", "2", "3", "4"]
+        assert source.counts() == {"list": 3} and source.round_trips() == 3
+        return trio.current_time() - start
+
+    assert run(main) == pytest.approx(5 * LATENCY)
