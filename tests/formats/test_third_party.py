@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 PLUGIN = '''
 """A shard is `<n>.pack`: payloads, then (id, offset, length) u64 triples, then the u64 entry
 count; chunk k lives in shard k % S and shows as `<k>.chunk`, its bytes stored XOR 0x5a."""
