@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--fuse-engine", choices=ENGINES, default="kernel",
                    help="kernel: our own FUSE protocol session (no-open, parallel lookups; default); "
                         "pyfuse3: libfuse through pyfuse3 (pip install 'unshardfs[pyfuse3]')")
+    m.add_argument("--fuse-passthrough", action="store_true",
+                   help="kernel engine, as root, kernel >= 6.9: files stored whole in a local source "
+                        "(metadata, files passed through) are read by the kernel itself, at the cost of "
+                        "one daemon round trip per open() of every file (see docs/engines.md)")
     add_cache_options(m)
     add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -190,7 +194,8 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         # Always read-only: a generic "rw" (mount(8) adds it by default) is dropped.
         fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o and o != "rw"],
         debug=args.debug,
-        options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
+        options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout,
+                             passthrough=args.fuse_passthrough),
         engine=args.fuse_engine,
     )
     return serve(request, lambda: OpenedSource.open(args.source, format_options(args), caches), ready)

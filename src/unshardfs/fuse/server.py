@@ -23,9 +23,11 @@ hold locks for that request that the invalidation waits for.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import select
+import struct
 import time
 import types
 from dataclasses import dataclass, field
@@ -83,7 +85,13 @@ class InitConfig:
                  | abi.NO_OPEN_SUPPORT | abi.PARALLEL_DIROPS | abi.MAX_PAGES)
     max_background: int = 64
     congestion_threshold: int = 48
-    max_pages: int = 256
+    # Pages per request; None: as many as the kernel allows (`abi.max_pages_limit`), within what
+    # one spliced reply holds (see `Connection._init`).
+    max_pages: int | None = None
+    # Ask for FUSE_PASSTHROUGH (files stored whole in a local file are read by the kernel from
+    # that file). It costs the no-open mode: the kernel then sends OPEN for every open(). Only
+    # where backing files can be registered (CAP_SYS_ADMIN, `may_register_backing_files`).
+    passthrough: bool = False
     splice: bool = True  # READ replies may be spliced from a file (`splice.Splicer`)
     # How long the reader looks for the next request itself (`Connection._quick_wait`) before it
     # waits through trio, when no request is waiting on anything; 0: never.
@@ -93,9 +101,10 @@ class InitConfig:
 @dataclass
 class Negotiated:
     minor: int = 0
-    flags: int = 0
+    flags: int = 0  # 64 bits: flags2 of INIT as bits 32-63
     max_readahead: int = 0
     max_pages: int = 32
+    max_pages_limit: int = abi.DEFAULT_MAX_PAGES_LIMIT  # what the kernel would have allowed
     max_background: int = 12
 
     def has(self, flag: int) -> bool:
@@ -103,8 +112,24 @@ class Negotiated:
 
     def describe(self) -> dict[str, object]:
         return {"protocol": f"7.{self.minor}", "max_background": self.max_background,
-                "request_kib": self.max_pages * 4,
+                "request_kib": self.max_pages * 4, "request_kib_limit": self.max_pages_limit * 4,
                 **{name: self.has(flag) for flag, name in abi.FEATURE_NAMES.items()}}
+
+
+CAP_SYS_ADMIN = 21
+
+
+def may_register_backing_files() -> bool:
+    """Whether this process holds CAP_SYS_ADMIN, which the kernel demands of whoever registers a
+    backing file for passthrough (FUSE_DEV_IOC_BACKING_OPEN answers EPERM otherwise)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 @dataclass
@@ -132,6 +157,25 @@ class Connection:
         self._quick: select.epoll | None = None  # the connection and trio's epoll (`_quick_wait`), made on first use
         self.quick_waits = 0  # requests waited for without trio (`_read`)
         self._trio: _TrioProbe | None = None
+
+    def backing_open(self, fd: int) -> int:
+        """Register the open file `fd` as a backing file of this connection (FUSE_PASSTHROUGH):
+        its backing id, for OPEN replies with FOPEN_PASSTHROUGH, until `backing_close`. OSError
+        if the kernel refuses it (EPERM without CAP_SYS_ADMIN, ELOOP for a file on a stacked file
+        system, ENOTTY where the descriptor is no FUSE device)."""
+        arg = bytearray(abi.BACKING_MAP.pack(fd, 0, 0))
+        backing_id = fcntl.ioctl(self.fd, abi.FUSE_DEV_IOC_BACKING_OPEN, arg, True)
+        if backing_id <= 0:
+            raise OSError(errno.EINVAL, f"backing id {backing_id}")
+        return backing_id
+
+    def backing_close(self, backing_id: int) -> None:
+        """Drop a backing id; files opened on it keep their backing file until they are closed."""
+        try:
+            fcntl.ioctl(self.fd, abi.FUSE_DEV_IOC_BACKING_CLOSE, struct.pack("<I", backing_id))
+        except OSError as e:
+            if e.errno != errno.ENODEV:  # (the connection ended: every id went with it)
+                log.warning("backing id %d not released: %s", backing_id, e.strerror)
 
     @property
     def splice_max(self) -> int:
@@ -475,21 +519,29 @@ class Connection:
         if major != abi.KERNEL_VERSION:
             # A newer major: answer with ours and the kernel sends INIT again or gives up.
             log.error("kernel speaks FUSE %d.%d; this engine speaks 7.x", major, minor)
-            self.reply(unique, abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+            self.reply(unique, abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, *([0] * 10)))
             return
         if minor < abi.MIN_MINOR:
             log.error("kernel FUSE protocol 7.%d is older than 7.%d: use --fuse-engine pyfuse3", minor, abi.MIN_MINOR)
             self.error(unique, errno.EPROTO)
             return
-        granted = flags & self.config.want
+        if flags & abi.INIT_EXT and len(body) >= abi.INIT_IN.size + abi.INIT_IN_FLAGS2.size:
+            (flags2,) = abi.INIT_IN_FLAGS2.unpack_from(body, abi.INIT_IN.size)
+            flags |= flags2 << 32
+        want = self.config.want | (abi.PASSTHROUGH if self.config.passthrough else 0)
+        granted = flags & want
         for flag, since in abi.FEATURE_MINOR.items():
             if minor < since:
                 granted &= ~flag
+        if granted >> 32:
+            granted |= abi.INIT_EXT  # the reply's flags2 counts only with it
         n = self.negotiated
         n.minor = min(minor, abi.KERNEL_MINOR)
         n.flags = granted
         n.max_readahead = max_readahead
-        n.max_pages = self.config.max_pages if granted & abi.MAX_PAGES else 32
+        n.max_pages_limit = abi.max_pages_limit()
+        wanted_pages = self.config.max_pages or n.max_pages_limit
+        n.max_pages = min(wanted_pages, n.max_pages_limit) if granted & abi.MAX_PAGES else 32
         if self.config.splice and self.splicer is None:
             try:
                 self.splicer = Splicer(self.fd, n.max_pages * PAGE)
@@ -502,14 +554,16 @@ class Connection:
                 if granted & abi.MAX_PAGES and fits >= 32:
                     n.max_pages = min(n.max_pages, fits)
         n.max_background = self.config.max_background
-        out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, max_readahead, granted,
+        out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, max_readahead, granted & 0xFFFFFFFF,
                                 self.config.max_background, self.config.congestion_threshold,
-                                abi.MAX_WRITE, 1, n.max_pages, 0, 0)
+                                abi.MAX_WRITE, 1, n.max_pages, 0, granted >> 32,
+                                abi.PASSTHROUGH_STACK_DEPTH if granted & abi.PASSTHROUGH else 0)
         if minor < 23:
             out = out[:abi.INIT_OUT_COMPAT_22]
         self.reply(unique, out)
-        log.info("FUSE protocol 7.%d negotiated: %s", n.minor,
-                 ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag) or "no features")
+        log.info("FUSE protocol 7.%d negotiated: %s; requests of up to %d KiB (the kernel allows %d KiB)",
+                 n.minor, ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag)
+                 or "no features", n.max_pages * 4, n.max_pages_limit * 4)
         if self.on_init is not None:
             self.on_init(n)
 
