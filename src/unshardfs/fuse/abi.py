@@ -14,8 +14,10 @@ import os
 import struct
 
 KERNEL_VERSION = 7
-# The newest minor whose structs we lay out; the kernel answers with min(its, ours).
+# The newest minor whose structs we lay out; the kernel answers with min(its, ours). 7.41 and 7.42
+# add flags only (idmapped mounts, io_uring), and we speak 7.42 only where io_uring is granted.
 KERNEL_MINOR = 40
+URING_MINOR = 42
 # Oldest minor we serve: entry/attr replies and INIT reply sizes below it differ.
 MIN_MINOR = 19
 ROOT_ID = 1
@@ -101,12 +103,13 @@ MAX_PAGES = 1 << 22              # 7.28: init_out.max_pages is honoured
 INIT_EXT = 1 << 30               # 7.36: init_in/init_out carry flags2, the upper 32 flag bits
 # flags2 bits, as bits 32-63 of one 64-bit flag word
 PASSTHROUGH = 1 << 37            # 7.40: OPEN may answer FOPEN_PASSTHROUGH on a registered backing file
+OVER_IO_URING = 1 << 41          # 7.42: requests fetched and answered through io_uring (`uring`)
 
 FEATURE_MINOR = {AUTO_INVAL_DATA: 20, DO_READDIRPLUS: 21, READDIRPLUS_AUTO: 21, NO_OPEN_SUPPORT: 23,
-                 PARALLEL_DIROPS: 25, MAX_PAGES: 28, INIT_EXT: 36, PASSTHROUGH: 40}
+                 PARALLEL_DIROPS: 25, MAX_PAGES: 28, INIT_EXT: 36, PASSTHROUGH: 40, OVER_IO_URING: 42}
 FEATURE_NAMES = {ASYNC_READ: "async_read", AUTO_INVAL_DATA: "auto_inval_data", DO_READDIRPLUS: "readdirplus",
                  READDIRPLUS_AUTO: "readdirplus_auto", NO_OPEN_SUPPORT: "no_open",
-                 PARALLEL_DIROPS: "parallel_dirops", MAX_PAGES: "max_pages", PASSTHROUGH: "passthrough"}
+                 PARALLEL_DIROPS: "parallel_dirops", MAX_PAGES: "max_pages", PASSTHROUGH: "passthrough", OVER_IO_URING: "io_uring"}
 
 # fuse_open_out.open_flags
 FOPEN_KEEP_CACHE = 1 << 1

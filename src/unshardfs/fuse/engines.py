@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINES = ("kernel", "pyfuse3")
+TRANSPORTS = ("dev", "uring")
 # Read-ahead in requests: a 2 MiB chunk read from its start is asked for in one window, as two
 # full requests sent together, so the second is moved while the reader copies the first.
 READAHEAD_REQUESTS = 2
@@ -100,7 +101,8 @@ class KernelEngine:
         if options.passthrough and not passthrough:
             log.warning("passthrough needs CAP_SYS_ADMIN (root): every file is read through the daemon")
         session = Connection(self.mounted.fd, self.binding,
-                             InitConfig(quick_wait=options.quick_wait, passthrough=passthrough),
+                             InitConfig(quick_wait=options.quick_wait, passthrough=passthrough,
+                                        transport=options.transport),
                              on_init=self._initialised)
         self.binding.attach(session)
         with self.cancel:
@@ -152,6 +154,8 @@ class Pyfuse3Engine:
         self.options = set(pyfuse3.default_options) | {"ro", f"fsname={fsname}", "subtype=unshardfs", *options}
         if ops.options.passthrough:
             log.warning("the pyfuse3 engine has no passthrough: every file is read through the daemon")
+        if ops.options.transport != "dev":
+            log.warning("the pyfuse3 engine reads /dev/fuse through libfuse: --fuse-transport is ignored")
         self.mounted = False
 
     def mount(self) -> None:

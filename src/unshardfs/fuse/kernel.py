@@ -250,7 +250,7 @@ class KernelHandlers:
         self.ops.live = lambda: {"requests": session.requests, "in_flight": len(session.scopes),
                                  "spliced": session.splicer.spliced if session.splicer is not None else 0,
                                  "quick_wait_us": round(session.config.quick_wait * 1e6),
-                                 "quick_waits": session.quick_waits}
+                                 "quick_waits": session.quick_waits, "ring_requests": session.ring_requests}
 
     def negotiated(self, n: Negotiated) -> None:
         # Passthrough is chosen in OPEN replies: a kernel that stops sending OPEN (no-open)

@@ -48,6 +48,9 @@ class MountOptions:
     # Kernel engine: files stored whole in a local file are opened for FUSE passthrough (the
     # kernel reads them itself), at the cost of an OPEN round trip for every open() of any file.
     passthrough: bool = False
+    # Kernel engine: "dev" (read and write /dev/fuse) or "uring" (FUSE over io_uring where the
+    # kernel grants it, experimental).
+    transport: str = "dev"
 
 
 class RecentNodes(OrderedDict):

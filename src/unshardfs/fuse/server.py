@@ -22,6 +22,7 @@ hold locks for that request that the invalidation waits for.
 
 from __future__ import annotations
 
+import collections
 import errno
 import fcntl
 import logging
@@ -37,6 +38,7 @@ import trio
 
 from unshardfs.fuse import abi
 from unshardfs.fuse.splice import SpliceFailed, Splicer
+from unshardfs.fuse.uring import Entry, Ring, UringUnavailable, possible_cpus
 from unshardfs.tree import edge
 from unshardfs.util.pagecache import PAGE
 
@@ -92,6 +94,10 @@ class InitConfig:
     # that file). It costs the no-open mode: the kernel then sends OPEN for every open(). Only
     # where backing files can be registered (CAP_SYS_ADMIN, `may_register_backing_files`).
     passthrough: bool = False
+    # "dev": requests read from and answered on /dev/fuse; "uring": through io_uring where the
+    # kernel grants FUSE_OVER_IO_URING (`uring`, experimental), else as "dev".
+    transport: str = "dev"
+    uring_entries: int = 16  # ring entries per queue (one queue per possible CPU)
     splice: bool = True  # READ replies may be spliced from a file (`splice.Splicer`)
     # How long the reader looks for the next request itself (`Connection._quick_wait`) before it
     # waits through trio, when no request is waiting on anything; 0: never.
@@ -157,6 +163,11 @@ class Connection:
         self._quick: select.epoll | None = None  # the connection and trio's epoll (`_quick_wait`), made on first use
         self.quick_waits = 0  # requests waited for without trio (`_read`)
         self._trio: _TrioProbe | None = None
+        self.ring: Ring | None = None  # FUSE over io_uring, once granted at INIT
+        self._ring_pending: dict[int, Entry] = {}  # unique -> the ring entry the request came in
+        self._ring_backlog: collections.deque[tuple[Entry, int]] = collections.deque()
+        self._ring_batching = False  # commits are submitted together at the end of a batch
+        self.ring_requests = 0
 
     def backing_open(self, fd: int) -> int:
         """Register the open file `fd` as a backing file of this connection (FUSE_PASSTHROUGH):
@@ -179,8 +190,9 @@ class Connection:
 
     @property
     def splice_max(self) -> int:
-        """The largest READ reply `splice_reply` can send (0: none)."""
-        return self.splicer.max_size if self.splicer is not None else 0
+        """The largest READ reply `splice_reply` can send (0: none; over io_uring, replies are
+        written into the ring entry's buffer)."""
+        return self.splicer.max_size if self.splicer is not None and self.ring is None else 0
 
     def splice_reply(self, unique: int, fd: int, offset: int, size: int) -> bool:
         """Answer a READ with `size` bytes of `fd` at `offset`, moved by the kernel (see
@@ -206,8 +218,18 @@ class Connection:
     # -- writing ---------------------------------------------------------------------------
 
     def _write(self, unique: int, error: int, payload: Any = b"") -> None:
-        """One reply: header and payload in a single writev. A reply to a request the kernel
-        gave up on (interrupted, aborted) fails with ENOENT: that is expected, not an error."""
+        """One reply: header and payload in a single writev (or committed to the ring entry the
+        request came in). A reply to a request the kernel gave up on (interrupted, aborted)
+        fails with ENOENT: that is expected, not an error."""
+        if self.ring is not None:
+            entry = self._ring_pending.pop(unique, None)
+            if entry is not None:
+                if not self.ring.commit(entry, unique, error, payload):
+                    log.error("reply to request %d does not fit the ring entry", unique)
+                    self.ring.commit(entry, unique, errno.EIO, b"")
+                if not self._ring_batching:
+                    self._ring_submit()
+                return
         if type(payload) is list:
             size = 0
             for part in payload:
@@ -376,6 +398,84 @@ class Connection:
             if time.perf_counter() >= deadline:
                 return False
 
+    # -- io_uring ----------------------------------------------------------------------------
+
+    def _ring_submit(self) -> None:
+        assert self.ring is not None
+        try:
+            self.ring.submit()
+        except OSError as e:
+            log.error("%s", e)
+
+    async def _ring_reader(self) -> None:
+        """The ring's completions, handled like `_reader` handles requests read from /dev/fuse:
+        inline, until one has to wait; then a new ring reader takes over the rest and this task
+        sees that request through (under a cancel scope an INTERRUPT can cancel)."""
+        ring = self.ring
+        assert ring is not None and self._nursery is not None
+        backlog = self._ring_backlog
+        scope = trio.CancelScope()
+        request: Request | None = None
+        with scope:
+            while True:
+                if not backlog:
+                    backlog.extend(ring.completions())
+                if not backlog:
+                    self._ring_submit()  # runs the kernel's pending work for this thread, too
+                    backlog.extend(ring.completions())
+                    if not backlog:
+                        await trio.lowlevel.wait_readable(ring.fd)
+                        self._ring_submit()
+                        continue
+                waiting = None
+                self._ring_batching = True
+                try:
+                    while backlog and waiting is None:
+                        entry, result = backlog.popleft()
+                        if result < 0:
+                            if -result not in (errno.ENOTCONN, errno.ECANCELED, errno.ECONNABORTED):
+                                log.warning("ring entry %d: %s", entry.index, os.strerror(-result))
+                            continue
+                        try:
+                            data = ring.request(entry)
+                        except ValueError as e:
+                            log.error("%s", e)
+                            continue
+                        self._ring_pending[abi.IN_HEADER.unpack_from(data)[2]] = entry
+                        self.requests += 1
+                        self.ring_requests += 1
+                        try:
+                            waiting = self._handle(data)
+                        except Exception as e:  # noqa: BLE001 - one request never ends the session
+                            log.exception("request dispatch failed: %s", e)
+                finally:
+                    self._ring_batching = False
+                    self._ring_submit()
+                if waiting is not None:
+                    request = waiting[0]
+                    self.scopes[request.unique] = scope
+                    self._nursery.start_soon(self._ring_reader)
+                    try:
+                        await self._finish(*waiting)
+                    finally:
+                        self.scopes.pop(request.unique, None)
+                    return
+                await trio.lowlevel.checkpoint()
+        if request is not None and scope.cancelled_caught:
+            self.on_interrupted(request)
+            self.error(request.unique, errno.EINTR)
+
+    def _open_ring(self, n: Negotiated) -> Ring | None:
+        """A ring sized for the negotiated requests, made before INIT is answered: once the
+        kernel has granted io_uring it queues requests for the ring only, so a ring that cannot
+        be made must mean not asking for it."""
+        payload = max(abi.MIN_READ_BUFFER, abi.MAX_WRITE, n.max_pages * PAGE)
+        try:
+            return Ring(self.fd, possible_cpus(), self.config.uring_entries, payload)
+        except (UringUnavailable, OSError) as e:
+            log.warning("FUSE over io_uring unavailable (%s): requests go through /dev/fuse", e)
+            return None
+
     async def serve(self) -> None:
         """Serve until the kernel ends the connection (unmount, abort) or the caller cancels."""
         try:
@@ -390,6 +490,8 @@ class Connection:
                 self.splicer.close()
             if self._quick is not None:
                 self._quick.close()
+            if self.ring is not None:
+                self.ring.close()
 
     async def _reader(self) -> None:
         """Read and answer requests until one has to wait: then a new reader task takes over and
@@ -528,7 +630,8 @@ class Connection:
         if flags & abi.INIT_EXT and len(body) >= abi.INIT_IN.size + abi.INIT_IN_FLAGS2.size:
             (flags2,) = abi.INIT_IN_FLAGS2.unpack_from(body, abi.INIT_IN.size)
             flags |= flags2 << 32
-        want = self.config.want | (abi.PASSTHROUGH if self.config.passthrough else 0)
+        want = (self.config.want | (abi.PASSTHROUGH if self.config.passthrough else 0)
+                | (abi.OVER_IO_URING if self.config.transport == "uring" else 0))
         granted = flags & want
         for flag, since in abi.FEATURE_MINOR.items():
             if minor < since:
@@ -542,7 +645,12 @@ class Connection:
         n.max_pages_limit = abi.max_pages_limit()
         wanted_pages = self.config.max_pages or n.max_pages_limit
         n.max_pages = min(wanted_pages, n.max_pages_limit) if granted & abi.MAX_PAGES else 32
-        if self.config.splice and self.splicer is None:
+        n.max_background = self.config.max_background
+        # Over io_uring replies are copied into the ring entry's buffer: no pipe bounds them.
+        ring = self._open_ring(n) if granted & abi.OVER_IO_URING and self.ring is None else None
+        if ring is None:
+            granted &= ~abi.OVER_IO_URING
+        if self.config.splice and self.splicer is None and ring is None:
             try:
                 self.splicer = Splicer(self.fd, n.max_pages * PAGE)
             except OSError as e:
@@ -553,14 +661,22 @@ class Connection:
                 fits = self.splicer.max_size // PAGE
                 if granted & abi.MAX_PAGES and fits >= 32:
                     n.max_pages = min(n.max_pages, fits)
-        n.max_background = self.config.max_background
-        out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, max_readahead, granted & 0xFFFFFFFF,
+        n.flags = granted
+        ours = abi.URING_MINOR if granted & abi.OVER_IO_URING else abi.KERNEL_MINOR
+        n.minor = min(minor, ours)
+        out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, ours, max_readahead, granted & 0xFFFFFFFF,
                                 self.config.max_background, self.config.congestion_threshold,
                                 abi.MAX_WRITE, 1, n.max_pages, 0, granted >> 32,
                                 abi.PASSTHROUGH_STACK_DEPTH if granted & abi.PASSTHROUGH else 0)
         if minor < 23:
             out = out[:abi.INIT_OUT_COMPAT_22]
         self.reply(unique, out)
+        if ring is not None:
+            # Registered only now: the kernel takes ring entries once INIT is answered.
+            self.ring = ring
+            ring.register_all()
+            assert self._nursery is not None
+            self._nursery.start_soon(self._ring_reader)
         log.info("FUSE protocol 7.%d negotiated: %s; requests of up to %d KiB (the kernel allows %d KiB)",
                  n.minor, ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag)
                  or "no features", n.max_pages * 4, n.max_pages_limit * 4)
