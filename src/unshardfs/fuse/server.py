@@ -190,14 +190,26 @@ class Connection:
 
     @property
     def splice_max(self) -> int:
-        """The largest READ reply `splice_reply` can send (0: none; over io_uring, replies are
-        written into the ring entry's buffer)."""
-        return self.splicer.max_size if self.splicer is not None and self.ring is None else 0
+        """The largest READ reply `splice_reply` can send (0: none)."""
+        if self.ring is not None:
+            return self.ring.payload_size
+        return self.splicer.max_size if self.splicer is not None else 0
 
     def splice_reply(self, unique: int, fd: int, offset: int, size: int) -> bool:
         """Answer a READ with `size` bytes of `fd` at `offset`, moved by the kernel (see
-        `splice`). False: nothing was sent (the file had fewer bytes, or the pipe failed), and
-        the request must be answered some other way."""
+        `splice`), or, over io_uring, read straight into the ring entry's buffer (one copy, as
+        the spliced reply's). False: nothing was sent (the file had fewer bytes, or the pipe
+        failed), and the request must be answered some other way."""
+        if self.ring is not None:
+            entry = self._ring_pending.get(unique)
+            if entry is None or not self.ring.commit_from(entry, unique, fd, offset, size):
+                return False
+            del self._ring_pending[unique]
+            if not self._ring_batching:
+                self._ring_submit()
+            return True
+        if self.splicer is None:
+            return False
         assert self.splicer is not None
         try:
             self.splicer.reply(unique, fd, offset, size)

@@ -215,6 +215,22 @@ class Ring:
         self._queue(entry, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, unique)
         return True
 
+    def commit_from(self, entry: Entry, unique: int, fd: int, offset: int, size: int) -> bool:
+        """`commit` of exactly `size` bytes of `fd` at `offset`, read into the entry's payload
+        buffer; False (nothing committed) if fewer are there (the file shrank) or they do not fit."""
+        if size > self.payload_size:
+            return False
+        try:
+            got = os.preadv(fd, [memoryview(entry.payload)[:size]], offset)
+        except OSError:
+            return False
+        if got != size:
+            return False
+        abi.OUT_HEADER.pack_into(entry.header, 0, abi.OUT_HEADER.size + size, 0, unique)
+        ENT_IN_OUT.pack_into(entry.header, ENT_IN_OUT_AT, 0, unique, size, 0, 0)
+        self._queue(entry, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, unique)
+        return True
+
     def submit(self, wait: bool = False) -> None:
         """Submit what is queued (and run the kernel's pending completions for this thread)."""
         n, self._pending = self._pending, 0
