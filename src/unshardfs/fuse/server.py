@@ -465,12 +465,7 @@ class Connection:
                     self._ring_submit()
                 if waiting is not None:
                     request = waiting[0]
-                    self.scopes[request.unique] = scope
-                    self._nursery.start_soon(self._ring_reader)
-                    try:
-                        await self._finish(*waiting)
-                    finally:
-                        self.scopes.pop(request.unique, None)
+                    await self._hand_over(waiting, scope, self._ring_reader)
                     return
                 await trio.lowlevel.checkpoint()
         if request is not None and scope.cancelled_caught:
@@ -537,13 +532,7 @@ class Connection:
                     continue
                 if waiting is not None:
                     request = waiting[0]
-                    self.scopes[request.unique] = scope
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._reader)
-                    try:
-                        await self._finish(*waiting)
-                    finally:
-                        self.scopes.pop(request.unique, None)
+                    await self._hand_over(waiting, scope, self._reader)
                     return
             self.closed = True
             self._notify_send.close()
@@ -554,6 +543,19 @@ class Connection:
         if request is not None and scope.cancelled_caught:
             self.on_interrupted(request)
             self.error(request.unique, errno.EINTR)
+
+    async def _hand_over(self, waiting: "_Waiting", scope: trio.CancelScope,
+                         reader: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """A request that waits: a new `reader` task takes over reading requests, and this task
+        sees the request through, under `scope` (the reader's own), which its INTERRUPT cancels."""
+        request = waiting[0]
+        self.scopes[request.unique] = scope
+        assert self._nursery is not None
+        self._nursery.start_soon(reader)
+        try:
+            await self._finish(*waiting)
+        finally:
+            self.scopes.pop(request.unique, None)
 
     def _handle(self, data: bytes) -> "_Waiting | None":
         length, opcode, unique, nodeid, uid, gid, pid, _extlen, _pad = abi.IN_HEADER.unpack_from(data)
