@@ -451,7 +451,9 @@ class Connection:
                         try:
                             data = ring.request(entry)
                         except ValueError as e:
+                            # Answered, so the entry comes back and the request does not hang.
                             log.error("%s", e)
+                            ring.commit(entry, abi.IN_HEADER.unpack_from(entry.header)[2], errno.EIO, b"")
                             continue
                         self._ring_pending[abi.IN_HEADER.unpack_from(data)[2]] = entry
                         self.requests += 1
