@@ -55,11 +55,12 @@ def init_body(minor: int, flags: int = ALL_FLAGS) -> bytes:
     return abi.INIT_IN.pack(7, minor, 128 << 10, flags) + bytes(48)
 
 
-async def exchange(messages: list[bytes], replies: int, fs: FakeFs | None = None) -> tuple[list, Connection]:
+async def exchange(messages: list[bytes], replies: int, fs: FakeFs | None = None,
+                   config: InitConfig | None = None) -> tuple[list, Connection]:
     ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setblocking(False)
     kernel.setblocking(False)
-    session = Connection(ours.fileno(), fs or FakeFs())
+    session = Connection(ours.fileno(), fs or FakeFs(), config or InitConfig())
     got = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(session.serve)
@@ -80,6 +81,8 @@ async def exchange(messages: list[bytes], replies: int, fs: FakeFs | None = None
 
 
 @pytest.mark.parametrize("minor, granted", [
+    (40, ["async_read", "auto_inval_data", "readdirplus", "readdirplus_auto", "no_open", "parallel_dirops",
+          "max_pages"]),
     (38, ["async_read", "auto_inval_data", "readdirplus", "readdirplus_auto", "no_open", "parallel_dirops",
           "max_pages"]),
     (26, ["async_read", "auto_inval_data", "readdirplus", "readdirplus_auto", "no_open", "parallel_dirops"]),
@@ -96,8 +99,9 @@ def test_init_grants_what_the_protocol_version_has(minor, granted):
         fields = abi.INIT_OUT.unpack(body)
         # 256 pages, or as many as the splice pipe holds (pipe-max-size bounds it without
         # CAP_SYS_RESOURCE: 254 pages with the default 1 MiB); a pipe under 32 pages bounds nothing.
+        limit = abi.max_pages_limit()
         fits = session.splice_max // 4096
-        pages = min(256, fits) if fits >= 32 else 256
+        pages = min(limit, fits) if fits >= 32 else limit
         assert fields[4] == InitConfig().max_background and fields[8] == (pages if minor >= 28 else 32)
 
 
@@ -105,6 +109,53 @@ def test_init_grants_only_what_the_kernel_offers():
     offered = abi.ASYNC_READ | abi.PARALLEL_DIROPS
     (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, init_body(38, offered))], 1)
     assert abi.INIT_OUT.unpack(reply[2])[3] == offered
+
+
+def init_ext_body(minor: int, flags: int, flags2: int) -> bytes:
+    """An INIT of a kernel from 7.36 on: flags2 right after the first four fields."""
+    return abi.INIT_IN.pack(7, minor, 128 << 10, flags | abi.INIT_EXT) + abi.INIT_IN_FLAGS2.pack(flags2) + bytes(44)
+
+
+@pytest.mark.parametrize("minor, asked, granted", [
+    (40, True, True),
+    (40, False, False),   # not asked for: no-open, as without passthrough
+    (39, True, False),    # a kernel before 7.40 has none
+])
+def test_passthrough_is_granted_in_flags2_with_a_stack_depth(minor, asked, granted):
+    body = init_ext_body(minor, ALL_FLAGS & ~abi.INIT_EXT, abi.PASSTHROUGH >> 32)
+    (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, body)], 1, None,
+                                 InitConfig(passthrough=asked))
+    fields = abi.INIT_OUT.unpack(reply[2])
+    flags, flags2, stack_depth = fields[3], fields[10], fields[11]
+    assert session.negotiated.describe()["passthrough"] is granted
+    assert bool(flags2 << 32 & abi.PASSTHROUGH) is granted
+    # flags2 counts only with INIT_EXT; a passthrough without a stack depth is ignored by the kernel
+    assert bool(flags & abi.INIT_EXT) is granted
+    assert stack_depth == (abi.PASSTHROUGH_STACK_DEPTH if granted else 0)
+
+
+@pytest.mark.parametrize("text, limit", [("1024\n", 1024), ("32\n", 32), ("1000000\n", 0xFFFF),
+                                         ("garbled\n", 256), ("", 256), (None, 256)])
+def test_the_kernel_s_max_pages_limit_is_read_from_its_sysctl(tmp_path, text, limit):
+    path = tmp_path / "max_pages_limit"
+    if text is not None:
+        path.write_text(text)
+    assert abi.max_pages_limit(str(path)) == limit
+
+
+@pytest.mark.parametrize("limit, splice, pages", [
+    (1024, False, 1024),  # an administrator's raised limit, replies copied: all of it
+    (64, True, 64),       # a limit under what the pipe holds: the limit
+    (1024, True, None),   # spliced: no more than one reply the pipe holds
+])
+def test_requests_are_as_large_as_the_kernel_allows(monkeypatch, limit, splice, pages):
+    monkeypatch.setattr(abi, "max_pages_limit", lambda: limit)
+    (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, init_body(40))], 1, None,
+                                 InitConfig(splice=splice))
+    got = abi.INIT_OUT.unpack(reply[2])[8]
+    assert got == (pages if pages is not None else min(limit, session.splice_max // 4096))
+    features = session.negotiated.describe()
+    assert features["request_kib"] == got * 4 and features["request_kib_limit"] == limit * 4
 
 
 def test_too_old_a_protocol_is_refused():

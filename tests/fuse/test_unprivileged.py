@@ -34,7 +34,7 @@ def _as_user(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), capture_output=True, preexec_fn=drop, timeout=60)
 
 
-def _daemon_as_user(source: Path, mountpoint: Path, log: Path) -> int:
+def _daemon_as_user(source: Path, mountpoint: Path, log: Path, *options: str) -> int:
     """Fork a daemon that drops to USER before mounting. The interpreter lives where USER may not
     read (root's home), so everything the daemon needs is imported before the switch."""
     from unshardfs.app import cli
@@ -61,7 +61,7 @@ def _daemon_as_user(source: Path, mountpoint: Path, log: Path) -> int:
         # Away from pytest's capture: the daemon logs to its own stderr, the log file.
         logging.root.handlers.clear()
         sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)
-        code = cli.main(["mount", "-f", str(source), str(mountpoint)])
+        code = cli.main(["mount", "-f", *options, str(source), str(mountpoint)])
     finally:
         os._exit(code)
 
@@ -123,6 +123,29 @@ def test_user_mount_reads_and_is_cleaned_up_after_sigkill(volume):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
+
+
+def test_a_user_s_mount_asked_for_passthrough_reads_every_file_through_the_daemon(volume):
+    """Backing files need CAP_SYS_ADMIN: a user's daemon negotiates passthrough off (and keeps
+    no-open), says so once, and serves every file as without the option."""
+    with user_dirs(volume) as (src, mnt, log):
+        (src / "provenance.bin").write_bytes(b"p" * 300_000)
+        (src / "provenance.bin").chmod(0o644)
+        pid = _daemon_as_user(src, mnt, log, "--fuse-passthrough")
+        try:
+            assert wait_for(lambda: mounted(mnt)), log.read_text() if log.exists() else ""
+            got = _as_user("cat", str(mnt / "provenance.bin"))
+            assert got.returncode == 0 and got.stdout == b"p" * 300_000, got.stderr
+            name = sorted(os.listdir(volume["plain"] / KEY))[3]
+            got = _as_user("cat", str(mnt / KEY / name))
+            assert got.stdout == (volume["plain"] / KEY / name).read_bytes()
+            text = log.read_text()
+            assert "passthrough needs CAP_SYS_ADMIN" in text
+            negotiated = next(line for line in text.splitlines() if "negotiated" in line)
+            assert "no_open" in negotiated and "passthrough" not in negotiated
+        finally:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
 
 
 def test_user_mount_unmounts_on_sigterm(volume):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from unshardfs import __version__
 from unshardfs.app.daemon import MountRequest, detach, serve, unmount
 from unshardfs.app.options import add_cache_options, add_source_options, format_options, make_caches
-from unshardfs.fuse.engines import ENGINES, require
+from unshardfs.fuse.engines import ENGINES, TRANSPORTS, require
 from unshardfs.fuse.ops import STATS_XATTR, MountOptions
 from unshardfs.http.server import ServerLimits
 from unshardfs.util.errors import ConfigError, DataError, SourceError
@@ -70,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--fuse-engine", choices=ENGINES, default="kernel",
                    help="kernel: our own FUSE protocol session (no-open, parallel lookups; default); "
                         "pyfuse3: libfuse through pyfuse3 (pip install 'unshardfs[pyfuse3]')")
+    m.add_argument("--fuse-transport", choices=TRANSPORTS, default="dev",
+                   help="kernel engine: dev (read and answer /dev/fuse; default) or uring (experimental: "
+                        "FUSE over io_uring, Linux >= 6.14 with the fuse module's enable_uring; "
+                        "dev where the kernel does not grant it)")
+    m.add_argument("--fuse-passthrough", action="store_true",
+                   help="kernel engine, as root, kernel >= 6.9: files stored whole in a local source "
+                        "(metadata, files passed through) are read by the kernel itself, at the cost of "
+                        "one daemon round trip per open() of every file (see docs/engines.md)")
     add_cache_options(m)
     add_source_options(m)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -190,7 +198,8 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
         # Always read-only: a generic "rw" (mount(8) adds it by default) is dropped.
         fuse_options=[o for opts in args.fuse_options for o in opts.split(",") if o and o != "rw"],
         debug=args.debug,
-        options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout),
+        options=MountOptions(entry_timeout=args.cache_timeout, attr_timeout=args.cache_timeout,
+                             passthrough=args.fuse_passthrough, transport=args.fuse_transport),
         engine=args.fuse_engine,
     )
     return serve(request, lambda: OpenedSource.open(args.source, format_options(args), caches), ready)

@@ -14,8 +14,10 @@ import os
 import struct
 
 KERNEL_VERSION = 7
-# The newest minor whose structs we lay out; the kernel answers with min(its, ours).
-KERNEL_MINOR = 38
+# The newest minor whose structs we lay out; the kernel answers with min(its, ours). 7.41 and 7.42
+# add flags only (idmapped mounts, io_uring), and we speak 7.42 only where io_uring is granted.
+KERNEL_MINOR = 40
+URING_MINOR = 42
 # Oldest minor we serve: entry/attr replies and INIT reply sizes below it differ.
 MIN_MINOR = 19
 ROOT_ID = 1
@@ -98,15 +100,35 @@ READDIRPLUS_AUTO = 1 << 14       # 7.21: plain READDIR for scans nobody stats
 NO_OPEN_SUPPORT = 1 << 17        # 7.23: OPEN answered ENOSYS once -> never sent again
 PARALLEL_DIROPS = 1 << 18        # 7.25: no per-directory lock around LOOKUP/READDIR
 MAX_PAGES = 1 << 22              # 7.28: init_out.max_pages is honoured
+INIT_EXT = 1 << 30               # 7.36: init_in/init_out carry flags2, the upper 32 flag bits
+# flags2 bits, as bits 32-63 of one 64-bit flag word
+PASSTHROUGH = 1 << 37            # 7.40: OPEN may answer FOPEN_PASSTHROUGH on a registered backing file
+OVER_IO_URING = 1 << 41          # 7.42: requests fetched and answered through io_uring (`uring`)
 
 FEATURE_MINOR = {AUTO_INVAL_DATA: 20, DO_READDIRPLUS: 21, READDIRPLUS_AUTO: 21, NO_OPEN_SUPPORT: 23,
-                 PARALLEL_DIROPS: 25, MAX_PAGES: 28}
+                 PARALLEL_DIROPS: 25, MAX_PAGES: 28, INIT_EXT: 36, PASSTHROUGH: 40, OVER_IO_URING: 42}
 FEATURE_NAMES = {ASYNC_READ: "async_read", AUTO_INVAL_DATA: "auto_inval_data", DO_READDIRPLUS: "readdirplus",
                  READDIRPLUS_AUTO: "readdirplus_auto", NO_OPEN_SUPPORT: "no_open",
-                 PARALLEL_DIROPS: "parallel_dirops", MAX_PAGES: "max_pages"}
+                 PARALLEL_DIROPS: "parallel_dirops", MAX_PAGES: "max_pages", PASSTHROUGH: "passthrough", OVER_IO_URING: "io_uring"}
 
 # fuse_open_out.open_flags
 FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_PASSTHROUGH = 1 << 7       # 7.40: reads and mmap go to the backing file named by backing_id
+
+# The kernel's bound on init_out.max_pages (kernel >= 6.13; 256 before, and where it is absent)
+MAX_PAGES_LIMIT_PATH = "/proc/sys/fs/fuse/max_pages_limit"
+DEFAULT_MAX_PAGES_LIMIT = 256
+# init_out.max_stack_depth for passthrough: backing files may lie on a file system of stack depth
+# below it (FILESYSTEM_MAX_STACK_DEPTH is 2). 1: backing files on a disk file system, and an
+# overlay may still stack on the mount; a backing file on an overlay is refused (ELOOP) and read
+# through the daemon.
+PASSTHROUGH_STACK_DEPTH = 1
+
+# ioctls of /dev/fuse (_IOW(229, nr, size)): register a backing file (struct fuse_backing_map:
+# fd, flags, padding) -> backing id > 0; drop a backing id (uint32).
+BACKING_MAP = struct.Struct("<iIQ")
+FUSE_DEV_IOC_BACKING_OPEN = (1 << 30) | (BACKING_MAP.size << 16) | (229 << 8) | 1
+FUSE_DEV_IOC_BACKING_CLOSE = (1 << 30) | (4 << 16) | (229 << 8) | 2
 
 # struct fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
 IN_HEADER = struct.Struct("<IIQQIIIHH")
@@ -115,9 +137,10 @@ OUT_HEADER = struct.Struct("<IiQ")
 
 # struct fuse_init_in (the first four fields are all a kernel before 7.36 sends)
 INIT_IN = struct.Struct("<IIII")
+INIT_IN_FLAGS2 = struct.Struct("<I")         # flags2, right after INIT_IN (7.36)
 # struct fuse_init_out: major, minor, max_readahead, flags, max_background, congestion_threshold,
-# max_write, time_gran, max_pages, map_alignment, flags2, unused[7]
-INIT_OUT = struct.Struct("<IIIIHHIIHHI28x")
+# max_write, time_gran, max_pages, map_alignment, flags2, max_stack_depth, unused
+INIT_OUT = struct.Struct("<IIIIHHIIHHII24x")
 INIT_OUT_COMPAT_22 = 24  # reply size before 7.23
 
 # struct fuse_attr: ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec,
@@ -133,7 +156,7 @@ FORGET_IN = struct.Struct("<Q")              # nlookup
 BATCH_FORGET_IN = struct.Struct("<II")       # count, dummy; then `count` FORGET_ONE
 FORGET_ONE = struct.Struct("<QQ")            # nodeid, nlookup
 OPEN_IN = struct.Struct("<II")               # flags, open_flags
-OPEN_OUT = struct.Struct("<QII")             # fh, open_flags, padding
+OPEN_OUT = struct.Struct("<QIi")             # fh, open_flags, backing_id (7.40; padding before)
 # struct fuse_read_in: fh, offset, size, read_flags, lock_owner, flags, padding
 READ_IN = struct.Struct("<QQIIQII")
 RELEASE_IN = struct.Struct("<QIIQ")          # fh, flags, release_flags, lock_owner
@@ -152,6 +175,17 @@ NOTIFY_INVAL_ENTRY = struct.Struct("<QII")   # parent, namelen, flags; then the 
 MIN_READ_BUFFER = 8192
 MAX_WRITE = 64 << 10
 READ_BUFFER = MAX_WRITE + 4096
+
+
+def max_pages_limit(path: str = MAX_PAGES_LIMIT_PATH) -> int:
+    """The largest init_out.max_pages the running kernel honours (`sysctl fs.fuse.max_pages_limit`),
+    within what the 16-bit field holds; the fixed 256 of kernels without the sysctl."""
+    try:
+        with open(path) as f:
+            limit = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return DEFAULT_MAX_PAGES_LIMIT
+    return max(1, min(limit, 0xFFFF))
 
 
 def pad8(n: int) -> int:

@@ -4,7 +4,7 @@
   /dev/fuse connection we mount ourselves. It asks the kernel for no-open,
   parallel directory operations, 64 background requests, ~1 MiB requests (spliced READ replies),
   READDIRPLUS_AUTO and AUTO_INVAL_DATA, each as far as the kernel's protocol
-  version offers them.
+  version offers them; with `passthrough`, FUSE passthrough instead of no-open.
 - `pyfuse3`: pyfuse3 over libfuse, the binding named in the design brief. pyfuse3 is an optional
   dependency (`unshardfs[pyfuse3]`, built with a C compiler against libfuse3): it is imported only
   when this engine is chosen, and `require` says how to get it when it is missing.
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINES = ("kernel", "pyfuse3")
+TRANSPORTS = ("dev", "uring")
 # Read-ahead in requests: a 2 MiB chunk read from its start is asked for in one window, as two
 # full requests sent together, so the second is moved while the reader copies the first.
 READAHEAD_REQUESTS = 2
@@ -92,11 +93,17 @@ class KernelEngine:
         self.mounted = mount(self.spec)
 
     async def run(self) -> None:
-        from unshardfs.fuse.server import InitConfig, Connection
+        from unshardfs.fuse.server import Connection, InitConfig, may_register_backing_files
 
         assert self.mounted is not None
-        session = Connection(self.mounted.fd, self.binding, InitConfig(quick_wait=self.ops.options.quick_wait),
-                          on_init=self._initialised)
+        options = self.ops.options
+        passthrough = options.passthrough and may_register_backing_files()
+        if options.passthrough and not passthrough:
+            log.warning("passthrough needs CAP_SYS_ADMIN (root): every file is read through the daemon")
+        session = Connection(self.mounted.fd, self.binding,
+                             InitConfig(quick_wait=options.quick_wait, passthrough=passthrough,
+                                        transport=options.transport),
+                             on_init=self._initialised)
         self.binding.attach(session)
         with self.cancel:
             await session.serve()
@@ -145,6 +152,10 @@ class Pyfuse3Engine:
         self.adapter = Pyfuse3Operations(ops)
         self.mountpoint = mountpoint
         self.options = set(pyfuse3.default_options) | {"ro", f"fsname={fsname}", "subtype=unshardfs", *options}
+        if ops.options.passthrough:
+            log.warning("the pyfuse3 engine has no passthrough: every file is read through the daemon")
+        if ops.options.transport != "dev":
+            log.warning("the pyfuse3 engine reads /dev/fuse through libfuse: --fuse-transport is ignored")
         self.mounted = False
 
     def mount(self) -> None:

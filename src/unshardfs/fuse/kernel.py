@@ -25,7 +25,7 @@ from unshardfs.fuse import abi
 from unshardfs.fuse.abi import FsError
 from unshardfs.fuse.ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, ROOT, Bridge
 from unshardfs.fuse.server import Negotiated, Request, Connection, failed_errno
-from unshardfs.tree.nodes import DirNode, FileNode, Node, size_of
+from unshardfs.tree.nodes import DirNode, FileNode, Node, WholeLocalFile, size_of
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,90 @@ def pack_dirents(names: list[str], inos: np.ndarray, first_cookie: int, room: in
     return n, out
 
 
+# fh of an OPEN reply, given back by its RELEASE: how the file was opened.
+CACHED_FH = 0  # read through the daemon, its pages kept across opens (FOPEN_KEEP_CACHE)
+PASSTHROUGH_FH = 1  # read by the kernel from a registered backing file (FOPEN_PASSTHROUGH)
+HELD_CACHED_FH = 2  # read through the daemon although it has a backing file (`BackingFiles.cached`)
+
+
+class BackingFiles:
+    """Opens of `WholeLocalFile` nodes answered with FOPEN_PASSTHROUGH (FUSE passthrough).
+
+    The kernel lets every open of one inode that is open for passthrough use only the same
+    registered backing file (EBUSY otherwise), and refuses passthrough while the inode is open
+    through its page cache (ETXTBSY): so one backing id per inode, registered at its first
+    passthrough open and dropped at its last RELEASE, and an inode opened the other way (its
+    backing file could not be registered) stays that way until its last RELEASE. A kernel that
+    refuses registrations for good (EPERM without CAP_SYS_ADMIN, ENOTTY) turns it off: every
+    file is then read through the daemon, as without passthrough."""
+
+    def __init__(self, session: Connection, ops: Bridge) -> None:
+        self.session = session
+        self.ops = ops
+        self.counters = ops.counters
+        self.counters.setdefault("passthrough_opens", 0)
+        self.counters.setdefault("passthrough_refused", 0)
+        self.enabled = True
+        self.held: dict[int, list[int]] = {}  # ino -> [backing id, passthrough opens]
+        self.cached: dict[int, int] = {}  # ino of a WholeLocalFile -> its opens through the daemon
+
+    def open(self, request: Request, node: Node) -> None:
+        """Answer OPEN of the file `node` (here: its reply must not be lost, or the counts would
+        wait for a RELEASE that never comes)."""
+        ino = request.nodeid
+        whole = isinstance(node, WholeLocalFile)
+        held = self.held.get(ino)
+        if held is None and whole and self.enabled and ino not in self.cached:
+            backing_id = self._register(node)  # type: ignore[arg-type]
+            if backing_id is not None:
+                held = self.held[ino] = [backing_id, 0]
+        if held is not None:
+            held[1] += 1
+            if self.session.reply(request.unique, abi.OPEN_OUT.pack(PASSTHROUGH_FH, abi.FOPEN_PASSTHROUGH, held[0])):
+                self.ops.open_files += 1
+                self.counters["passthrough_opens"] += 1
+            else:
+                self.release(ino, PASSTHROUGH_FH)
+            return None
+        fh = HELD_CACHED_FH if whole else CACHED_FH
+        if self.session.reply(request.unique, abi.OPEN_OUT.pack(fh, abi.FOPEN_KEEP_CACHE, 0)):
+            self.ops.open_files += 1
+            if whole:
+                self.cached[ino] = self.cached.get(ino, 0) + 1
+        return None
+
+    def _register(self, node: WholeLocalFile) -> int | None:
+        fd = node.open_backing()
+        if fd is None:
+            return None
+        try:
+            return self.session.backing_open(fd)
+        except OSError as e:
+            self.counters["passthrough_refused"] += 1
+            if e.errno in (errno.EPERM, errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP):
+                self.enabled = False
+                log.warning("passthrough refused by the kernel (%s): files are read through the daemon",
+                            e.strerror)
+            else:  # ELOOP (a stacked file system), EMFILE, ENOMEM: this file only
+                log.info("passthrough refused for one file: %s", e.strerror)
+            return None
+        finally:
+            os.close(fd)
+
+    def release(self, ino: int, fh: int) -> None:
+        if fh == PASSTHROUGH_FH:
+            held = self.held.get(ino)
+            if held is not None:
+                held[1] -= 1
+                if held[1] <= 0:
+                    del self.held[ino]
+                    self.session.backing_close(held[0])
+        elif fh == HELD_CACHED_FH:
+            left = self.cached.pop(ino, 0) - 1
+            if left > 0:
+                self.cached[ino] = left
+
+
 class KernelHandlers:
     """Decodes requests for `Bridge` and encodes its answers (see the module docstring)."""
 
@@ -147,6 +231,7 @@ class KernelHandlers:
         self.counters = ops.counters
         self.session: Connection | None = None
         self.no_open = False
+        self.backing: BackingFiles | None = None  # with FUSE_PASSTHROUGH negotiated
         options = ops.options
         self.entry_valid = abi.split_time(options.entry_timeout)
         self.attr_valid = abi.split_time(options.attr_timeout)
@@ -165,11 +250,15 @@ class KernelHandlers:
         self.ops.live = lambda: {"requests": session.requests, "in_flight": len(session.scopes),
                                  "spliced": session.splicer.spliced if session.splicer is not None else 0,
                                  "quick_wait_us": round(session.config.quick_wait * 1e6),
-                                 "quick_waits": session.quick_waits}
+                                 "quick_waits": session.quick_waits, "ring_requests": session.ring_requests}
 
     def negotiated(self, n: Negotiated) -> None:
-        self.no_open = n.has(abi.NO_OPEN_SUPPORT)
-        self.ops.features = n.describe()
+        # Passthrough is chosen in OPEN replies: a kernel that stops sending OPEN (no-open)
+        # could never be told to read a file from its backing file.
+        if n.has(abi.PASSTHROUGH) and self.session is not None:
+            self.backing = BackingFiles(self.session, self.ops)
+        self.no_open = n.has(abi.NO_OPEN_SUPPORT) and self.backing is None
+        self.ops.features = {**n.describe(), "no_open": self.no_open}
 
     # -- the Dispatcher protocol -------------------------------------------------------------
 
@@ -266,11 +355,25 @@ class KernelHandlers:
         node = self.ops.inodes.peek(request.nodeid)
         if node is not None and node.is_dir:
             raise FsError(errno.EISDIR)
+        if self.backing is not None:
+            if node is None:
+                return self._open_resolving(request)
+            return self.backing.open(request, node)
         self.ops.open_files += 1
-        return abi.OPEN_OUT.pack(0, abi.FOPEN_KEEP_CACHE, 0)
+        return abi.OPEN_OUT.pack(CACHED_FH, abi.FOPEN_KEEP_CACHE, 0)
+
+    async def _open_resolving(self, request: Request) -> None:
+        node = await self.ops.inodes.get(request.nodeid)
+        if node.is_dir:
+            raise FsError(errno.EISDIR)
+        assert self.backing is not None
+        return self.backing.open(request, node)
 
     def release(self, request: Request) -> bytes:
         self.ops.open_files = max(0, self.ops.open_files - 1)
+        if self.backing is not None:
+            fh, *_ = abi.RELEASE_IN.unpack_from(request.body)
+            self.backing.release(request.nodeid, fh)
         return b""
 
     def read(self, request: Request) -> Any:

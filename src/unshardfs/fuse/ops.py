@@ -45,6 +45,12 @@ class MountOptions:
     # How long the kernel engine's reader looks for the next request itself before it waits
     # through trio (`server.Connection._quick_wait`, which gives way to trio's own work); 0: never.
     quick_wait: float = 100e-6
+    # Kernel engine: files stored whole in a local file are opened for FUSE passthrough (the
+    # kernel reads them itself), at the cost of an OPEN round trip for every open() of any file.
+    passthrough: bool = False
+    # Kernel engine: "dev" (read and write /dev/fuse) or "uring" (FUSE over io_uring where the
+    # kernel grants it, experimental).
+    transport: str = "dev"
 
 
 class RecentNodes(OrderedDict):

@@ -22,10 +22,13 @@ hold locks for that request that the invalidation waits for.
 
 from __future__ import annotations
 
+import collections
 import errno
+import fcntl
 import logging
 import os
 import select
+import struct
 import time
 import types
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ import trio
 
 from unshardfs.fuse import abi
 from unshardfs.fuse.splice import SpliceFailed, Splicer
+from unshardfs.fuse.uring import Entry, Ring, UringUnavailable, possible_cpus
 from unshardfs.tree import edge
 from unshardfs.util.pagecache import PAGE
 
@@ -83,7 +87,17 @@ class InitConfig:
                  | abi.NO_OPEN_SUPPORT | abi.PARALLEL_DIROPS | abi.MAX_PAGES)
     max_background: int = 64
     congestion_threshold: int = 48
-    max_pages: int = 256
+    # Pages per request; None: as many as the kernel allows (`abi.max_pages_limit`), within what
+    # one spliced reply holds (see `Connection._init`).
+    max_pages: int | None = None
+    # Ask for FUSE_PASSTHROUGH (files stored whole in a local file are read by the kernel from
+    # that file). It costs the no-open mode: the kernel then sends OPEN for every open(). Only
+    # where backing files can be registered (CAP_SYS_ADMIN, `may_register_backing_files`).
+    passthrough: bool = False
+    # "dev": requests read from and answered on /dev/fuse; "uring": through io_uring where the
+    # kernel grants FUSE_OVER_IO_URING (`uring`, experimental), else as "dev".
+    transport: str = "dev"
+    uring_entries: int = 16  # ring entries per queue (one queue per possible CPU)
     splice: bool = True  # READ replies may be spliced from a file (`splice.Splicer`)
     # How long the reader looks for the next request itself (`Connection._quick_wait`) before it
     # waits through trio, when no request is waiting on anything; 0: never.
@@ -93,9 +107,10 @@ class InitConfig:
 @dataclass
 class Negotiated:
     minor: int = 0
-    flags: int = 0
+    flags: int = 0  # 64 bits: flags2 of INIT as bits 32-63
     max_readahead: int = 0
     max_pages: int = 32
+    max_pages_limit: int = abi.DEFAULT_MAX_PAGES_LIMIT  # what the kernel would have allowed
     max_background: int = 12
 
     def has(self, flag: int) -> bool:
@@ -103,8 +118,24 @@ class Negotiated:
 
     def describe(self) -> dict[str, object]:
         return {"protocol": f"7.{self.minor}", "max_background": self.max_background,
-                "request_kib": self.max_pages * 4,
+                "request_kib": self.max_pages * 4, "request_kib_limit": self.max_pages_limit * 4,
                 **{name: self.has(flag) for flag, name in abi.FEATURE_NAMES.items()}}
+
+
+CAP_SYS_ADMIN = 21
+
+
+def may_register_backing_files() -> bool:
+    """Whether this process holds CAP_SYS_ADMIN, which the kernel demands of whoever registers a
+    backing file for passthrough (FUSE_DEV_IOC_BACKING_OPEN answers EPERM otherwise)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 @dataclass
@@ -132,16 +163,53 @@ class Connection:
         self._quick: select.epoll | None = None  # the connection and trio's epoll (`_quick_wait`), made on first use
         self.quick_waits = 0  # requests waited for without trio (`_read`)
         self._trio: _TrioProbe | None = None
+        self.ring: Ring | None = None  # FUSE over io_uring, once granted at INIT
+        self._ring_pending: dict[int, Entry] = {}  # unique -> the ring entry the request came in
+        self._ring_backlog: collections.deque[tuple[Entry, int]] = collections.deque()
+        self._ring_batching = False  # commits are submitted together at the end of a batch
+        self.ring_requests = 0
+
+    def backing_open(self, fd: int) -> int:
+        """Register the open file `fd` as a backing file of this connection (FUSE_PASSTHROUGH):
+        its backing id, for OPEN replies with FOPEN_PASSTHROUGH, until `backing_close`. OSError
+        if the kernel refuses it (EPERM without CAP_SYS_ADMIN, ELOOP for a file on a stacked file
+        system, ENOTTY where the descriptor is no FUSE device)."""
+        arg = bytearray(abi.BACKING_MAP.pack(fd, 0, 0))
+        backing_id = fcntl.ioctl(self.fd, abi.FUSE_DEV_IOC_BACKING_OPEN, arg, True)
+        if backing_id <= 0:
+            raise OSError(errno.EINVAL, f"backing id {backing_id}")
+        return backing_id
+
+    def backing_close(self, backing_id: int) -> None:
+        """Drop a backing id; files opened on it keep their backing file until they are closed."""
+        try:
+            fcntl.ioctl(self.fd, abi.FUSE_DEV_IOC_BACKING_CLOSE, struct.pack("<I", backing_id))
+        except OSError as e:
+            if e.errno != errno.ENODEV:  # (the connection ended: every id went with it)
+                log.warning("backing id %d not released: %s", backing_id, e.strerror)
 
     @property
     def splice_max(self) -> int:
         """The largest READ reply `splice_reply` can send (0: none)."""
+        if self.ring is not None:
+            return self.ring.payload_size
         return self.splicer.max_size if self.splicer is not None else 0
 
     def splice_reply(self, unique: int, fd: int, offset: int, size: int) -> bool:
         """Answer a READ with `size` bytes of `fd` at `offset`, moved by the kernel (see
-        `splice`). False: nothing was sent (the file had fewer bytes, or the pipe failed), and
-        the request must be answered some other way."""
+        `splice`), or, over io_uring, read straight into the ring entry's buffer (one copy, as
+        the spliced reply's). False: nothing was sent (the file had fewer bytes, or the pipe
+        failed), and the request must be answered some other way."""
+        if self.ring is not None:
+            entry = self._ring_pending.get(unique)
+            if entry is None or not self.ring.commit_from(entry, unique, fd, offset, size):
+                return False
+            del self._ring_pending[unique]
+            if not self._ring_batching:
+                self._ring_submit()
+            return True
+        if self.splicer is None:
+            return False
         assert self.splicer is not None
         try:
             self.splicer.reply(unique, fd, offset, size)
@@ -162,8 +230,18 @@ class Connection:
     # -- writing ---------------------------------------------------------------------------
 
     def _write(self, unique: int, error: int, payload: Any = b"") -> None:
-        """One reply: header and payload in a single writev. A reply to a request the kernel
-        gave up on (interrupted, aborted) fails with ENOENT: that is expected, not an error."""
+        """One reply: header and payload in a single writev (or committed to the ring entry the
+        request came in). A reply to a request the kernel gave up on (interrupted, aborted)
+        fails with ENOENT: that is expected, not an error."""
+        if self.ring is not None:
+            entry = self._ring_pending.pop(unique, None)
+            if entry is not None:
+                if not self.ring.commit(entry, unique, error, payload):
+                    log.error("reply to request %d does not fit the ring entry", unique)
+                    self.ring.commit(entry, unique, errno.EIO, b"")
+                if not self._ring_batching:
+                    self._ring_submit()
+                return
         if type(payload) is list:
             size = 0
             for part in payload:
@@ -332,6 +410,81 @@ class Connection:
             if time.perf_counter() >= deadline:
                 return False
 
+    # -- io_uring ----------------------------------------------------------------------------
+
+    def _ring_submit(self) -> None:
+        assert self.ring is not None
+        try:
+            self.ring.submit()
+        except OSError as e:
+            log.error("%s", e)
+
+    async def _ring_reader(self) -> None:
+        """The ring's completions, handled like `_reader` handles requests read from /dev/fuse:
+        inline, until one has to wait; then a new ring reader takes over the rest and this task
+        sees that request through (under a cancel scope an INTERRUPT can cancel)."""
+        ring = self.ring
+        assert ring is not None and self._nursery is not None
+        backlog = self._ring_backlog
+        scope = trio.CancelScope()
+        request: Request | None = None
+        with scope:
+            while True:
+                if not backlog:
+                    backlog.extend(ring.completions())
+                if not backlog:
+                    self._ring_submit()  # runs the kernel's pending work for this thread, too
+                    backlog.extend(ring.completions())
+                    if not backlog:
+                        await trio.lowlevel.wait_readable(ring.fd)
+                        self._ring_submit()
+                        continue
+                waiting = None
+                self._ring_batching = True
+                try:
+                    while backlog and waiting is None:
+                        entry, result = backlog.popleft()
+                        if result < 0:
+                            if -result not in (errno.ENOTCONN, errno.ECANCELED, errno.ECONNABORTED):
+                                log.warning("ring entry %d: %s", entry.index, os.strerror(-result))
+                            continue
+                        try:
+                            data = ring.request(entry)
+                        except ValueError as e:
+                            # Answered, so the entry comes back and the request does not hang.
+                            log.error("%s", e)
+                            ring.commit(entry, abi.IN_HEADER.unpack_from(entry.header)[2], errno.EIO, b"")
+                            continue
+                        self._ring_pending[abi.IN_HEADER.unpack_from(data)[2]] = entry
+                        self.requests += 1
+                        self.ring_requests += 1
+                        try:
+                            waiting = self._handle(data)
+                        except Exception as e:  # noqa: BLE001 - one request never ends the session
+                            log.exception("request dispatch failed: %s", e)
+                finally:
+                    self._ring_batching = False
+                    self._ring_submit()
+                if waiting is not None:
+                    request = waiting[0]
+                    await self._hand_over(waiting, scope, self._ring_reader)
+                    return
+                await trio.lowlevel.checkpoint()
+        if request is not None and scope.cancelled_caught:
+            self.on_interrupted(request)
+            self.error(request.unique, errno.EINTR)
+
+    def _open_ring(self, n: Negotiated) -> Ring | None:
+        """A ring sized for the negotiated requests, made before INIT is answered: once the
+        kernel has granted io_uring it queues requests for the ring only, so a ring that cannot
+        be made must mean not asking for it."""
+        payload = max(abi.MIN_READ_BUFFER, abi.MAX_WRITE, n.max_pages * PAGE)
+        try:
+            return Ring(self.fd, possible_cpus(), self.config.uring_entries, payload)
+        except (UringUnavailable, OSError) as e:
+            log.warning("FUSE over io_uring unavailable (%s): requests go through /dev/fuse", e)
+            return None
+
     async def serve(self) -> None:
         """Serve until the kernel ends the connection (unmount, abort) or the caller cancels."""
         try:
@@ -346,6 +499,8 @@ class Connection:
                 self.splicer.close()
             if self._quick is not None:
                 self._quick.close()
+            if self.ring is not None:
+                self.ring.close()
 
     async def _reader(self) -> None:
         """Read and answer requests until one has to wait: then a new reader task takes over and
@@ -379,13 +534,7 @@ class Connection:
                     continue
                 if waiting is not None:
                     request = waiting[0]
-                    self.scopes[request.unique] = scope
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._reader)
-                    try:
-                        await self._finish(*waiting)
-                    finally:
-                        self.scopes.pop(request.unique, None)
+                    await self._hand_over(waiting, scope, self._reader)
                     return
             self.closed = True
             self._notify_send.close()
@@ -396,6 +545,19 @@ class Connection:
         if request is not None and scope.cancelled_caught:
             self.on_interrupted(request)
             self.error(request.unique, errno.EINTR)
+
+    async def _hand_over(self, waiting: "_Waiting", scope: trio.CancelScope,
+                         reader: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """A request that waits: a new `reader` task takes over reading requests, and this task
+        sees the request through, under `scope` (the reader's own), which its INTERRUPT cancels."""
+        request = waiting[0]
+        self.scopes[request.unique] = scope
+        assert self._nursery is not None
+        self._nursery.start_soon(reader)
+        try:
+            await self._finish(*waiting)
+        finally:
+            self.scopes.pop(request.unique, None)
 
     def _handle(self, data: bytes) -> "_Waiting | None":
         length, opcode, unique, nodeid, uid, gid, pid, _extlen, _pad = abi.IN_HEADER.unpack_from(data)
@@ -475,22 +637,36 @@ class Connection:
         if major != abi.KERNEL_VERSION:
             # A newer major: answer with ours and the kernel sends INIT again or gives up.
             log.error("kernel speaks FUSE %d.%d; this engine speaks 7.x", major, minor)
-            self.reply(unique, abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+            self.reply(unique, abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, *([0] * 10)))
             return
         if minor < abi.MIN_MINOR:
             log.error("kernel FUSE protocol 7.%d is older than 7.%d: use --fuse-engine pyfuse3", minor, abi.MIN_MINOR)
             self.error(unique, errno.EPROTO)
             return
-        granted = flags & self.config.want
+        if flags & abi.INIT_EXT and len(body) >= abi.INIT_IN.size + abi.INIT_IN_FLAGS2.size:
+            (flags2,) = abi.INIT_IN_FLAGS2.unpack_from(body, abi.INIT_IN.size)
+            flags |= flags2 << 32
+        want = (self.config.want | (abi.PASSTHROUGH if self.config.passthrough else 0)
+                | (abi.OVER_IO_URING if self.config.transport == "uring" else 0))
+        granted = flags & want
         for flag, since in abi.FEATURE_MINOR.items():
             if minor < since:
                 granted &= ~flag
+        if granted >> 32:
+            granted |= abi.INIT_EXT  # the reply's flags2 counts only with it
         n = self.negotiated
         n.minor = min(minor, abi.KERNEL_MINOR)
         n.flags = granted
         n.max_readahead = max_readahead
-        n.max_pages = self.config.max_pages if granted & abi.MAX_PAGES else 32
-        if self.config.splice and self.splicer is None:
+        n.max_pages_limit = abi.max_pages_limit()
+        wanted_pages = self.config.max_pages or n.max_pages_limit
+        n.max_pages = min(wanted_pages, n.max_pages_limit) if granted & abi.MAX_PAGES else 32
+        n.max_background = self.config.max_background
+        # Over io_uring replies are copied into the ring entry's buffer: no pipe bounds them.
+        ring = self._open_ring(n) if granted & abi.OVER_IO_URING and self.ring is None else None
+        if ring is None:
+            granted &= ~abi.OVER_IO_URING
+        if self.config.splice and self.splicer is None and ring is None:
             try:
                 self.splicer = Splicer(self.fd, n.max_pages * PAGE)
             except OSError as e:
@@ -501,15 +677,25 @@ class Connection:
                 fits = self.splicer.max_size // PAGE
                 if granted & abi.MAX_PAGES and fits >= 32:
                     n.max_pages = min(n.max_pages, fits)
-        n.max_background = self.config.max_background
-        out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR, max_readahead, granted,
+        n.flags = granted
+        ours = abi.URING_MINOR if granted & abi.OVER_IO_URING else abi.KERNEL_MINOR
+        n.minor = min(minor, ours)
+        out = abi.INIT_OUT.pack(abi.KERNEL_VERSION, ours, max_readahead, granted & 0xFFFFFFFF,
                                 self.config.max_background, self.config.congestion_threshold,
-                                abi.MAX_WRITE, 1, n.max_pages, 0, 0)
+                                abi.MAX_WRITE, 1, n.max_pages, 0, granted >> 32,
+                                abi.PASSTHROUGH_STACK_DEPTH if granted & abi.PASSTHROUGH else 0)
         if minor < 23:
             out = out[:abi.INIT_OUT_COMPAT_22]
         self.reply(unique, out)
-        log.info("FUSE protocol 7.%d negotiated: %s", n.minor,
-                 ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag) or "no features")
+        if ring is not None:
+            # Registered only now: the kernel takes ring entries once INIT is answered.
+            self.ring = ring
+            ring.register_all()
+            assert self._nursery is not None
+            self._nursery.start_soon(self._ring_reader)
+        log.info("FUSE protocol 7.%d negotiated: %s; requests of up to %d KiB (the kernel allows %d KiB)",
+                 n.minor, ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag)
+                 or "no features", n.max_pages * 4, n.max_pages_limit * 4)
         if self.on_init is not None:
             self.on_init(n)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import AsyncIterator, NamedTuple, Protocol
+from typing import AsyncIterator, NamedTuple, Protocol, runtime_checkable
 
 from unshardfs.util.errors import ConfigError
 
@@ -100,6 +100,17 @@ async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[Objec
     return found
 
 
+@runtime_checkable
+class BackingFiles(Protocol):
+    """A source whose objects are local files, stored byte for byte (a capability; `LocalSource`
+    and the layers over it): an engine may hand such a file to the kernel to read itself."""
+
+    def open_backing(self, path: str, version: tuple) -> int | None:
+        """A new O_RDONLY descriptor of the object at `path`, if it is the regular file `version`
+        (from `stat`) describes, unchanged; None otherwise (replaced, changed, gone, or not a
+        plain local file). The caller closes it."""
+
+
 class SourceLayer:
     """A byte source layered over another (counting, disk cache): everything not
     overridden goes to `inner`, and `stats` merges this layer's section with the
@@ -131,6 +142,12 @@ class SourceLayer:
         """The optional `cached_range` of a local source (`LocalSource.cached_range`), through."""
         below = getattr(self.inner, "cached_range", None)
         return below(path, offset, size, version) if below is not None else None
+
+    def open_backing(self, path: str, version: tuple) -> int | None:
+        """The optional `open_backing` of a local source (`BackingFiles`), through: every layer
+        here leaves an object's bytes as they are."""
+        below = self.inner
+        return below.open_backing(path, version) if isinstance(below, BackingFiles) else None
 
     def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
         """The optional `read_now` of a local source (`LocalSource.read_now`), through."""

@@ -393,6 +393,25 @@ class LocalSource:
     async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
+    def open_backing(self, path: str, version: tuple) -> int | None:
+        """A new descriptor of the regular file at `path` if it is still the one `version`
+        describes (`BackingFiles`); resolved beneath the root like every open, None otherwise."""
+        try:
+            fd = self._beneath.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if statmod.S_ISREG(st.st_mode) and _version(st) == version:
+                fd, kept = -1, fd
+                return kept
+            return None
+        except OSError:
+            return None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
     async def aclose(self) -> None:
         self.close()
 

@@ -8,7 +8,7 @@ remote byte source can sit underneath without changing the contract.
 from __future__ import annotations
 
 import enum
-from typing import AsyncIterator, Iterator, Union
+from typing import AsyncIterator, Iterator, Protocol, Union, runtime_checkable
 
 from unshardfs.sources.base import FdRange
 
@@ -71,6 +71,18 @@ class FileNode(Node):
         if offset >= self.size or size <= 0:
             return 0
         return min(size, self.size - offset)
+
+
+@runtime_checkable
+class WholeLocalFile(Protocol):
+    """A capability of a `FileNode`: its bytes are exactly those of one local file, from the
+    first to the last, which the kernel may then read itself (FUSE passthrough) instead of asking
+    the daemon. Files that transform, assemble or slice their bytes must not have it."""
+
+    def open_backing(self) -> int | None:
+        """A new O_RDONLY descriptor of that file, if it is still the version this node was
+        resolved from (same inode, size, mtime); None otherwise (then the file is read as any
+        other). The caller closes it."""
 
 
 Entry = tuple[str, Node]

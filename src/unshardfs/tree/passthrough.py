@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
-from unshardfs.sources.base import ByteSource, ObjectStat, join_path, name_problem
+from unshardfs.sources.base import BackingFiles, ByteSource, ObjectStat, join_path, name_problem
 from unshardfs.tree.nodes import Batch, DirNode, Entry, FileNode, Node, Verdict
 from unshardfs.util.errors import DataError, SourceError
 
@@ -29,12 +29,21 @@ LIST_BATCH = 1024
 
 
 class PassthroughFile(FileNode):
-    __slots__ = ("source", "path")
+    """A source object shown as it is; over a local source, a `WholeLocalFile`."""
+
+    __slots__ = ("source", "path", "version")
 
     def __init__(self, source: ByteSource, path: str, st: ObjectStat) -> None:
         super().__init__(st.size, st.mtime_ns)
         self.source = source
         self.path = path
+        self.version = st.version
+
+    def open_backing(self) -> int | None:
+        source = self.source
+        if not isinstance(source, BackingFiles) or not self.version:
+            return None
+        return source.open_backing(self.path, self.version)
 
     async def read(self, offset: int, size: int) -> bytes:
         try:
