@@ -20,7 +20,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qs, quote, unquote_to_bytes
 
 from cachetools import TTLCache
@@ -42,8 +42,9 @@ NAME_BYTES = 1024  # a longer path segment names nothing in any source (and reac
 NUMBER_DIGITS = 18  # past any file size; longer numbers are not converted (CPU, and int's digit limit)
 _TOKENS = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")
 
-Send = Callable[[dict], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict]]
+Message = dict[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+Receive = Callable[[], Awaitable[Message]]
 
 
 @dataclass(frozen=True)
@@ -134,19 +135,19 @@ def split_path(raw_path: bytes) -> tuple[list[str], bool]:
 class TreeApp:
     """The ASGI application serving one tree (`stats` feeds STATS_PATH)."""
 
-    def __init__(self, root: DirNode, stats: Callable[[], dict], options: ServeOptions | None = None) -> None:
+    def __init__(self, root: DirNode, stats: Callable[[], dict[str, Any]], options: ServeOptions | None = None) -> None:
         self.root = root
         self.stats = stats
         self.options = options or ServeOptions()
         # Directories resolved recently, by path: a chunk request then costs one
         # lookup in its directory, not one per level (bounded, and short-lived so
         # a source that changes is seen again).
-        self._dirs: TTLCache = TTLCache(maxsize=4096, ttl=60)
+        self._dirs: TTLCache[tuple[str, ...], Any] = TTLCache(maxsize=4096, ttl=60)
         self.counters = {"requests": 0, "bytes": 0, "errors": 0, "not_found": 0, "not_modified": 0}
         # The server's own counters (connections refused, slow clients dropped...), when it has them.
-        self.connection_stats: Callable[[], dict] | None = None
+        self.connection_stats: Callable[[], dict[str, int]] | None = None
 
-    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
         if scope["type"] != "http":
@@ -327,7 +328,7 @@ def _int(text: str) -> int:
 
 def _recording(send: Send, status: list[int]) -> Send:
     """`send`, noting the response status in `status[0]` (for the access log)."""
-    async def recorded(message: dict) -> None:
+    async def recorded(message: Message) -> None:
         if message["type"] == "http.response.start":
             status[0] = message["status"]
         await send(message)

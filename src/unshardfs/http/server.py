@@ -44,7 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from http import HTTPStatus
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import h11
 import trio
@@ -53,7 +53,8 @@ from unshardfs.http.framing import BodyReader, HeadReader, Refusal, body_reader
 
 log = logging.getLogger(__name__)
 
-App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+Message = dict[str, Any]
+App = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 RECEIVE = 1 << 16  # bytes per receive: what a connection may hold beyond a head in progress
 COALESCE = 1 << 16  # a response head and body pieces up to this size go out in one write
@@ -125,11 +126,11 @@ class Server:
         self.counters = {"connections": 0, "refused": 0, "evicted_idle": 0, "dropped_slow": 0,
                          "dropped_for_memory": 0, "bad_requests": 0, "head_timeouts": 0}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return {**self.counters, "open": self.open, "held_bytes": self.held,
                 "max_connections": self.limits.max_connections}
 
-    async def serve(self, listeners: Sequence[trio.abc.Listener], stop: trio.Event) -> None:
+    async def serve(self, listeners: Sequence[trio.abc.Listener[trio.SocketStream]], stop: trio.Event) -> None:
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(self._accept_until, listeners, connections, stop, accepting.cancel_scope)
@@ -139,9 +140,10 @@ class Server:
                 conn.scope.cancel()
             connections.cancel_scope.deadline = trio.current_time() + self.limits.graceful_seconds
 
-    async def _accept_until(self, listeners, connections, stop: trio.Event, scope: trio.CancelScope) -> None:
+    async def _accept_until(self, listeners: Sequence[trio.abc.Listener[trio.SocketStream]],
+                            connections: trio.Nursery, stop: trio.Event, scope: trio.CancelScope) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(trio.serve_listeners, self._handle, listeners, handler_nursery=connections))
+            nursery.start_soon(partial(trio.serve_listeners, self._handle, list(listeners), handler_nursery=connections))
             await stop.wait()
             scope.cancel()
 
@@ -354,10 +356,10 @@ class _Connection:
             if not self.wrote:
                 await self.refuse(500, "internal error")
 
-    async def _receive(self) -> dict:
+    async def _receive(self) -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def _send(self, message: dict) -> None:
+    async def _send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             headers = [(b"date", self.server.date()), *message.get("headers", [])]
