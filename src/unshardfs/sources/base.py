@@ -86,6 +86,33 @@ class ByteSource(Protocol):
         """Live counters of this source and the layers below it, by section (for `unshardfs stats`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """One version of a versioned store, as `inspect` lists it and the version directories name it."""
+
+    name: str  # shown as the directory `@NAME` ("v12" for an OCDBT generation)
+    time_ns: int  # commit time, nanoseconds since the Unix epoch
+    entries: int  # keys (files) in the version, as the writer recorded
+    size: int  # bytes the version's values and index take, as the writer recorded
+    latest: bool
+
+
+@runtime_checkable
+class VersionedSource(Protocol):
+    """A byte source that is one version of a store holding several (OCDBT generations; Icechunk
+    branches, tags and snapshots): it lists the versions and opens any of them as a byte source."""
+
+    pinned: bool  # the user named this version: no other versions are shown beside it
+
+    async def versions(self) -> list[VersionInfo]:
+        """Every version, oldest first (DataError when the store's version records are damaged)."""
+
+    async def open_version(self, name: str) -> ByteSource | None:
+        """The version called `name` (a `VersionInfo.name`) over the same path, or None when there is none.
+
+        It shares this source's connection: closing it leaves this source open."""
+
+
 async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
     """`source.stat(path)`, and the object's last `size` bytes (all of a shorter one) where the
     source gives them in the same request (an HTTP suffix range, as TensorStore reads a Zarr

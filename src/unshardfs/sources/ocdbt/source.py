@@ -1,0 +1,515 @@
+"""An OCDBT database as a byte source: its keys as paths, one version at a time.
+
+`OcdbtStore` reads a database found under a prefix of another byte source
+(local, http(s), gs, s3, or a zip member tree): the manifest once, version
+tree and B+tree nodes on demand, each node with one ranged read of its data
+file, decoded once and kept in a byte-bounded cache (concurrent askers of a
+cold node share one fetch). `OcdbtSource` shows one version's keys (under an
+optional key prefix, the pipeline's `ocdbt:PATH`) as '/'-separated paths;
+every value read is one ranged read of the data file holding it, or a slice
+of the leaf node for an inline value. A source shows the version it was
+opened with: data files are never rewritten, so nothing read through it can
+go stale, and a newer commit is seen by opening the store again.
+
+Keys that cannot be paths (not UTF-8, an empty, `.` or `..` segment, NUL, a
+leading or trailing '/') are never shown (logged once); a key that is also a
+directory (`a` beside `a/b`) is shown as the directory. Structures are
+validated as they are reached (see `format`): a child's height must be its
+parent's minus one, so no B+tree or version tree can loop, and a root
+deeper than `MAX_HEIGHT` is refused before anything is fetched.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import AsyncIterator
+
+from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, VersionInfo, name_problem
+from unshardfs.sources.ocdbt.format import (MANIFEST_NUMBERED, MANIFEST_SINGLE, BtreeNode, Location, Manifest,
+                                            Value, Version, VersionNode, VersionNodeRef, decode_btree_node,
+                                            decode_manifest, decode_version_node, numbered_manifest_name)
+from unshardfs.util.errors import ConfigError, DataError, SourceError
+from unshardfs.util.flight import Flights
+from unshardfs.util.limits import DataLimits
+from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import CountedLRU, QuickLRU
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.ocdbt"
+NODE_CACHE = 32 << 20  # decoded B+tree and version tree nodes of one database
+LOOKUPS = 1 << 16  # recent key lookups (what a chunk read asks again right after its stat)
+MAX_HEIGHT = 32  # B+tree levels: a real tree of 10^12 keys has fewer than 8
+MAX_VERSIONS = 100_000  # versions listed (the newest); older ones stay reachable by name
+MANIFEST_BYTES = 64 << 20
+VERSION_NAME = re.compile(r"v([1-9][0-9]{0,19})\Z")
+TIME_NAME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?Z\Z")
+
+
+@dataclass(frozen=True)
+class VersionSpec:
+    """A version as Neuroglancer names it: `v12` (a generation) or `2024-12-31T10:23:45Z` (the newest
+    version committed at or before that time)."""
+
+    generation: int | None = None
+    time_ns: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "VersionSpec":
+        m = VERSION_NAME.match(text)
+        if m:
+            value = int(m.group(1))
+            if value >= 1 << 64:
+                raise ConfigError(f"OCDBT version {text!r}: generation number out of range")
+            return cls(generation=value)
+        m = TIME_NAME.match(text)
+        if m:
+            try:
+                when = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+            except ValueError:
+                raise ConfigError(f"OCDBT version {text!r} is not a valid time") from None
+            fraction = (m.group(2) or ".")[1:].ljust(9, "0")
+            seconds = int((when - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds())
+            return cls(time_ns=seconds * 1_000_000_000 + int(fraction))
+        raise ConfigError(f"OCDBT version {text!r} is neither vN (a generation number) nor "
+                          f"YYYY-MM-DDThh:mm:ss[.fffffffff]Z (a commit time)")
+
+    def __str__(self) -> str:
+        return f"v{self.generation}" if self.generation is not None else format_time(self.time_ns or 0)
+
+
+def format_time(ns: int) -> str:
+    """A commit time as Neuroglancer writes it (seconds, then a fraction without trailing zeros)."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    text = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{fraction:09d}".rstrip("0") if fraction else "") + "Z"
+
+
+def version_info(v: Version, latest: bool) -> VersionInfo:
+    return VersionInfo(f"v{v.generation}", v.commit_time_ns, v.num_keys, v.indirect_bytes + v.tree_bytes, latest)
+
+
+class OcdbtStore:
+    """One database: under `root` (a '/'-terminated prefix of `inner`, or '')."""
+
+    def __init__(self, inner: ByteSource, root: str = "", limits: DataLimits | None = None,
+                 description: str | None = None, node_cache: int = NODE_CACHE) -> None:
+        self.inner = inner
+        self.root = root
+        self.limits = limits or DataLimits()
+        self.description = description or f"{inner.description.rstrip('/')}/{root}".rstrip("/") + "|ocdbt:"
+        self.manifest: Manifest | None = None
+        self.nodes = CountedLRU(node_cache)
+        self.flights = Flights()
+        self._versions: list[Version] | None = None
+        self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0}
+
+    # -- manifest and versions ----------------------------------------------------------
+
+    async def open(self) -> Manifest:
+        """Read the manifest (the newest numbered one for a numbered database); ConfigError when unusable."""
+        try:
+            manifest = await self._manifest(MANIFEST)
+            if manifest is None:
+                raise ConfigError(f"{self.description}: no {MANIFEST} under {self.inner.description}"
+                                  f"{'/' + self.root if self.root else ''} (not an OCDBT database)")
+            if manifest.config.manifest_kind == MANIFEST_NUMBERED:
+                manifest = await self._numbered()
+        except DataError as e:
+            raise ConfigError(f"{self.description}: {e.reason} ({e.where})") from None
+        except SourceError as e:
+            raise ConfigError(f"{self.description}: {e}") from None
+        self.manifest = manifest
+        return manifest
+
+    async def _manifest(self, name: str) -> Manifest | None:
+        st = await self.inner.stat(self.root + name)
+        if st is None or st.is_dir:
+            return None
+        if st.size > min(self.limits.index_bytes, MANIFEST_BYTES):
+            raise DataError(name, f"manifest of {st.size:,} bytes exceeds the "
+                                  f"{min(self.limits.index_bytes, MANIFEST_BYTES) >> 20} MiB limit")
+        data = await self.inner.read_index(self.root + name, 0, st.size, st.version)
+        self.counters["manifest_reads"] += 1
+        if len(data) != st.size:
+            raise DataError(name, f"{len(data):,} bytes read of {st.size:,} (truncated)")
+        return decode_manifest(data, name, self.limits.index_bytes)
+
+    async def _numbered(self) -> Manifest:
+        if not self.inner.listable:
+            raise ConfigError(f"{self.description}: a database with numbered manifests needs a base that can "
+                              f"list (gs://, s3://, a local directory); plain HTTP cannot")
+        newest = 0
+        async for name, st in self.inner.list(self.root.rstrip("/")):
+            generation = numbered_manifest_name(name)
+            if generation is not None and not st.is_dir:
+                newest = max(newest, generation)
+        if not newest:
+            raise ConfigError(f"{self.description}: numbered manifests announced but none present")
+        name = f"manifest.{newest:016x}"
+        manifest = await self._manifest(name)
+        if manifest is None:
+            raise ConfigError(f"{self.description}: {name} vanished while being read")
+        if manifest.config.manifest_kind != MANIFEST_SINGLE or not manifest.versions:
+            raise DataError(name, "a numbered manifest must hold its versions")
+        if manifest.latest.generation != newest:
+            raise DataError(name, f"holds generation {manifest.latest.generation}, its name says {newest}")
+        return manifest
+
+    async def versions(self) -> list[Version]:
+        """Every version (the newest `MAX_VERSIONS`), oldest first; the version tree is read once."""
+        if self._versions is None:
+            assert self.manifest is not None
+            found: list[Version] = list(reversed(self.manifest.versions))
+            # Newest first, so a bound keeps the newest.
+            for ref in self.manifest.nodes[::-1]:
+                await self._collect(ref, found)
+            found.reverse()
+            self._versions = found
+        return self._versions
+
+    async def _collect(self, ref: VersionNodeRef, out: list[Version]) -> None:
+        if len(out) >= MAX_VERSIONS:
+            log_once(log, f"ocdbt:{self.description}:versions", "%s: more than %s versions; only the newest are "
+                     "listed (older ones open by name)", self.description, f"{MAX_VERSIONS:,}")
+            return
+        node = await self._version_node(ref)
+        if node.height == 0:
+            out.extend(reversed(node.versions))
+        else:
+            for child in node.children[::-1]:
+                await self._collect(child, out)
+
+    async def _version_node(self, ref: VersionNodeRef) -> VersionNode:
+        assert self.manifest is not None
+        arity = self.manifest.config.arity_log2
+        where = self._where(ref.location)
+
+        async def load() -> VersionNode:
+            data = await self._read_node(ref.location)
+            node = decode_version_node(data, where, self.limits.index_bytes, ref.location.file.transitive, arity)
+            if node.height != ref.height:
+                raise DataError(where, f"version node of height {node.height} where {ref.height} is expected")
+            gens = [v.generation for v in node.versions] or [c.generation for c in node.children]
+            if gens[-1] != ref.generation:
+                raise DataError(where, f"version node ends at generation {gens[-1]}, its parent says "
+                                       f"{ref.generation}")
+            return node
+
+        found: VersionNode = await self.flights.cached(self.nodes, ("v", ref.location.ident), load)
+        return found
+
+    async def find(self, spec: VersionSpec | None) -> Version:
+        """The version `spec` names (None: the newest); ConfigError naming it when there is none."""
+        assert self.manifest is not None
+        latest = self.manifest.latest
+        if spec is None:
+            return latest
+        if spec.generation is not None:
+            inline = [v for v in self.manifest.versions if v.generation == spec.generation]
+            if inline:
+                return inline[0]
+            found = [v for v in await self._all_versions() if v.generation == spec.generation]
+        else:
+            assert spec.time_ns is not None
+            found = [v for v in await self._all_versions() if v.commit_time_ns <= spec.time_ns][-1:]
+        if not found:
+            raise ConfigError(f"{self.description}: no version {spec} (versions v1..v{latest.generation} "
+                              f"may exist; older ones may have been removed)")
+        return found[0]
+
+    async def _all_versions(self) -> list[Version]:
+        try:
+            return await self.versions()
+        except DataError as e:
+            raise ConfigError(f"{self.description}: version tree is damaged: {e}") from None
+
+    # -- nodes and values -------------------------------------------------------------
+
+    def _where(self, location: Location) -> str:
+        return f"{self.description}{location.file.path}@{location.offset}+{location.length}"
+
+    async def _read_node(self, location: Location) -> bytes:
+        where = self._where(location)
+        self.limits.check_index(location.length, where)
+        data = await self.inner.read_index(self.root + location.file.path, location.offset, location.length)
+        self.counters["node_reads"] += 1
+        self.counters["node_bytes"] += len(data)
+        if len(data) != location.length:
+            raise DataError(where, f"data file ends {location.length - len(data):,} bytes early (truncated)")
+        return data
+
+    async def btree_node(self, location: Location, height: int) -> BtreeNode:
+        """The B+tree node at `location`, which its parent says has height `height` (checked)."""
+
+        async def load() -> BtreeNode:
+            where = self._where(location)
+            data = await self._read_node(location)
+            node = decode_btree_node(data, where, self.limits.index_bytes, location.file.transitive,
+                                     self.limits.index_bytes)
+            if node.height != height:
+                raise DataError(where, f"B+tree node of height {node.height} where {height} is expected")
+            return node
+
+        found: BtreeNode = await self.flights.cached(self.nodes, ("b", location.ident), load)
+        return found
+
+    async def read_value(self, location: Location, offset: int, size: int, index: bool) -> bytes:
+        size = max(0, min(size, location.length - offset))
+        if size == 0:
+            return b""
+        read = self.inner.read_index if index else self.inner.read
+        data = await read(self.root + location.file.path, location.offset + offset, size)
+        self.counters["value_reads"] += 1
+        self.counters["value_bytes"] += len(data)
+        if len(data) != size:
+            raise DataError(self._where(location), "data file ends inside the value (truncated)")
+        return data
+
+
+def _relative(key: bytes, prefix: bytes) -> bytes | None:
+    """`key` relative to a subtree whose keys all start with `prefix`: b'' when every key of the subtree is
+    at least `key`, None when none is."""
+    if key.startswith(prefix):
+        return key[len(prefix):]
+    return b"" if key < prefix else None
+
+
+Leaf = tuple[BtreeNode, bytes, int, tuple[str, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    key: bytes
+    value: Value
+    node: tuple[str, int, int]  # the leaf holding it (what identifies an inline value's bytes)
+
+
+class OcdbtSource:
+    """The keys of one version of `store` under `prefix` (a '/'-terminated key prefix, or '') as paths.
+
+    Implements the `VersionedSource` capability too: `versions()` and `open_version(name)` answer for
+    the whole database (the same store, so every version shares its node cache)."""
+
+    listable = True
+
+    def __init__(self, store: OcdbtStore, version: Version, prefix: str = "", pinned: bool = False,
+                 owns_inner: bool = True) -> None:
+        self.store = store
+        self.owns_inner = owns_inner  # a version opened beside another leaves the shared base open
+        self.version = version
+        self.prefix = prefix.encode()
+        self.pinned = pinned  # the pipeline named this version (no other versions are shown beside it)
+        self.remote = store.inner.remote
+        self.index_cache: IndexCache | None = store.inner.index_cache
+        shown = f"@v{version.generation}/" if pinned else ""
+        self.description = f"{store.description}{shown}{prefix}"
+        self._lookups: QuickLRU = QuickLRU(maxsize=LOOKUPS)
+        if version.root_height > MAX_HEIGHT:
+            raise ConfigError(f"{self.description}: B+tree of height {version.root_height} (at most {MAX_HEIGHT} "
+                              f"is believable)")
+
+    # -- the B+tree walk ---------------------------------------------------------------
+
+    async def _first(self, key: bytes) -> Leaf | None:
+        """The leaf holding the first entry at or after `key`, its key prefix, the entry's index and
+        where the leaf is."""
+        v = self.version
+        if v.root is None:
+            return None
+        return await self._descend(v.root, v.root_height, b"", key, None)
+
+    async def _descend(self, location: Location, height: int, prefix: bytes, key: bytes, low: bytes | None
+                       ) -> Leaf | None:
+        node = await self.store.btree_node(location, height)
+        if low is not None and prefix + node.keys[0] < low:
+            raise DataError(self.store._where(location), "first key lies below the bound its parent gives")
+        rel = _relative(key, prefix)
+        if rel is None:
+            return None
+        if height == 0:
+            i = bisect.bisect_left(node.keys, rel)
+            return (node, prefix, i, location.ident) if i < len(node.keys) else None
+        i = max(0, bisect.bisect_right(node.keys, rel) - 1)
+        for j in range(i, len(node.children)):
+            child = node.children[j]
+            found = await self._descend(child.location, height - 1, prefix + child.key[:child.common], key,
+                                        prefix + child.key)
+            if found is not None:
+                return found
+        return None
+
+    async def _scan(self, start: bytes) -> AsyncIterator[Found]:
+        """Entries from `start` on, in key order: one descent per leaf."""
+        key = start
+        while True:
+            found = await self._first(key)
+            if found is None:
+                return
+            node, prefix, i, ident = found
+            for j in range(i, len(node.keys)):
+                yield Found(prefix + node.keys[j], node.values[j], ident)
+            key = prefix + node.keys[-1] + b"\0"
+
+    async def _get(self, key: bytes) -> Found | None:
+        hit = self._lookups.get(key, _ABSENT)
+        if hit is not _ABSENT:
+            found: Found | None = hit
+            return found
+        first = await self._first(key)
+        result: Found | None = None
+        if first is not None:
+            node, prefix, i, ident = first
+            if prefix + node.keys[i] == key:
+                result = Found(key, node.values[i], ident)
+        self._lookups[key] = result
+        return result
+
+    async def _has_under(self, key: bytes) -> bool:
+        first = await self._first(key)
+        if first is None:
+            return False
+        node, prefix, i, _ = first
+        return (prefix + node.keys[i]).startswith(key)
+
+    # -- paths ------------------------------------------------------------------------
+
+    def _key(self, path: str) -> bytes:
+        return self.prefix + path.encode()
+
+    def _stat(self, found: Found) -> ObjectStat:
+        value = found.value
+        ident = value.location.ident if value.location is not None else (found.node, found.key)
+        return ObjectStat(value.size, self.version.commit_time_ns, False, ("ocdbt", ident))
+
+    def _dir(self) -> ObjectStat:
+        return ObjectStat(0, self.version.commit_time_ns, True, ())
+
+    async def stat(self, path: str) -> ObjectStat | None:
+        if not path:
+            return self._dir()
+        if _path_problem(path):
+            return None
+        key = self._key(path)
+        if await self._has_under(key + b"/"):
+            return self._dir()
+        found = await self._get(key)
+        return self._stat(found) if found is not None else None
+
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        st = await self.stat(path)
+        return st if st is not None and st.is_dir else None
+
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+        if path and _path_problem(path):
+            return
+        base = self._key(path) + b"/" if path else self.prefix
+        start = base
+        while True:
+            restart: bytes | None = None
+            async for found in self._scan(start):
+                if not found.key.startswith(base):
+                    return
+                rest = found.key[len(base):]
+                child, slash, _ = rest.partition(b"/")
+                name = _name(child, found.key, self.store.description)
+                if slash:
+                    if name is not None:
+                        yield name, self._dir()
+                    restart = base + child + b"0"  # past every key under base/child/ ('0' follows '/')
+                    break
+                if name is None:
+                    continue
+                if await self._has_under(found.key + b"/"):
+                    log_once(log, f"ocdbt:{self.store.description}:shadow", "%s: key %r is also a directory; "
+                             "the directory is shown (further such keys are not logged)",
+                             self.store.description, found.key[:200])
+                    continue
+                yield name, self._stat(found)
+            if restart is None:
+                return
+            start = restart
+
+    async def _value(self, path: str) -> Value:
+        found = await self._get(self._key(path)) if not _path_problem(path) else None
+        if found is None:
+            raise SourceError(f"{self.description}: no key {path!r}")
+        return found.value
+
+    async def _read(self, path: str, offset: int, size: int, index: bool) -> bytes:
+        value = await self._value(path)
+        if value.data is not None:
+            return value.data[offset:offset + max(size, 0)]
+        assert value.location is not None
+        return await self.store.read_value(value.location, offset, size, index)
+
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self._read(path, offset, size, False)
+
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self._read(path, offset, size, True)
+
+    async def aclose(self) -> None:
+        if self.owns_inner:
+            await self.store.inner.aclose()
+
+    def stats(self) -> dict[str, object]:
+        return {**self.store.inner.stats(), "ocdbt": dict(self.store.counters)}
+
+    # -- the VersionedSource capability -----------------------------------------------
+
+    async def versions(self) -> list[VersionInfo]:
+        found = await self.store.versions()
+        latest = self.store.manifest.latest.generation if self.store.manifest else 0
+        return [version_info(v, v.generation == latest) for v in found]
+
+    async def open_version(self, name: str) -> ByteSource | None:
+        """The source of version `name` (`v12`) over the same key prefix, or None when there is none."""
+        m = VERSION_NAME.match(name)
+        if m is None or int(m.group(1)) >= 1 << 64:
+            return None
+        try:
+            version = await self.store.find(VersionSpec(generation=int(m.group(1))))
+        except ConfigError:
+            return None
+        return OcdbtSource(self.store, version, self.prefix.decode(), pinned=True, owns_inner=False)
+
+
+_ABSENT = object()
+
+
+def _path_problem(path: str) -> bool:
+    return any(name_problem(segment) is not None for segment in path.split("/"))
+
+
+def _name(raw: bytes, key: bytes, where: str) -> str | None:
+    """`raw` as one path segment, or None (logged once) when a key holding it cannot be a path."""
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        name = None
+    problem = "is not UTF-8" if name is None else name_problem(name)
+    if problem is None:
+        return name
+    log_once(log, f"ocdbt:{where}:key", "%s: key %r is not shown: %s (further such keys are not logged)", where,
+             key[:200], problem)
+    return None
+
+
+async def open_ocdbt(inner: ByteSource, root: str, path: str, version: str | None, limits: DataLimits | None,
+                     description: str | None = None) -> OcdbtSource:
+    """The source `BASE|ocdbt:[@VERSION/][PATH]` names: the database under `root` of `inner`.
+
+    ConfigError (one line) when there is no database, its manifest is damaged, or the version does not exist."""
+    prefix = path.strip("/")
+    if prefix and _path_problem(prefix):
+        raise ConfigError(f"ocdbt:{path}: a key prefix of empty, '.' or '..' segments is not allowed")
+    spec = VersionSpec.parse(version) if version is not None else None
+    store = OcdbtStore(inner, root, limits, description)
+    await store.open()
+    chosen = await store.find(spec)
+    return OcdbtSource(store, chosen, prefix + "/" if prefix else "", pinned=spec is not None)
