@@ -19,8 +19,9 @@ from unshardfs.core.caches import Caches
 from unshardfs.core.fetch import FetchPolicy
 from unshardfs.core.registry import Dataset, index_levels, open_dataset
 from unshardfs.core.runtime import Runtime
+from unshardfs.core.versions import VersionsRoot
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
-from unshardfs.sources.base import ByteSource
+from unshardfs.sources.base import ByteSource, VersionedSource
 from unshardfs.sources.zip import ZipSource, ZipSummary
 from unshardfs.tree.nodes import DirNode
 from unshardfs.util.limits import DataLimits
@@ -59,11 +60,20 @@ class OpenedSource:
         counted = CountingSource(source)
         runtime = Runtime(counted, caches or Caches(levels=index_levels()), options.get("limits") or DataLimits(),
                           options.get("policy") or FetchPolicy())
+        formats = options.get("formats") or {}
         try:
-            dataset = await open_dataset(runtime, named, options.get("formats") or {})
+            dataset = await open_dataset(runtime, named, formats)
         except BaseException:
             await counted.aclose()
             raise
+        if isinstance(source, VersionedSource) and not source.pinned:
+            chosen = named or dataset.format
+
+            async def open_tree(version: ByteSource) -> DirNode:
+                other = Runtime(version, runtime.caches, runtime.limits, runtime.policy)
+                return (await open_dataset(other, chosen, formats)).tree
+
+            dataset = Dataset(VersionsRoot(dataset.tree, source, open_tree), dataset.inventory, dataset.format)
         return cls(counted, runtime, dataset)
 
     @contextlib.asynccontextmanager
@@ -76,6 +86,12 @@ class OpenedSource:
             finally:
                 self.runtime.fetcher.attach(None)
                 nursery.cancel_scope.cancel()
+
+    @property
+    def versioned(self) -> VersionedSource | None:
+        """The versioned store the source is one version of (None when it is not)."""
+        inner = self.source.inner
+        return inner if isinstance(inner, VersionedSource) else None
 
     @property
     def archive(self) -> "ZipSummary | None":

@@ -36,6 +36,7 @@ class Dataset:
     # Every sharded part, found from metadata (a Zarr store's arrays are
     # resolved on the way, so this is an async iterator).
     inventory: Callable[[], AsyncIterator[InventoryPart]]
+    format: str | None = None  # the plug-in that opened it (set by `open_dataset`)
 
 
 class FormatPlugin(ABC):
@@ -205,4 +206,6 @@ async def open_dataset(runtime: Runtime, named: str | None, given: dict[str, dic
             verb = "applies" if len(given[name]) == 1 else "apply"
             raise ConfigError(f"{flags} {verb} to {plugin(name).description} stores only; "
                               f"this is {chosen.description}")
-    return await chosen.open(runtime, given.get(chosen.name, {}))
+    dataset = await chosen.open(runtime, given.get(chosen.name, {}))
+    dataset.format = chosen.name
+    return dataset

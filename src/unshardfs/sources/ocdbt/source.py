@@ -22,6 +22,7 @@ deeper than `MAX_HEIGHT` is refused before anything is fetched.
 from __future__ import annotations
 
 import bisect
+import builtins
 import logging
 import re
 from dataclasses import dataclass
@@ -45,7 +46,8 @@ NODE_CACHE = 32 << 20  # decoded B+tree and version tree nodes of one database
 LOOKUPS = 1 << 16  # recent key lookups (what a chunk read asks again right after its stat)
 MAX_HEIGHT = 32  # B+tree levels: a real tree of 10^12 keys has fewer than 8
 MAX_VERSIONS = 100_000  # versions listed (the newest); older ones stay reachable by name
-MANIFEST_BYTES = 64 << 20
+MANIFEST_BYTES = 16 << 20  # encoded or decoded: 65,536 inline versions take under 4 MiB
+NODE_CAP_FLOOR = 16 << 20
 VERSION_NAME = re.compile(r"v([1-9][0-9]{0,19})\Z")
 TIME_NAME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?Z\Z")
 
@@ -137,7 +139,7 @@ class OcdbtStore:
         self.counters["manifest_reads"] += 1
         if len(data) != st.size:
             raise DataError(name, f"{len(data):,} bytes read of {st.size:,} (truncated)")
-        return decode_manifest(data, name, self.limits.index_bytes)
+        return decode_manifest(data, name, min(self.limits.index_bytes, MANIFEST_BYTES))
 
     async def _numbered(self) -> Manifest:
         if not self.inner.listable:
@@ -191,7 +193,7 @@ class OcdbtStore:
 
         async def load() -> VersionNode:
             data = await self._read_node(ref.location)
-            node = decode_version_node(data, where, self.limits.index_bytes, ref.location.file.transitive, arity)
+            node = decode_version_node(data, where, self.node_cap, ref.location.file.transitive, arity)
             if node.height != ref.height:
                 raise DataError(where, f"version node of height {node.height} where {ref.height} is expected")
             gens = [v.generation for v in node.versions] or [c.generation for c in node.children]
@@ -230,6 +232,13 @@ class OcdbtStore:
 
     # -- nodes and values -------------------------------------------------------------
 
+    @property
+    def node_cap(self) -> int:
+        """The most a node's body may decode to: a few times the node size the database's configuration
+        declares (TensorStore stays below it), and never beyond `--max-index-size`; a bomb stops here."""
+        declared = self.manifest.config.max_decoded_node_bytes if self.manifest is not None else 0
+        return min(self.limits.index_bytes, max(4 * declared, NODE_CAP_FLOOR))
+
     def _where(self, location: Location) -> str:
         return f"{self.description}{location.file.path}@{location.offset}+{location.length}"
 
@@ -249,8 +258,7 @@ class OcdbtStore:
         async def load() -> BtreeNode:
             where = self._where(location)
             data = await self._read_node(location)
-            node = decode_btree_node(data, where, self.limits.index_bytes, location.file.transitive,
-                                     self.limits.index_bytes)
+            node = decode_btree_node(data, where, self.node_cap, location.file.transitive, self.node_cap)
             if node.height != height:
                 raise DataError(where, f"B+tree node of height {node.height} where {height} is expected")
             return node
@@ -462,7 +470,7 @@ class OcdbtSource:
 
     # -- the VersionedSource capability -----------------------------------------------
 
-    async def versions(self) -> list[VersionInfo]:
+    async def versions(self) -> builtins.list[VersionInfo]:
         found = await self.store.versions()
         latest = self.store.manifest.latest.generation if self.store.manifest else 0
         return [version_info(v, v.generation == latest) for v in found]

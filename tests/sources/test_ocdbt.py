@@ -1,0 +1,232 @@
+"""OCDBT databases written by TensorStore, read back through `OcdbtSource` byte for byte against
+TensorStore's own reads of every version, over a local and an HTTP base; the pipeline syntax as
+Neuroglancer writes it; the request counts of a first read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.support.ocdbt import DEEP, ts_keys, ts_versions, write_precomputed, write_zarr
+from unshardfs.app.pipeline import OcdbtPart, open_spec, parse_source
+from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
+from unshardfs.sources.base import ByteSource, VersionedSource
+from unshardfs.sources.ocdbt import OcdbtSource, VersionSpec, open_ocdbt
+from unshardfs.sources.ocdbt.source import format_time
+from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.util.errors import ConfigError
+
+pytest.importorskip("tensorstore")
+
+
+@pytest.fixture(scope="module")
+def zarr_db(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ocdbt") / "zarr.ocdbt"
+    root.mkdir()
+    write_zarr(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def deep_db(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ocdbt") / "deep.ocdbt"
+    root.mkdir()
+    write_zarr(root, DEEP)
+    return root
+
+
+@pytest.fixture(scope="module")
+def numbered_db(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ocdbt") / "numbered.ocdbt"
+    root.mkdir()
+    write_zarr(root, {"manifest_kind": "numbered"})
+    return root
+
+
+@pytest.fixture(scope="module")
+def precomputed_db(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ocdbt") / "pre.ocdbt"
+    root.mkdir()
+    write_precomputed(root)
+    return root
+
+
+async def _contents(source: ByteSource, path: str = "") -> dict[str, bytes]:
+    """Every file under `path` by listing, each read whole (in two pieces, to exercise ranged reads)."""
+    out: dict[str, bytes] = {}
+    async for name, st in source.list(path):
+        child = f"{path}/{name}" if path else name
+        if st.is_dir:
+            out.update(await _contents(source, child))
+        else:
+            half = st.size // 2
+            data = await source.read(child, 0, half) + await source.read(child, half, st.size - half + 100)
+            assert len(data) == st.size, child
+            assert await source.stat(child) == st
+            out[child] = data
+    return out
+
+
+def _read_all(base: ByteSource, version: str | None = None, path: str = "") -> dict[str, bytes]:
+    async def main() -> dict[str, bytes]:
+        source = await open_ocdbt(base, "", path, version, None)
+        try:
+            return await _contents(source)
+        finally:
+            await source.aclose()
+    return trio.run(main)
+
+
+@pytest.mark.parametrize("which", ["zarr_db", "deep_db", "numbered_db", "precomputed_db"])
+def test_every_version_matches_tensorstore(which, request):
+    root: Path = request.getfixturevalue(which)
+    versions = ts_versions(root)
+    assert len(versions) >= 4
+    for n in versions:
+        expected = ts_keys(f"file://{root}/", n)
+        assert _read_all(LocalSource(str(root)), f"v{n}") == expected, f"v{n}"
+    assert _read_all(LocalSource(str(root))) == ts_keys(f"file://{root}/")
+
+
+def test_versions_listed_with_times_and_sizes(zarr_db):
+    async def main():
+        source = await open_ocdbt(LocalSource(str(zarr_db)), "", "", None, None)
+        assert isinstance(source, VersionedSource) and not source.pinned
+        found = await source.versions()
+        # TensorStore writes an empty first version
+        older = await source.open_version("v1")
+        assert older is not None and [x async for x in older.list("")] == []
+        assert await source.open_version("v0") is None and await source.open_version("v99999") is None
+        await source.aclose()
+        return found
+    found = trio.run(main)
+    assert [v.name for v in found] == [f"v{n}" for n in ts_versions(zarr_db)]
+    assert [v.latest for v in found] == [False] * (len(found) - 1) + [True]
+    times = [v.time_ns for v in found]
+    assert times == sorted(times) and times[0] > 1_600_000_000 * 10**9
+    assert found[0].entries == 0 and found[-1].entries == len(ts_keys(f"file://{zarr_db}/"))
+
+
+def test_commit_time_selects_the_version_tensorstore_selects(zarr_db):
+    async def times():
+        source = await open_ocdbt(LocalSource(str(zarr_db)), "", "", None, None)
+        found = await source.versions()
+        await source.aclose()
+        return found
+    found = trio.run(times)
+    middle = found[len(found) // 2]
+    stamp = format_time(middle.time_ns)
+    assert VersionSpec.parse(stamp).time_ns == middle.time_ns
+    assert _read_all(LocalSource(str(zarr_db)), stamp) == ts_keys(f"file://{zarr_db}/", stamp)
+    with pytest.raises(ConfigError, match="no version"):
+        _read_all(LocalSource(str(zarr_db)), "2001-01-01T00:00:00Z")
+
+
+def test_key_prefix_shows_only_the_keys_under_it(zarr_db):
+    got = _read_all(LocalSource(str(zarr_db)), path="notes/")
+    assert got == {k[len("notes/"):]: v for k, v in ts_keys(f"file://{zarr_db}/").items() if k.startswith("notes/")}
+    assert {"readme.txt", "blob.bin", "many/0000-"} <= set(got) and len(got) == 122
+
+
+def test_over_http_matches_tensorstore(zarr_db):
+    expected = ts_keys(f"file://{zarr_db}/")
+    with DatasetServer(zarr_db.parent) as srv:
+        url = f"{srv.url}/{zarr_db.name}"
+
+        async def main(version: str | None) -> dict[str, bytes]:
+            spec = parse_source(f"{url}/|ocdbt:" + (f"@{version}/" if version else "") + "|zarr3:")
+            source = await open_spec(spec, lambda base: open_source(base, RemoteOptions()))
+            assert isinstance(source, OcdbtSource)
+            try:
+                return await _contents(source)
+            finally:
+                await source.aclose()
+
+        assert trio.run(main, None) == expected
+        assert trio.run(main, "v3") == ts_keys(f"file://{zarr_db}/", 3)
+
+
+def test_deep_trees_are_deep(deep_db):
+    async def main():
+        source = await open_ocdbt(LocalSource(str(deep_db)), "", "", None, None)
+        assert source.store.manifest is not None and source.store.manifest.nodes  # versions in version nodes
+        heights = source.version.root_height, max(r.height for r in source.store.manifest.nodes)
+        await source.aclose()
+        return heights
+    btree, version_tree = trio.run(main)
+    assert btree >= 2 and version_tree >= 2
+
+
+@pytest.mark.parametrize("which", ["zarr_db", "deep_db"])
+def test_first_read_costs_one_read_per_tree_level(which, request):
+    """Cold: the manifest (a stat and a read), then one read per B+tree level; a key's value is one more.
+    Warm: a value read costs its one read, nothing else."""
+    root: Path = request.getfixturevalue(which)
+
+    async def main():
+        counted = CountingSource(LocalSource(str(root)))
+        source = await open_ocdbt(counted, "", "", None, None)
+        assert (counted.counters.stats, counted.counters.reads) == (1, 1)
+        levels = source.version.root_height + 1
+        st = await source.stat("notes/blob.bin")
+        assert st is not None and st.size == 10240
+        assert counted.counters.reads == 1 + levels
+        await source.read("notes/blob.bin", 0, st.size)
+        assert counted.counters.reads == 1 + levels + 1
+        await source.read("notes/blob.bin", 100, 50)  # nodes cached: the value's range only
+        await source.stat("notes/blob.bin")
+        assert counted.counters.reads == 1 + levels + 2
+        await source.stat("notes/readme.txt")  # another leaf at most: the root is cached
+        assert counted.counters.reads <= 1 + levels + 2 + levels - 1
+        await source.aclose()
+    trio.run(main)
+
+
+@pytest.mark.parametrize("url, base, zip_path, part, fmt", [
+    ("gs://b/repo.zarr.ocdbt/|ocdbt:path/to/array/|zarr3:", "gs://b/repo.zarr.ocdbt/", None,
+     OcdbtPart(None, "path/to/array/"), "zarr"),
+    ("gs://b/r/|ocdbt:@v10/path/|zarr3:", "gs://b/r/", None, OcdbtPart("v10", "path/"), "zarr"),
+    ("gs://b/r/|ocdbt:@2024-12-31T10:23:45.123456789Z/a/", "gs://b/r/", None,
+     OcdbtPart("2024-12-31T10:23:45.123456789Z", "a/"), None),
+    ("s3://b/r/|ocdbt:@v3", "s3://b/r/", None, OcdbtPart("v3", ""), None),
+    ("x.zip|zip:db/|ocdbt:|neuroglancer-precomputed:", "x.zip", "db/", OcdbtPart(None, ""), "precomputed"),
+    ("gs://b/r/|ocdbt:a%40b/", "gs://b/r/", None, OcdbtPart(None, "a@b/"), None),
+])
+def test_pipeline_syntax(url, base, zip_path, part, fmt):
+    spec = parse_source(url)
+    assert (spec.base, spec.zip_path, spec.ocdbt, spec.format) == (base, zip_path, part, fmt)
+
+
+@pytest.mark.parametrize("url, error", [
+    ("gs://b/r/|ocdbt:|ocdbt:", "inside another"),
+    ("gs://b/r/|ocdbt:|zip:", "zip inside an OCDBT"),
+    ("gs://b/r/|ocdbt:@/x", "names no version"),
+])
+def test_pipeline_refusals(url, error):
+    with pytest.raises(ConfigError, match=error):
+        parse_source(url)
+
+
+@pytest.mark.parametrize("version", ["10", "v0", "v-1", "2024-12-31", "2024-13-01T00:00:00Z", "HEAD"])
+def test_bad_version_names_are_one_line(version):
+    with pytest.raises(ConfigError, match="OCDBT version"):
+        VersionSpec.parse(version)
+
+
+def test_directory_holding_a_manifest_is_detected(zarr_db):
+    async def main(url: str) -> ByteSource:
+        return await open_spec(parse_source(url), lambda base: open_source(base, RemoteOptions()))
+    detected = trio.run(main, str(zarr_db))
+    assert isinstance(detected, OcdbtSource) and not detected.pinned
+    trio.run(detected.aclose)
+    named = trio.run(main, f"{zarr_db}|ocdbt:@v2/")
+    assert isinstance(named, OcdbtSource) and named.pinned and named.version.generation == 2
+    trio.run(named.aclose)
+    plain = trio.run(main, str(zarr_db / "d"))
+    assert not isinstance(plain, OcdbtSource)
+    with pytest.raises(ConfigError, match="no manifest.ocdbt"):
+        trio.run(main, f"{zarr_db / 'd'}|ocdbt:")
+    with pytest.raises(ConfigError, match="no version v999"):
+        trio.run(main, f"{zarr_db}|ocdbt:@v999/")
