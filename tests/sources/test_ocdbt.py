@@ -14,7 +14,6 @@ from unshardfs.app.pipeline import OcdbtPart, open_spec, parse_source
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource
 from unshardfs.sources.ocdbt import OcdbtSource, VersionSpec, open_ocdbt
-from unshardfs.sources.ocdbt.source import format_time
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.util.errors import ConfigError
 
@@ -117,7 +116,7 @@ def test_commit_time_selects_the_version_tensorstore_selects(zarr_db):
         return found
     found = trio.run(times)
     middle = found[len(found) // 2]
-    stamp = format_time(middle.time_ns)
+    stamp = middle.time_text
     assert VersionSpec.parse(stamp).time_ns == middle.time_ns
     assert _read_all(LocalSource(str(zarr_db)), stamp) == ts_keys(f"file://{zarr_db}/", stamp)
     with pytest.raises(ConfigError, match="no version"):

@@ -25,7 +25,7 @@ DEEP = {"max_decoded_node_bytes": 400, "max_inline_value_bytes": 64, "version_tr
 
 
 def write_zarr(root: Path, config: dict | None = None) -> None:
-    """A Zarr v3 sharded array `arr/` in an OCDBT database at `root`, written in four commits and more
+    """A Zarr v3 group holding a sharded array `arr/` in an OCDBT database at `root`, written in four commits and more
     generations (each shard written is one): every version differs from the one before. `config`: the
     database's (`DEEP`, a `manifest_kind`...)."""
     ts = _ts()
@@ -39,6 +39,8 @@ def write_zarr(root: Path, config: dict | None = None) -> None:
                                         {"name": "zstd", "configuration": {"level": 1}}],
                              "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
                                               {"name": "crc32c"}]}}]}}
+    store = ts.KvStore.open(kv).result()
+    store.write("zarr.json", b'{"zarr_format": 3, "node_type": "group", "attributes": {}}').result()
     array = ts.open(spec, create=True).result()
     base = np.arange(np.prod(ZARR_SHAPE), dtype=np.uint16).reshape(ZARR_SHAPE)
     for step in range(3):
@@ -47,7 +49,6 @@ def write_zarr(root: Path, config: dict | None = None) -> None:
         array.with_transaction(txn)[region].write((base * (step + 1))[region]).result()
         txn.commit_sync()
     # a plain key beside the array, and one large enough to be stored out of line
-    store = ts.KvStore.open(kv).result()
     store.write("notes/readme.txt", b"written beside the array\n").result()
     store.write("notes/blob.bin", bytes(range(256)) * 40).result()
     txn = ts.Transaction()

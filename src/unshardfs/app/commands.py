@@ -15,7 +15,7 @@ from tqdm import tqdm
 from unshardfs.app.opened import OpenedSource
 from unshardfs.app.options import format_options
 from unshardfs.app.split import Part, PartResult, run_part
-from unshardfs.tools.inspect import format_report
+from unshardfs.tools.inspect import format_report, version_lines
 from unshardfs.tools.walk import Dest, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
 
@@ -42,10 +42,13 @@ async def _inspect(args: argparse.Namespace) -> int:
         async for part in session.dataset.inventory():
             bar.set_description(part.path or ".")
             reports.append(await part.report(bar.update))
-    await session.aclose()
     archive = session.archive
-    print(json.dumps(reports, indent=2) if args.json else
-          format_report(reports, args.source, archive.lines() if archive else None))
+    lines = archive.lines() if archive else []
+    versioned = session.versioned
+    if versioned is not None and not args.json:
+        lines += version_lines(await versioned.versions(), session.source.description)
+    await session.aclose()
+    print(json.dumps(reports, indent=2) if args.json else format_report(reports, args.source, lines))
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import AsyncIterator, NamedTuple, Protocol, runtime_checkable
 
 from unshardfs.util.errors import ConfigError
@@ -95,6 +96,18 @@ class VersionInfo:
     entries: int  # keys (files) in the version, as the writer recorded
     size: int  # bytes the version's values and index take, as the writer recorded
     latest: bool
+
+    @property
+    def time_text(self) -> str:
+        """The commit time as Neuroglancer writes it in a URL: seconds, then a fraction without trailing zeros."""
+        return iso_time(self.time_ns)
+
+
+def iso_time(ns: int) -> str:
+    """`YYYY-MM-DDThh:mm:ss[.fffffffff]Z` of nanoseconds since the Unix epoch (trailing zeros dropped)."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    text = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{fraction:09d}".rstrip("0") if fraction else "") + "Z"
 
 
 @runtime_checkable

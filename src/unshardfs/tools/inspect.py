@@ -6,6 +6,8 @@ and chunk indexes only, no payload is read.
 
 from __future__ import annotations
 
+from unshardfs.sources.base import VersionInfo
+
 
 def format_report(reports: list[dict], source: str, archive: list[str] | None = None) -> str:
     """`archive`: lines about the zip archive the source is read through, if any."""
@@ -25,3 +27,13 @@ def format_report(reports: list[dict], source: str, archive: list[str] | None = 
             hist = ", ".join(f"{k[2:]}+: {v:,}" for k, v in size["histogram"].items())
             lines.append(f"  size buckets  {hist}")
     return "\n".join(lines)
+
+
+def version_lines(versions: list[VersionInfo], store: str) -> list[str]:
+    """The versions of the versioned store the source is read through, oldest first: name, commit time,
+    entries and bytes as the writer recorded them, and which one the mount shows at its root."""
+    out = [f"  versions      {len(versions):,} in {store} (each a directory @NAME of the mount's root)"]
+    for v in versions:
+        out.append(f"    @{v.name:<10} {v.time_text:<30}  {v.entries:>12,} keys  {v.size:>16,} bytes"
+                   + ("  (current)" if v.latest else ""))
+    return out

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import AsyncIterator
 
-from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, VersionInfo, name_problem
+from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem
 from unshardfs.sources.ocdbt.format import (MANIFEST_NUMBERED, MANIFEST_SINGLE, BtreeNode, Location, Manifest,
                                             Value, Version, VersionNode, VersionNodeRef, decode_btree_node,
                                             decode_manifest, decode_version_node, numbered_manifest_name)
@@ -81,14 +81,7 @@ class VersionSpec:
                           f"YYYY-MM-DDThh:mm:ss[.fffffffff]Z (a commit time)")
 
     def __str__(self) -> str:
-        return f"v{self.generation}" if self.generation is not None else format_time(self.time_ns or 0)
-
-
-def format_time(ns: int) -> str:
-    """A commit time as Neuroglancer writes it (seconds, then a fraction without trailing zeros)."""
-    seconds, fraction = divmod(ns, 1_000_000_000)
-    text = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    return text + (f".{fraction:09d}".rstrip("0") if fraction else "") + "Z"
+        return f"v{self.generation}" if self.generation is not None else iso_time(self.time_ns or 0)
 
 
 def version_info(v: Version, latest: bool) -> VersionInfo:
