@@ -215,3 +215,22 @@ def simple(root: Path, entries: list[tuple[bytes, bytes | Ref]], data_file: str 
     ref = db.put(data_file, leaf([data_file], entries))
     db.save(ref, data_file=data_file)
     return db
+
+
+def leaf_holding(root: Path, key: bytes):
+    """(data file, offset, length) of the B+tree leaf of the newest version of the database at `root`
+    that holds `key`, and the key's value there (a `format.Value`), found with the format's decoders."""
+    from unshardfs.sources.ocdbt.format import decode_btree_node, decode_manifest
+
+    version = decode_manifest((root / "manifest.ocdbt").read_bytes(), "manifest", 1 << 26).latest
+    location, height, prefix = version.root, version.root_height, b""
+    while True:
+        assert location is not None
+        with open(root / location.file.path, "rb") as f:
+            f.seek(location.offset)
+            node = decode_btree_node(f.read(location.length), "node", 1 << 26, location.file.transitive, 1 << 26)
+        if height == 0:
+            value = node.values[node.keys.index(key[len(prefix):])]
+            return (root / location.file.path, location.offset, location.length), value
+        chosen = [c for c in node.children if prefix + c.key <= key][-1]
+        location, height, prefix = chosen.location, height - 1, prefix + chosen.key[:chosen.common]

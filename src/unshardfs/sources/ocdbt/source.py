@@ -186,17 +186,17 @@ class OcdbtStore:
 
         async def load() -> VersionNode:
             data = await self._read_node(ref.location)
-            node = decode_version_node(data, where, self.node_cap, ref.location.file.transitive, arity)
-            if node.height != ref.height:
-                raise DataError(where, f"version node of height {node.height} where {ref.height} is expected")
-            gens = [v.generation for v in node.versions] or [c.generation for c in node.children]
-            if gens[-1] != ref.generation:
-                raise DataError(where, f"version node ends at generation {gens[-1]}, its parent says "
-                                       f"{ref.generation}")
-            return node
+            return decode_version_node(data, where, self.node_cap, ref.location.file.transitive, arity)
 
-        found: VersionNode = await self.flights.cached(self.nodes, ("v", ref.location.ident), load)
-        return found
+        node: VersionNode = await self.flights.cached(self.nodes, ("v", ref.location.ident), load)
+        # On every use (a node reached twice comes from the cache): heights fall by one per level, so the
+        # version tree cannot loop.
+        if node.height != ref.height:
+            raise DataError(where, f"version node of height {node.height} where {ref.height} is expected")
+        gens = [v.generation for v in node.versions] or [c.generation for c in node.children]
+        if gens[-1] != ref.generation:
+            raise DataError(where, f"version node ends at generation {gens[-1]}, its parent says {ref.generation}")
+        return node
 
     async def find(self, spec: VersionSpec | None) -> Version:
         """The version `spec` names (None: the newest); ConfigError naming it when there is none."""
@@ -249,14 +249,16 @@ class OcdbtStore:
         """The B+tree node at `location`, which its parent says has height `height` (checked)."""
 
         async def load() -> BtreeNode:
-            where = self._where(location)
             data = await self._read_node(location)
-            node = decode_btree_node(data, where, self.node_cap, location.file.transitive, self.node_cap)
-            if node.height != height:
-                raise DataError(where, f"B+tree node of height {node.height} where {height} is expected")
-            return node
+            return decode_btree_node(data, self._where(location), self.node_cap, location.file.transitive,
+                                     self.node_cap)
 
         found: BtreeNode = await self.flights.cached(self.nodes, ("b", location.ident), load)
+        # Checked on every use, not only the first: a node reached again as its own descendant (a cycle)
+        # comes from the cache.
+        if found.height != height:
+            raise DataError(self._where(location), f"B+tree node of height {found.height} where {height} is "
+                                                   f"expected (a cycle, or a misplaced node)")
         return found
 
     async def read_value(self, location: Location, offset: int, size: int, index: bool) -> bytes:
@@ -316,16 +318,17 @@ class OcdbtSource:
 
     # -- the B+tree walk ---------------------------------------------------------------
 
-    async def _first(self, key: bytes) -> Leaf | None:
+    async def _first(self, key: bytes, skip: bool = False) -> Leaf | None:
         """The leaf holding the first entry at or after `key`, its key prefix, the entry's index and
-        where the leaf is."""
+        where the leaf is. `skip`: a damaged subtree below the root is passed over (logged), for listings,
+        which then show every key still readable; lookups fail on damage instead."""
         v = self.version
         if v.root is None:
             return None
-        return await self._descend(v.root, v.root_height, b"", key, None)
+        return await self._descend(v.root, v.root_height, b"", key, None, skip)
 
-    async def _descend(self, location: Location, height: int, prefix: bytes, key: bytes, low: bytes | None
-                       ) -> Leaf | None:
+    async def _descend(self, location: Location, height: int, prefix: bytes, key: bytes, low: bytes | None,
+                       skip: bool = False) -> Leaf | None:
         node = await self.store.btree_node(location, height)
         if low is not None and prefix + node.keys[0] < low:
             raise DataError(self.store._where(location), "first key lies below the bound its parent gives")
@@ -338,17 +341,25 @@ class OcdbtSource:
         i = max(0, bisect.bisect_right(node.keys, rel) - 1)
         for j in range(i, len(node.children)):
             child = node.children[j]
-            found = await self._descend(child.location, height - 1, prefix + child.key[:child.common], key,
-                                        prefix + child.key)
+            try:
+                found = await self._descend(child.location, height - 1, prefix + child.key[:child.common], key,
+                                            prefix + child.key, skip)
+            except (DataError, SourceError) as e:
+                if not skip:
+                    raise
+                log_once(log, f"ocdbt:{self.store.description}:skipped", "%s: keys from %r on are not listed: %s "
+                         "(further damaged subtrees are not logged)", self.description,
+                         (prefix + child.key)[:200], e)
+                continue
             if found is not None:
                 return found
         return None
 
     async def _scan(self, start: bytes) -> AsyncIterator[Found]:
-        """Entries from `start` on, in key order: one descent per leaf."""
+        """Entries from `start` on, in key order (damaged subtrees passed over): one descent per leaf."""
         key = start
         while True:
-            found = await self._first(key)
+            found = await self._first(key, skip=True)
             if found is None:
                 return
             node, prefix, i, ident = found
@@ -370,8 +381,8 @@ class OcdbtSource:
         self._lookups[key] = result
         return result
 
-    async def _has_under(self, key: bytes) -> bool:
-        first = await self._first(key)
+    async def _has_under(self, key: bytes, skip: bool = False) -> bool:
+        first = await self._first(key, skip)
         if first is None:
             return False
         node, prefix, i, _ = first
@@ -425,7 +436,7 @@ class OcdbtSource:
                     break
                 if name is None:
                     continue
-                if await self._has_under(found.key + b"/"):
+                if await self._has_under(found.key + b"/", skip=True):
                     log_once(log, f"ocdbt:{self.store.description}:shadow", "%s: key %r is also a directory; "
                              "the directory is shown (further such keys are not logged)",
                              self.store.description, found.key[:200])
