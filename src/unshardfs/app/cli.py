@@ -33,6 +33,8 @@ examples:
   unshardfs mount --info spec.json /data/dvid-export /mnt/seg  # DVID export-shards as precomputed
   unshardfs mount precomputed://gs://bucket/seg /mnt/seg    # straight from object storage (also s3://, https://)
   unshardfs mount 'gs://bucket/img.ozx|zip:|zarr3:' /mnt/img  # inside a zip, as Neuroglancer names it (also a.zip)
+  unshardfs mount gs://bucket/repo.ocdbt/ /mnt/repo   # TensorStore OCDBT: newest version, and @v1/ @v2/ ...
+  unshardfs mount 'gs://bucket/repo/|ocdbt:@v10/seg/|zarr3:' /mnt/v10  # one version, as Neuroglancer names it
   unshardfs unmount /mnt/fafb
   unshardfs serve /data/fafb-seg --port 8080      # the same tree over HTTP (CORS on), no FUSE needed
   unshardfs stats http://127.0.0.1:8080            # a server's live statistics
@@ -58,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("source", metavar="SOURCE",
                    help="dataset directory or file://, http(s)://, gs://, s3:// URL, optionally prefixed precomputed://, "
                         "zarr3:// or zarr://; a zip archive as BASE|zip:[PATH]|FORMAT: (FORMAT: "
-                        "neuroglancer-precomputed, zarr3, zarr2, zarr) or a path ending in .ozx/.zip")
+                        "neuroglancer-precomputed, zarr3, zarr2, zarr) or a path ending in .ozx/.zip; an OCDBT "
+                        "database as BASE|ocdbt:[@vN/|@TIME/][PATH]|FORMAT: or a directory holding manifest.ocdbt "
+                        "(every version then shows as @vN/)")
     m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached; log to stderr")
     m.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="OPT[,OPT...]",
