@@ -304,3 +304,32 @@ def test_damage_through_a_mount_stays_with_what_it_touches(tmp_path, mount):
     assert "notes/readme.txt" in readable and len(readable) >= 20
     bad = {"notes/blob.bin": Bad(10240), "notes/many/0060-xxxx": Bad(None)}
     assert_contained(m, bad, readable, growth_mib=48)
+
+
+def test_damaged_version_tree_leaves_the_current_tree(tmp_path, mount):
+    """A garbled version tree node: no version directories (logged), the newest version fully readable;
+    naming an old version is a one-line error."""
+    from unshardfs.sources.ocdbt.format import decode_manifest
+    from unshardfs.testing.mounts import run_cli
+
+    root = tmp_path / "db"
+    root.mkdir()
+    write_zarr(root, DEEP)
+    keys = ts_keys(f"file://{root}/")
+    nodes = decode_manifest((root / "manifest.ocdbt").read_bytes(), "m", 1 << 26).nodes
+    assert nodes
+    node = nodes[0].location
+    path = root / node.file.path
+    blob = bytearray(path.read_bytes())
+    blob[node.offset + node.length // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    m = mount(root)
+    names = sorted(p.name for p in m.path.iterdir())
+    assert names == ["arr", "notes", "zarr.json"]
+    assert (m.path / "notes/readme.txt").read_bytes() == keys["notes/readme.txt"]
+    assert "no version directories" in m.log_text()
+    result = run_cli("inspect", str(root))
+    assert result.returncode == 0 and "versions      unreadable:" in result.stdout and "arr/" in result.stdout
+    result = run_cli("inspect", f"{root}|ocdbt:@v2/")
+    assert result.returncode != 0 and "version tree is damaged" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

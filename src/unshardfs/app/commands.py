@@ -17,6 +17,7 @@ from unshardfs.app.options import format_options
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.tools.inspect import format_report, version_lines
 from unshardfs.tools.walk import Dest, WalkSummary, check, export
+from unshardfs.util.errors import DataError, SourceError
 from unshardfs.util.logonce import collect_problems
 
 
@@ -46,7 +47,10 @@ async def _inspect(args: argparse.Namespace) -> int:
     lines = archive.lines() if archive else []
     versioned = session.versioned
     if versioned is not None and not args.json:
-        lines += version_lines(await versioned.versions(), session.source.description)
+        try:
+            lines += version_lines(await versioned.versions(), session.source.description)
+        except (DataError, SourceError) as e:
+            lines.append(f"  versions      unreadable: {e}")
     await session.aclose()
     print(json.dumps(reports, indent=2) if args.json else format_report(reports, args.source, lines))
     return 0

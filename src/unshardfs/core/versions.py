@@ -133,9 +133,15 @@ class VersionsRoot(DirNode):
         return self.tree.child_name(ident)
 
     async def versions(self) -> dict[str, VersionInfo]:
-        """The versions by directory name (read once: a mount shows the versions it started with)."""
+        """The versions by directory name (read once: a mount shows the versions it started with). When the
+        store's version records are damaged there are none (logged): the current tree stays usable."""
         if self._versions is None:
-            self._versions = {PREFIX + v.name: v for v in await self.source.versions()}
+            try:
+                found = await self.source.versions()
+            except (DataError, SourceError) as e:
+                log_once(log, "versions:damaged", "no version directories: %s", e)
+                found = []
+            self._versions = {PREFIX + v.name: v for v in found}
         return self._versions
 
     async def lookup(self, name: str) -> Node | None:

@@ -170,7 +170,7 @@ class OcdbtStore:
     async def _collect(self, ref: VersionNodeRef, out: list[Version]) -> None:
         if len(out) >= MAX_VERSIONS:
             log_once(log, f"ocdbt:{self.description}:versions", "%s: more than %s versions; only the newest are "
-                     "listed (older ones open by name)", self.description, f"{MAX_VERSIONS:,}")
+                     "listed and shown", self.description, f"{MAX_VERSIONS:,}")
             return
         node = await self._version_node(ref)
         if node.height == 0:
