@@ -4,6 +4,7 @@ Neuroglancer writes it; the request counts of a first read."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,35 @@ def test_directory_holding_a_manifest_is_detected(zarr_db):
         trio.run(main, f"{zarr_db / 'd'}|ocdbt:")
     with pytest.raises(ConfigError, match="no version v999"):
         trio.run(main, f"{zarr_db}|ocdbt:@v999/")
+
+
+def test_first_chunk_read_costs_at_most_one_more_round_trip_than_sharded(zarr_db, tmp_path):
+    """Over HTTP, opening and reading a first chunk: the database's B+tree (one level at TensorStore's
+    default node size) costs at most one request more than the same sharded Zarr store as plain objects;
+    a second chunk costs the same one request."""
+    import tensorstore as ts
+
+    from unshardfs.testing.inprocess import opened, read_file, resolve
+
+    plain = ts.KvStore.open(f"file://{tmp_path}/plain/").result()
+    for key, value in ts_keys(f"file://{zarr_db}/").items():
+        plain.write(key, value).result()
+    shutil.copytree(zarr_db, tmp_path / "db")
+
+    async def requests(url: str, srv: DatasetServer) -> tuple[int, int, int]:
+        srv.reset_log()
+        async with opened(url, "--no-read-ahead") as session:
+            at_open = len(srv.requests())
+            first = await resolve(session.tree, "arr/c/0/0/0")
+            await read_file(first)
+            after_first = len(srv.requests())
+            await read_file(await resolve(session.tree, "arr/c/1/0/0"))
+            return at_open, after_first - at_open, len(srv.requests()) - after_first
+
+    with DatasetServer(tmp_path) as srv:
+        sharded = trio.run(requests, f"{srv.url}/plain/|zarr3:", srv)
+        through = trio.run(requests, f"{srv.url}/db/|ocdbt:|zarr3:", srv)
+    # the manifest (HEAD, GET) and the root node at open; then the array's metadata, the shard's index and
+    # the chunk (the shard's stat comes from the leaf); then the next chunk alone
+    assert through == (3, 3, 1)
+    assert through[0] + through[1] <= sharded[0] + sharded[1] + 1 and through[2] <= sharded[2]
