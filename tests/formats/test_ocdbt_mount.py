@@ -145,3 +145,15 @@ def test_wrong_versions_are_one_line_errors(zarr_db):
         result = run_cli("inspect", url)
         assert result.returncode != 0 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_export_writes_the_named_version_only(zarr_db, tmp_path):
+    versions = ts_versions(zarr_db)
+    old = versions[-4]
+    for url, dest, version in ((str(zarr_db), tmp_path / "newest", None),
+                               (f"{zarr_db}|ocdbt:@v{old}/", tmp_path / "old", old)):
+        result = run_cli("export", url, str(dest), "--quiet", timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert not [p for p in os.listdir(dest) if p.startswith("@")]
+        np.testing.assert_array_equal(_mounted_zarr(dest / "arr"), ts_zarr(f"file://{zarr_db}/", version))
+        _check_plain_keys(dest, ts_keys(f"file://{zarr_db}/", version))

@@ -21,6 +21,12 @@ from unshardfs.util.errors import DataError, SourceError
 from unshardfs.util.logonce import collect_problems
 
 
+def _one_version(args: argparse.Namespace) -> dict:
+    """The options of a tool's source: the version the SOURCE names only (a versioned store's other
+    versions are directories of a mount to browse, not part of what is checked or exported)."""
+    return {**format_options(args), "versions": False}
+
+
 def _bar(args: argparse.Namespace, unit: str) -> tqdm:
     # tqdm disables itself when stderr is not a terminal (disable=None).
     return tqdm(unit=unit, disable=True if getattr(args, "quiet", False) else None, file=sys.stderr,
@@ -37,7 +43,7 @@ def _progress(bar: tqdm):
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    session = await OpenedSource.open(args.source, format_options(args))
+    session = await OpenedSource.open(args.source, _one_version(args))
     reports = []
     with _bar(args, "chunk") as bar:
         async for part in session.dataset.inventory():
@@ -59,7 +65,7 @@ async def _inspect(args: argparse.Namespace) -> int:
 async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
     """The whole check/export in this process, with a progress bar per file."""
     out = None if dest is None else Dest.open(dest)  # first: a bad DEST is a one-line error
-    session = await OpenedSource.open(args.source, format_options(args))
+    session = await OpenedSource.open(args.source, _one_version(args))
     try:
         with collect_problems() as problems, _bar(args, "file") as bar:
             async with session.running():
@@ -75,7 +81,7 @@ async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
 
 
 def _jobs(args: argparse.Namespace, parts: int, dest: Path | None) -> list[Part]:
-    return [Part(args.source, format_options(args), i, parts, None if dest is None else str(dest),
+    return [Part(args.source, _one_version(args), i, parts, None if dest is None else str(dest),
                  args.jobs if dest is not None else 1) for i in range(parts)]
 
 

@@ -43,7 +43,8 @@ class OpenedSource:
 
     @classmethod
     async def open(cls, url: str, options: dict | None = None, caches: Caches | None = None) -> "OpenedSource":
-        """Open `url` with the options `options.format_options` made from a command line."""
+        """Open `url` with the options `options.format_options` made from a command line; `"versions": False`
+        leaves out the `@NAME/` directories of a versioned store's other versions (`core.versions`)."""
         options = options or {}
         spec = parse_source(url)
         remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or DataLimits()
@@ -66,7 +67,7 @@ class OpenedSource:
         except BaseException:
             await counted.aclose()
             raise
-        if isinstance(source, VersionedSource) and not source.pinned:
+        if isinstance(source, VersionedSource) and not source.pinned and options.get("versions", True):
             chosen = named or dataset.format
 
             async def open_tree(version: ByteSource) -> DirNode:
