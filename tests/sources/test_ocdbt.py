@@ -262,3 +262,30 @@ def test_first_chunk_read_costs_at_most_one_more_round_trip_than_sharded(zarr_db
     # the chunk (the shard's stat comes from the leaf); then the next chunk alone
     assert through == (3, 3, 1)
     assert through[0] + through[1] <= sharded[0] + sharded[1] + 1 and through[2] <= sharded[2]
+
+
+def test_numbered_manifests_over_plain_http_are_one_line(numbered_db):
+    with DatasetServer(numbered_db.parent) as srv:
+        async def main() -> None:
+            spec = parse_source(f"{srv.url}/{numbered_db.name}/|ocdbt:|zarr3:")
+            await open_spec(spec, lambda base: open_source(base, RemoteOptions()))
+        with pytest.raises(ConfigError, match="numbered manifests needs a base that can list"):
+            trio.run(main)
+
+
+def test_inside_a_zip_archive(zarr_db, tmp_path):
+    """`x.zip|zip:db/|ocdbt:`: the database read through the archive's members, every key exact."""
+    from unshardfs.testing.zips import zip_tree
+
+    archive = zip_tree(zarr_db, tmp_path / "x.zip", comment=b"", under="db/")
+    expected = ts_keys(f"file://{zarr_db}/")
+
+    async def main() -> dict[str, bytes]:
+        spec = parse_source(f"{archive}|zip:db/|ocdbt:|zarr3:")
+        source = await open_spec(spec, lambda base: open_source(base, RemoteOptions()))
+        try:
+            assert isinstance(source, OcdbtSource) and "|zip:db/|ocdbt:" in source.description
+            return await _contents(source)
+        finally:
+            await source.aclose()
+    assert trio.run(main) == expected

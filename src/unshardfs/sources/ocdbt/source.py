@@ -99,6 +99,9 @@ class OcdbtStore:
         self.description = description or f"{inner.description.rstrip('/')}/{root}".rstrip("/") + "|ocdbt:"
         self.manifest: Manifest | None = None
         self.nodes = CountedLRU(node_cache)
+        # Recent key lookups of every version, by (generation, key): what a chunk read asks again right after
+        # its stat, answered without walking the tree.
+        self.lookups: QuickLRU = QuickLRU(maxsize=LOOKUPS)
         self.flights = Flights()
         self._versions: list[Version] | None = None
         self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0}
@@ -311,7 +314,6 @@ class OcdbtSource:
         self.index_cache: IndexCache | None = store.inner.index_cache
         shown = f"@v{version.generation}/" if pinned else ""
         self.description = f"{store.description}{shown}{prefix}"
-        self._lookups: QuickLRU = QuickLRU(maxsize=LOOKUPS)
         if version.root_height > MAX_HEIGHT:
             raise ConfigError(f"{self.description}: B+tree of height {version.root_height} (at most {MAX_HEIGHT} "
                               f"is believable)")
@@ -368,7 +370,8 @@ class OcdbtSource:
             key = prefix + node.keys[-1] + b"\0"
 
     async def _get(self, key: bytes) -> Found | None:
-        hit = self._lookups.get(key, _ABSENT)
+        known = (self.version.generation, key)
+        hit = self.store.lookups.get(known, _ABSENT)
         if hit is not _ABSENT:
             found: Found | None = hit
             return found
@@ -378,7 +381,7 @@ class OcdbtSource:
             node, prefix, i, ident = first
             if prefix + node.keys[i] == key:
                 result = Found(key, node.values[i], ident)
-        self._lookups[key] = result
+        self.store.lookups[known] = result
         return result
 
     async def _has_under(self, key: bytes, skip: bool = False) -> bool:
@@ -470,7 +473,10 @@ class OcdbtSource:
             await self.store.inner.aclose()
 
     def stats(self) -> dict[str, object]:
-        return {**self.store.inner.stats(), "ocdbt": dict(self.store.counters)}
+        nodes = self.store.nodes
+        return {**self.store.inner.stats(), "ocdbt": {
+            **self.store.counters, "node_cache_bytes": int(nodes.currsize), "node_cache_entries": len(nodes),
+            "node_cache_hits": nodes.hits, "node_cache_misses": nodes.misses}}
 
     # -- the VersionedSource capability -----------------------------------------------
 
