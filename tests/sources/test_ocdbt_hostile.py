@@ -333,3 +333,29 @@ def test_damaged_version_tree_leaves_the_current_tree(tmp_path, mount):
     result = run_cli("inspect", f"{root}|ocdbt:@v2/")
     assert result.returncode != 0 and "version tree is damaged" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_version_tree_cycle_is_refused(tmp_path):
+    """A version tree node listing itself as its child: heights must fall by one per level."""
+    from tests.support.ocdbt import config, file_table, varints
+    from unshardfs.sources.ocdbt.format import MANIFEST_MAGIC, VERSION_NODE_MAGIC
+
+    when = struct.pack("<Q", 1_700_000_000_000_000_000)
+
+    def node(length: int) -> bytes:
+        return frame(VERSION_NODE_MAGIC, bytes([4, 1]) + file_table(["d/v"]) + varint(1) + varint(16) +
+                     varints([0, 0, length]) + varint(16) + when)
+    length = len(node(0))
+    assert len(node(length)) == length
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d/v").write_bytes(node(length))
+    missing = varint(0) + varint((1 << 64) - 1) + varint((1 << 64) - 1)
+    body = (config() + file_table(["d/v"]) + varint(1) + varint(17) + bytes([0]) + missing + varints([0, 0, 0]) +
+            when + varint(1) + varint(16) + varints([0, 0, length]) + varint(16) + when + bytes([1]))
+    (tmp_path / "manifest.ocdbt").write_bytes(frame(MANIFEST_MAGIC, body))
+    source = _open(tmp_path)  # the newest version needs no version tree
+    assert trio.run(_listing, source) == []
+    with pytest.raises(DataError, match="height 1 where 0 is expected"):
+        trio.run(source.versions)
+    with pytest.raises(ConfigError, match="version tree is damaged"):
+        trio.run(open_ocdbt, LocalSource(str(tmp_path)), "", "", "v3", None)
