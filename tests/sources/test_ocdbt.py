@@ -15,6 +15,7 @@ from unshardfs.app.pipeline import OcdbtPart, open_spec, parse_source
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource
 from unshardfs.sources.ocdbt import OcdbtSource, VersionSpec, open_ocdbt
+from unshardfs.sources.ocdbt.format import numbered_manifest_name
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.util.errors import ConfigError
 
@@ -289,3 +290,20 @@ def test_inside_a_zip_archive(zarr_db, tmp_path):
         finally:
             await source.aclose()
     assert trio.run(main) == expected
+
+
+def test_numbered_manifests_over_gcs(numbered_db):
+    """gs://: the numbered manifests are found by listing (the JSON API, in pages), every key exact."""
+    expected = ts_keys(f"file://{numbered_db}/")
+    with DatasetServer(numbered_db.parent, gcs_bucket="bkt", page_size=2) as gcs:
+        async def main() -> dict[str, bytes]:
+            spec = parse_source(f"gs://bkt/{numbered_db.name}/|ocdbt:|zarr3:")
+            source = await open_spec(spec, lambda base: open_source(base, RemoteOptions(gcs_endpoint=gcs.url)))
+            try:
+                assert isinstance(source, OcdbtSource)
+                return await _contents(source)
+            finally:
+                await source.aclose()
+        assert trio.run(main) == expected
+        assert any("pageToken" in r.path for r in gcs.requests())
+    assert len([p for p in numbered_db.iterdir() if numbered_manifest_name(p.name)]) > 1
