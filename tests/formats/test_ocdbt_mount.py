@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.ocdbt import ts_keys, ts_versions, ts_zarr, write_precomputed, write_zarr
+from tests.support.ocdbt import ts_keys, ts_versions, ts_zarr, write_precomputed, write_zarr, written
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.mounts import run_cli
 
@@ -21,18 +21,12 @@ ts = pytest.importorskip("tensorstore")
 
 @pytest.fixture(scope="module")
 def zarr_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ocdbt") / "zarr.ocdbt"
-    root.mkdir()
-    write_zarr(root)
-    return root
+    return written(tmp_path_factory, "zarr.ocdbt", write_zarr)
 
 
 @pytest.fixture(scope="module")
 def precomputed_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ocdbt") / "pre.ocdbt"
-    root.mkdir()
-    write_precomputed(root)
-    return root
+    return written(tmp_path_factory, "pre.ocdbt", write_precomputed)
 
 
 def _mounted_zarr(path: Path) -> np.ndarray:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.support.ocdbt import DEEP, ts_keys, ts_versions, write_precomputed, write_zarr
+from tests.support.ocdbt import DEEP, ts_keys, ts_versions, write_precomputed, write_zarr, written
 from unshardfs.app.pipeline import OcdbtPart, open_spec, parse_source
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource
@@ -24,34 +24,22 @@ pytest.importorskip("tensorstore")
 
 @pytest.fixture(scope="module")
 def zarr_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ocdbt") / "zarr.ocdbt"
-    root.mkdir()
-    write_zarr(root)
-    return root
+    return written(tmp_path_factory, "zarr.ocdbt", write_zarr)
 
 
 @pytest.fixture(scope="module")
 def deep_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ocdbt") / "deep.ocdbt"
-    root.mkdir()
-    write_zarr(root, DEEP)
-    return root
+    return written(tmp_path_factory, "deep.ocdbt", write_zarr, DEEP)
 
 
 @pytest.fixture(scope="module")
 def numbered_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ocdbt") / "numbered.ocdbt"
-    root.mkdir()
-    write_zarr(root, {"manifest_kind": "numbered"})
-    return root
+    return written(tmp_path_factory, "numbered.ocdbt", write_zarr, {"manifest_kind": "numbered"})
 
 
 @pytest.fixture(scope="module")
 def precomputed_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ocdbt") / "pre.ocdbt"
-    root.mkdir()
-    write_precomputed(root)
-    return root
+    return written(tmp_path_factory, "pre.ocdbt", write_precomputed)
 
 
 async def _contents(source: ByteSource, path: str = "") -> dict[str, bytes]:

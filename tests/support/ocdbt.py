@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import crc32c
 import numpy as np
@@ -74,6 +75,14 @@ def write_precomputed(root: Path) -> None:
     volume[:32].write(data[:32]).result()
     volume[32:].write(data[32:]).result()
     volume[8:40, 8:24, 0:8].write(data[8:40, 8:24, 0:8] // 2).result()
+
+
+def written(tmp_path_factory, name: str, write: Callable[..., None], *args: object) -> Path:
+    """A database directory `name` in a fresh temporary directory, filled by `write(root, *args)`."""
+    root = tmp_path_factory.mktemp("ocdbt") / name
+    root.mkdir()
+    write(root, *args)
+    return root
 
 
 def ts_versions(root: Path) -> list[int]:
