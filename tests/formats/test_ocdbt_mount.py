@@ -128,8 +128,12 @@ def test_inspect_lists_the_versions(zarr_db):
     versions = ts_versions(zarr_db)
     lines = [line for line in result.stdout.splitlines() if line.strip().startswith("@v")]
     assert [line.split()[0] for line in lines] == [f"@v{n}" for n in versions]
-    assert lines[-1].endswith("(current)") and " 0 keys " in lines[0]
-    assert "arr/" in result.stdout and "versions      " in result.stdout
+    assert lines[-1].endswith("(shown, newest)") and " 0 keys " in lines[0]
+    assert "arr/" in result.stdout and "each a directory @NAME" in result.stdout
+    pinned = run_cli("inspect", f"{zarr_db}|ocdbt:@v{versions[2]}/")
+    assert pinned.returncode == 0, pinned.stderr
+    marks = [line.split()[0] for line in pinned.stdout.splitlines() if line.strip().endswith("(shown)")]
+    assert marks == [f"@v{versions[2]}"] and f"@v{versions[2]} named: only it is shown" in pinned.stdout
 
 
 def test_wrong_versions_are_one_line_errors(zarr_db):

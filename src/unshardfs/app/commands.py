@@ -54,7 +54,8 @@ async def _inspect(args: argparse.Namespace) -> int:
     versioned = session.versioned
     if versioned is not None and not args.json:
         try:
-            lines += version_lines(await versioned.versions(), session.source.description)
+            lines += version_lines(await versioned.versions(), session.source.description, versioned.current,
+                                   not versioned.pinned)
         except (DataError, SourceError) as e:
             lines.append(f"  versions      unreadable: {e}")
     await session.aclose()

@@ -117,6 +117,10 @@ class VersionedSource(Protocol):
 
     pinned: bool  # the user named this version: no other versions are shown beside it
 
+    @property
+    def current(self) -> str:
+        """The `VersionInfo.name` of the version this source is."""
+
     async def versions(self) -> list[VersionInfo]:
         """Every version, oldest first (DataError when the store's version records are damaged)."""
 

@@ -29,11 +29,14 @@ def format_report(reports: list[dict], source: str, archive: list[str] | None = 
     return "\n".join(lines)
 
 
-def version_lines(versions: list[VersionInfo], store: str) -> list[str]:
+def version_lines(versions: list[VersionInfo], store: str, shown: str, directories: bool) -> list[str]:
     """The versions of the versioned store the source is read through, oldest first: name, commit time,
-    entries and bytes as the writer recorded them, and which one the mount shows at its root."""
-    out = [f"  versions      {len(versions):,} in {store} (each a directory @NAME of the mount's root)"]
+    entries and bytes as the writer recorded them; which one is shown (`shown`), and whether the others
+    are directories of the mount."""
+    where = "each a directory @NAME of the mount's root" if directories else f"@{shown} named: only it is shown"
+    out = [f"  versions      {len(versions):,} in {store} ({where})"]
     for v in versions:
-        out.append(f"    @{v.name:<10} {v.time_text:<30}  {v.entries:>12,} keys  {v.size:>16,} bytes"
-                   + ("  (current)" if v.latest else ""))
+        mark = ("  (shown" + (", newest)" if v.latest else ")")) if v.name == shown else ("  (newest)" if v.latest
+                                                                                            else "")
+        out.append(f"    @{v.name:<10} {v.time_text:<30}  {v.entries:>12,} keys  {v.size:>16,} bytes{mark}")
     return out

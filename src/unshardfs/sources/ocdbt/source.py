@@ -480,6 +480,10 @@ class OcdbtSource:
 
     # -- the VersionedSource capability -----------------------------------------------
 
+    @property
+    def current(self) -> str:
+        return f"v{self.version.generation}"
+
     async def versions(self) -> builtins.list[VersionInfo]:
         found = await self.store.versions()
         latest = self.store.manifest.latest.generation if self.store.manifest else 0
