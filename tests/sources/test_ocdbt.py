@@ -13,7 +13,7 @@ import trio
 from tests.support.ocdbt import DEEP, ts_keys, ts_versions, write_precomputed, write_zarr, written
 from unshardfs.app.pipeline import OcdbtPart, open_spec, parse_source
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
-from unshardfs.sources.base import ByteSource, VersionedSource
+from unshardfs.sources.base import ByteSource, VersionedSource, iso_time
 from unshardfs.sources.ocdbt import OcdbtSource, VersionSpec, open_ocdbt
 from unshardfs.sources.ocdbt.format import numbered_manifest_name
 from unshardfs.testing.http_servers import DatasetServer
@@ -98,19 +98,24 @@ def test_versions_listed_with_times_and_sizes(zarr_db):
     assert found[0].entries == 0 and found[-1].entries == len(ts_keys(f"file://{zarr_db}/"))
 
 
-def test_commit_time_selects_the_version_tensorstore_selects(zarr_db):
+@pytest.mark.parametrize("which", ["zarr_db", "deep_db"])
+def test_commit_time_selects_the_version_tensorstore_selects(which, request):
+    """Exact commit times, times between two commits, after the last and before the first."""
+    root: Path = request.getfixturevalue(which)
+
     async def times():
-        source = await open_ocdbt(LocalSource(str(zarr_db)), "", "", None, None)
+        source = await open_ocdbt(LocalSource(str(root)), "", "", None, None)
         found = await source.versions()
         await source.aclose()
         return found
     found = trio.run(times)
-    middle = found[len(found) // 2]
-    stamp = middle.time_text
-    assert VersionSpec.parse(stamp).time_ns == middle.time_ns
-    assert _read_all(LocalSource(str(zarr_db)), stamp) == ts_keys(f"file://{zarr_db}/", stamp)
+    stamps = [v.time_text for v in found]
+    assert VersionSpec.parse(stamps[3]).time_ns == found[3].time_ns
+    between = [iso_time((a.time_ns + b.time_ns) // 2) for a, b in zip(found, found[1:])]
+    for stamp in [*stamps, *between, "2200-01-01T00:00:00Z"]:
+        assert _read_all(LocalSource(str(root)), stamp) == ts_keys(f"file://{root}/", stamp), stamp
     with pytest.raises(ConfigError, match="no version"):
-        _read_all(LocalSource(str(zarr_db)), "2001-01-01T00:00:00Z")
+        _read_all(LocalSource(str(root)), "2001-01-01T00:00:00Z")
 
 
 def test_key_prefix_shows_only_the_keys_under_it(zarr_db):
@@ -146,6 +151,14 @@ def test_deep_trees_are_deep(deep_db):
         return heights
     btree, version_tree = trio.run(main)
     assert btree >= 2 and version_tree >= 2
+
+    async def opening(version: str) -> int:
+        counted = CountingSource(LocalSource(str(deep_db)))
+        source = await open_ocdbt(counted, "", "", version, None)
+        await source.aclose()
+        return counted.counters.reads
+    # one path down the version tree: the manifest, then one node per level (heights version_tree .. 0)
+    assert trio.run(opening, "v3") == 1 + version_tree + 1
 
 
 @pytest.mark.parametrize("which", ["zarr_db", "deep_db"])

@@ -202,29 +202,53 @@ class OcdbtStore:
         return node
 
     async def find(self, spec: VersionSpec | None) -> Version:
-        """The version `spec` names (None: the newest); ConfigError naming it when there is none."""
+        """The version `spec` names (None: the newest); ConfigError naming it when there is none.
+
+        One path down the version tree: a generation is under the first reference whose newest generation
+        is not below it, a time under the last reference whose oldest commit is not after it."""
         assert self.manifest is not None
         latest = self.manifest.latest
         if spec is None:
             return latest
-        if spec.generation is not None:
-            inline = [v for v in self.manifest.versions if v.generation == spec.generation]
-            if inline:
-                return inline[0]
-            found = [v for v in await self._all_versions() if v.generation == spec.generation]
-        else:
-            assert spec.time_ns is not None
-            found = [v for v in await self._all_versions() if v.commit_time_ns <= spec.time_ns][-1:]
-        if not found:
-            raise ConfigError(f"{self.description}: no version {spec} (versions v1..v{latest.generation} "
-                              f"may exist; older ones may have been removed)")
-        return found[0]
-
-    async def _all_versions(self) -> list[Version]:
         try:
-            return await self.versions()
+            found = await self._find(spec)
         except DataError as e:
             raise ConfigError(f"{self.description}: version tree is damaged: {e}") from None
+        if found is None:
+            raise ConfigError(f"{self.description}: no version {spec} (versions v1..v{latest.generation} "
+                              f"may exist; older ones may have been removed)")
+        return found
+
+    async def _find(self, spec: VersionSpec) -> Version | None:
+        assert self.manifest is not None
+        versions, refs = self.manifest.versions, self.manifest.nodes
+        while True:
+            if versions and self._within(spec, versions[0]):
+                return self._pick(spec, versions)
+            if spec.generation is not None:
+                ref = next((r for r in refs if r.generation >= spec.generation), None)
+            else:
+                assert spec.time_ns is not None
+                ref = next((r for r in reversed(refs) if r.commit_time_ns <= spec.time_ns), None)
+            if ref is None:
+                return None
+            node = await self._version_node(ref)
+            versions, refs = node.versions, node.children
+
+    @staticmethod
+    def _within(spec: VersionSpec, first: Version) -> bool:
+        """Whether what `spec` names lies at or after `first` (so among the versions starting with it)."""
+        if spec.generation is not None:
+            return spec.generation >= first.generation
+        assert spec.time_ns is not None
+        return spec.time_ns >= first.commit_time_ns
+
+    @staticmethod
+    def _pick(spec: VersionSpec, versions: list[Version]) -> Version | None:
+        if spec.generation is not None:
+            return next((v for v in versions if v.generation == spec.generation), None)
+        assert spec.time_ns is not None
+        return next((v for v in reversed(versions) if v.commit_time_ns <= spec.time_ns), None)
 
     # -- nodes and values -------------------------------------------------------------
 
