@@ -72,6 +72,7 @@ class OpenedSource:
 
             async def open_tree(version: ByteSource) -> DirNode:
                 other = Runtime(version, runtime.caches, runtime.limits, runtime.policy)
+                other.fetcher.follow(runtime.fetcher)  # prefetch and read-ahead while the mount's run
                 return (await open_dataset(other, chosen, formats)).tree
 
             dataset = Dataset(VersionsRoot(dataset.tree, source, open_tree), dataset.inventory, dataset.format)

@@ -183,6 +183,7 @@ class Fetcher:
         self._seeded: dict[ExtentKey, bytes] = {}  # `seed`
         self._seeded_bytes = 0
         self._nursery: trio.Nursery | None = None
+        self._leader: Fetcher | None = None
         self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
         # Prefetches queue behind their own limiter, so a backlog of them
         # never delays a read someone is waiting for.
@@ -194,20 +195,30 @@ class Fetcher:
         """Where background work (prefetches) runs; without one, nothing is prefetched."""
         self._nursery = nursery
 
+    def follow(self, leader: "Fetcher") -> None:
+        """Run background work wherever `leader`'s runs, while it runs (the read path of another version of
+        a store, opened beside the mount's own)."""
+        self._leader = leader
+
+    @property
+    def _where(self) -> trio.Nursery | None:
+        return self._nursery if self._leader is None else self._leader._nursery
+
     @property
     def background(self) -> bool:
         """Whether background work can run (a nursery is attached)."""
-        return self._nursery is not None
+        return self._where is not None
 
     @property
     def can_prefetch(self) -> bool:
-        return self._nursery is not None and self.policy.read_ahead
+        return self._where is not None and self.policy.read_ahead
 
     def spawn(self, work: Callable[..., Awaitable[object]], *args: object) -> bool:
         """Start `work(*args)` in the background if a nursery is attached."""
-        if self._nursery is None:
+        nursery = self._where
+        if nursery is None:
             return False
-        self._nursery.start_soon(_guarded, work, args)
+        nursery.start_soon(_guarded, work, args)
         return True
 
     # -- reads ---------------------------------------------------------------------
