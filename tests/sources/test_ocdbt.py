@@ -14,9 +14,10 @@ from tests.support.ocdbt import DEEP, ts_keys, ts_versions, write_precomputed, w
 from unshardfs.app.pipeline import OcdbtPart, open_spec, parse_source
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource, iso_time
-from unshardfs.sources.ocdbt import OcdbtSource, VersionSpec, open_ocdbt
-from unshardfs.sources.ocdbt.format import numbered_manifest_name
+from unshardfs.sources.ocdbt import OcdbtSource, OcdbtStore, VersionSpec, open_ocdbt
+from unshardfs.sources.ocdbt.format import decode_manifest, numbered_manifest_name
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.source_conformance import TREE, MakeSource, SourceConformance
 from unshardfs.util.errors import ConfigError
 
 pytest.importorskip("tensorstore")
@@ -308,3 +309,28 @@ def test_numbered_manifests_over_gcs(numbered_db):
         assert trio.run(main) == expected
         assert any("pageToken" in r.path for r in gcs.requests())
     assert len([p for p in numbered_db.iterdir() if numbered_manifest_name(p.name)]) > 1
+
+
+class TestOcdbtConformance(SourceConformance):
+    """The ByteSource contract, for the keys of a TensorStore-written database holding the suite's tree.
+    A version never changes (a change is a new commit, seen by opening again): no staleness to notice."""
+
+    listable = True
+    remote = False
+    versioned = False
+
+    @pytest.fixture
+    def make(self, tree: Path, tmp_path: Path) -> MakeSource:
+        import tensorstore as ts
+
+        db = tmp_path / "db"
+        store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{db}/"}).result()
+        for path, data in TREE.items():
+            store.write(path, data).result()
+        manifest = decode_manifest((db / "manifest.ocdbt").read_bytes(), "manifest", 1 << 24)
+
+        def make() -> ByteSource:
+            opened = OcdbtStore(LocalSource(str(db)))
+            opened.manifest = manifest  # what `open` reads, read here: `make` is not async
+            return OcdbtSource(opened, manifest.latest)
+        return make
