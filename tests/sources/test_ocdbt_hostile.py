@@ -359,3 +359,26 @@ def test_version_tree_cycle_is_refused(tmp_path):
         trio.run(source.versions)
     with pytest.raises(ConfigError, match="version tree is damaged"):
         trio.run(open_ocdbt, LocalSource(str(tmp_path)), "", "", "v3", None)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one leaf", "two leaves"])
+def test_a_key_that_is_also_a_directory_shows_the_directory(tmp_path, split, caplog):
+    entries = [(b"x", b"file"), (b"x-y", b"other"), (b"x/z", b"below")]
+    db = Crafted(tmp_path)
+    if split:  # the key and the keys below it in different leaves: answered with a second descent
+        first = db.put("d/data", leaf(["d/data"], entries[:2]))
+        second = db.put("d/data", leaf(["d/data"], entries[2:]))
+        root = db.put("d/data", interior(["d/data"], 1, [(b"x", first), (b"x/z", second)]))
+        db.save(root, root_height=1)
+    else:
+        db.save(db.put("d/data", leaf(["d/data"], entries)))
+    source = _open(tmp_path)
+
+    async def main():
+        top = [(n, st.is_dir) async for n, st in source.list("")]
+        below = [n async for n, _ in source.list("x")]
+        return top, below, await source.stat("x"), await source.read("x/z", 0, 10)
+    top, below, st, data = trio.run(main)
+    assert top == [("x-y", False), ("x", True)] and below == ["z"]
+    assert st is not None and st.is_dir and data == b"below"
+    assert "is also a directory" in caplog.text

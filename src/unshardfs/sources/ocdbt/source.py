@@ -381,8 +381,9 @@ class OcdbtSource:
                 return found
         return None
 
-    async def _scan(self, start: bytes) -> AsyncIterator[Found]:
-        """Entries from `start` on, in key order (damaged subtrees passed over): one descent per leaf."""
+    async def _scan(self, start: bytes) -> AsyncIterator[tuple[Found, BtreeNode, bytes]]:
+        """Entries from `start` on, in key order (damaged subtrees passed over), each with its leaf and the
+        leaf's key prefix: one descent per leaf."""
         key = start
         while True:
             found = await self._first(key, skip=True)
@@ -390,8 +391,16 @@ class OcdbtSource:
                 return
             node, prefix, i, ident = found
             for j in range(i, len(node.keys)):
-                yield Found(prefix + node.keys[j], node.values[j], ident)
+                yield Found(prefix + node.keys[j], node.values[j], ident), node, prefix
             key = prefix + node.keys[-1] + b"\0"
+
+    async def _is_dir_too(self, found: Found, node: BtreeNode, prefix: bytes) -> bool:
+        """Whether keys lie under `found.key + '/'`: answered from its leaf unless they would start past it."""
+        below = found.key[len(prefix):] + b"/"
+        j = bisect.bisect_left(node.keys, below)
+        if j < len(node.keys):
+            return node.keys[j].startswith(below)
+        return await self._has_under(found.key + b"/", skip=True)
 
     async def _get(self, key: bytes) -> Found | None:
         known = (self.version.generation, key)
@@ -450,7 +459,7 @@ class OcdbtSource:
         start = base
         while True:
             restart: bytes | None = None
-            async for found in self._scan(start):
+            async for found, leaf, prefix in self._scan(start):
                 if not found.key.startswith(base):
                     return
                 rest = found.key[len(base):]
@@ -463,7 +472,7 @@ class OcdbtSource:
                     break
                 if name is None:
                     continue
-                if await self._has_under(found.key + b"/", skip=True):
+                if await self._is_dir_too(found, leaf, prefix):
                     log_once(log, f"ocdbt:{self.store.description}:shadow", "%s: key %r is also a directory; "
                              "the directory is shown (further such keys are not logged)",
                              self.store.description, found.key[:200])
