@@ -311,6 +311,25 @@ def test_numbered_manifests_over_gcs(numbered_db):
     assert len([p for p in numbered_db.iterdir() if numbered_manifest_name(p.name)]) > 1
 
 
+def test_nodes_kept_in_cache_dir_across_opens(deep_db, tmp_path):
+    """With `--cache-dir`, a second open reads the manifest and the values, no node."""
+    from unshardfs.sources.diskcache import DiskCachedSource
+
+    async def once() -> tuple[int, dict[str, bytes]]:
+        counted = CountingSource(LocalSource(str(deep_db)))
+        source = await open_ocdbt(DiskCachedSource(counted, str(tmp_path / "cache")), "", "", None, None)
+        try:
+            found = await _contents(source, "notes/many")
+            nodes = source.stats()["ocdbt"]
+            assert isinstance(nodes, dict)
+            return nodes["node_reads"], found
+        finally:
+            await source.aclose()
+    first, found = trio.run(once)
+    again, found_again = trio.run(once)
+    assert first >= 3 and again == 0 and found_again == found and len(found) == 120
+
+
 class TestOcdbtConformance(SourceConformance):
     """The ByteSource contract, for the keys of a TensorStore-written database holding the suite's tree.
     A version never changes (a change is a new commit, seen by opening again): no staleness to notice."""

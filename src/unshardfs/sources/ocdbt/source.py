@@ -104,7 +104,8 @@ class OcdbtStore:
         self.lookups: QuickLRU = QuickLRU(maxsize=LOOKUPS)
         self.flights = Flights()
         self._versions: list[Version] | None = None
-        self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0}
+        self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0,
+                         "node_cache_dir_hits": 0}
 
     # -- manifest and versions ----------------------------------------------------------
 
@@ -263,13 +264,26 @@ class OcdbtStore:
         return f"{self.description}{location.file.path}@{location.offset}+{location.length}"
 
     async def _read_node(self, location: Location) -> bytes:
+        """An encoded node's bytes: from `--cache-dir` when it has them (data files are written once, under
+        random names, so their bytes need no version; the node's checksum guards what comes back), else
+        one ranged read of its data file (kept in `--cache-dir` then)."""
         where = self._where(location)
         self.limits.check_index(location.length, where)
-        data = await self.inner.read_index(self.root + location.file.path, location.offset, location.length)
+        path = self.root + location.file.path
+        kept = self.inner.index_cache
+        ident = ("ocdbt-node", self.inner.description, path, location.offset, location.length)
+        if kept is not None:
+            hit = kept.get(ident)
+            if hit is not None and len(hit) == location.length:
+                self.counters["node_cache_dir_hits"] += 1
+                return hit
+        data = await self.inner.read_index(path, location.offset, location.length)
         self.counters["node_reads"] += 1
         self.counters["node_bytes"] += len(data)
         if len(data) != location.length:
             raise DataError(where, f"data file ends {location.length - len(data):,} bytes early (truncated)")
+        if kept is not None:
+            kept.put(ident, data)
         return data
 
     async def btree_node(self, location: Location, height: int) -> BtreeNode:
