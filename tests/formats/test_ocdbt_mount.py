@@ -155,3 +155,16 @@ def test_export_writes_the_named_version_only(zarr_db, tmp_path):
         assert not [p for p in os.listdir(dest) if p.startswith("@")]
         np.testing.assert_array_equal(_mounted_zarr(dest / "arr"), ts_zarr(f"file://{zarr_db}/", version))
         _check_plain_keys(dest, ts_keys(f"file://{zarr_db}/", version))
+
+
+def test_served_over_http_with_versions(zarr_db):
+    """`unshardfs serve`: TensorStore reads the newest array and an older version's from the server."""
+    from tests.support.served import served
+
+    versions = ts_versions(zarr_db)
+    old = versions[-4]
+    with served(str(zarr_db)) as url:
+        for path, version in (("arr/", None), (f"@v{old}/arr/", old)):
+            spec = {"driver": "zarr3", "kvstore": f"{url}/{path}"}
+            np.testing.assert_array_equal(ts.open(spec, read=True).result().read().result(),
+                                          ts_zarr(f"file://{zarr_db}/", version), err_msg=path)
