@@ -82,13 +82,18 @@ def test_neuroglancer_client_reads_the_served_dataset(tmp_path):
     assert any("GET /info " in line for line in fetched), lines[-20:]
     chunks = [line for line in fetched if f"GET /{KEY}/" in line]
     assert chunks, "the client fetched no chunk through CORS"
-    static = ThreadingHTTPServer(("127.0.0.1", 0), partial(_CorsHandler, directory=str(paths["plain"])))
+    reference = static_screenshot(paths["plain"], tmp_path / "profile2")
+    assert ours.shape == reference.shape and ours.std() > 0  # an image, not a blank canvas
+    np.testing.assert_array_equal(ours, reference)
+
+
+def static_screenshot(directory, profile) -> np.ndarray:
+    """`screenshot` of the precomputed dataset in `directory`, served by a plain static server."""
+    static = ThreadingHTTPServer(("127.0.0.1", 0), partial(_CorsHandler, directory=str(directory)))
     thread = threading.Thread(target=static.serve_forever, daemon=True)
     thread.start()
     try:
-        reference = screenshot(f"precomputed://http://127.0.0.1:{static.server_port}/", tmp_path / "profile2")
+        return screenshot(f"precomputed://http://127.0.0.1:{static.server_port}/", profile)
     finally:
         static.shutdown()
         static.server_close()
-    assert ours.shape == reference.shape and ours.std() > 0  # an image, not a blank canvas
-    np.testing.assert_array_equal(ours, reference)

@@ -4,14 +4,10 @@ database, written out unsharded and served by a plain static server."""
 
 from __future__ import annotations
 
-import threading
-from functools import partial
-from http.server import ThreadingHTTPServer
-
 import numpy as np
 import pytest
 
-from tests.serve.test_browser import CHROMIUM, _CorsHandler, screenshot
+from tests.serve.test_browser import CHROMIUM, screenshot, static_screenshot
 from tests.support.served import served
 
 ts = pytest.importorskip("tensorstore")
@@ -50,13 +46,6 @@ def test_neuroglancer_renders_the_served_database_as_tensorstore_reads_it(tmp_pa
         ours = screenshot(f"precomputed://{url}/", tmp_path / "profile1")
     fetched = [line for line in log.read_text().splitlines() if "GET /1_1_1/" in line and "(origin http://" in line]
     assert fetched, "the client fetched no chunk through CORS"
-    static = ThreadingHTTPServer(("127.0.0.1", 0), partial(_CorsHandler, directory=str(plain)))
-    thread = threading.Thread(target=static.serve_forever, daemon=True)
-    thread.start()
-    try:
-        reference = screenshot(f"precomputed://http://127.0.0.1:{static.server_port}/", tmp_path / "profile2")
-    finally:
-        static.shutdown()
-        static.server_close()
+    reference = static_screenshot(plain, tmp_path / "profile2")
     assert ours.shape == reference.shape and ours.std() > 0  # an image, not a blank canvas
     np.testing.assert_array_equal(ours, reference)
