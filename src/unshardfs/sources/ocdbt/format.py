@@ -490,7 +490,7 @@ def decode_btree_node(data: bytes, where: str, cap: int, transitive: str, key_bu
             else:
                 values.append(Value(lengths[i], c.take(lengths[i]), None))
     _end(c)
-    size = len(data) + sum(len(k) for k in keys) + 120 * n
+    size = len(data) + sum(len(k) for k in keys) + 220 * n  # bytes objects and a Value or Child each
     return BtreeNode(height, keys, children, values, size)
 
 
