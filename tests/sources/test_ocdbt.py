@@ -353,3 +353,25 @@ class TestOcdbtConformance(SourceConformance):
             opened.manifest = manifest  # what `open` reads, read here: `make` is not async
             return OcdbtSource(opened, manifest.latest)
         return make
+
+
+def test_a_large_node_costs_about_its_bytes_and_its_estimate_covers_it():
+    """100,000 entries (a third of what TensorStore's default 8 MiB node holds): held in columns, the node
+    costs about twice its decoded body, and the estimate the cache budgets with is not below it."""
+    import tracemalloc
+
+    from tests.support.ocdbt import Ref, leaf
+    from unshardfs.sources.ocdbt.format import decode_btree_node
+
+    entries: list[tuple[bytes, bytes | Ref]] = [
+        (b"arr/c/%03d/%03d" % divmod(i, 1000), b"v" * (i % 40) if i % 3 else Ref(0, i * 100, 100))
+        for i in range(100_000)]
+    encoded = leaf(["d/data"], entries, zstd=True)
+    tracemalloc.start()
+    try:
+        node = decode_btree_node(encoded, "big", 64 << 20, "", 64 << 20)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(node) == 100_000 and node.value(5).data == b"v" * 5 and node.value(3).location.offset == 300
+    assert held <= node.nbytes and held < 2.5 * len(node.body)

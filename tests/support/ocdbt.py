@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,7 +240,9 @@ def leaf_holding(root: Path, key: bytes):
             f.seek(location.offset)
             node = decode_btree_node(f.read(location.length), "node", 1 << 26, location.file.transitive, 1 << 26)
         if height == 0:
-            value = node.values[node.keys.index(key[len(prefix):])]
+            i = bisect.bisect_left(node.keys, key[len(prefix):])
+            assert node.keys[i] == key[len(prefix):]
+            value = node.value(i)
             return (root / location.file.path, location.offset, location.length), value
-        chosen = [c for c in node.children if prefix + c.key <= key][-1]
+        chosen = node.child(max(0, bisect.bisect_right(node.keys, key[len(prefix):]) - 1))
         location, height, prefix = chosen.location, height - 1, prefix + chosen.key[:chosen.common]

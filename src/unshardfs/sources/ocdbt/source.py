@@ -21,7 +21,6 @@ deeper than `MAX_HEIGHT` is refused before anything is fetched.
 
 from __future__ import annotations
 
-import bisect
 import builtins
 import logging
 import re
@@ -376,11 +375,11 @@ class OcdbtSource:
         if rel is None:
             return None
         if height == 0:
-            i = bisect.bisect_left(node.keys, rel)
+            i = node.keys.bisect_left(rel)
             return (node, prefix, i, location.ident) if i < len(node.keys) else None
-        i = max(0, bisect.bisect_right(node.keys, rel) - 1)
-        for j in range(i, len(node.children)):
-            child = node.children[j]
+        i = max(0, node.keys.bisect_right(rel) - 1)
+        for j in range(i, len(node)):
+            child = node.child(j)
             try:
                 found = await self._descend(child.location, height - 1, prefix + child.key[:child.common], key,
                                             prefix + child.key, skip)
@@ -405,29 +404,35 @@ class OcdbtSource:
                 return
             node, prefix, i, ident = found
             for j in range(i, len(node.keys)):
-                yield Found(prefix + node.keys[j], node.values[j], ident), node, prefix
+                yield Found(prefix + node.keys[j], node.value(j), ident), node, prefix
             key = prefix + node.keys[-1] + b"\0"
 
-    async def _is_dir_too(self, found: Found, node: BtreeNode, prefix: bytes) -> bool:
-        """Whether keys lie under `found.key + '/'`: answered from its leaf unless they would start past it."""
-        below = found.key[len(prefix):] + b"/"
-        j = bisect.bisect_left(node.keys, below)
-        if j < len(node.keys):
-            return node.keys[j].startswith(below)
-        return await self._has_under(found.key + b"/", skip=True)
+    async def _leaf_has_under(self, below: bytes, node: BtreeNode, prefix: bytes, skip: bool = False) -> bool:
+        """Whether keys start with `below`, answered from a leaf at or before where they would be (its keys
+        under `prefix`) unless they would lie past its end."""
+        rel = _relative(below, prefix)
+        if rel is not None:
+            j = node.keys.bisect_left(rel)
+            if j < len(node.keys):
+                return (prefix + node.keys[j]).startswith(below)
+        return await self._has_under(below, skip)
 
-    async def _get(self, key: bytes) -> Found | None:
+    async def _entry(self, key: bytes) -> tuple[Found | None, bool]:
+        """The entry of `key` (None: no such key) and whether keys lie under `key/` (a directory, which
+        shadows the entry): one descent, and kept for the read that follows a stat."""
         known = (self.version.generation, key)
         hit = self.store.lookups.get(known, _ABSENT)
         if hit is not _ABSENT:
-            found: Found | None = hit
-            return found
+            result: tuple[Found | None, bool] = hit
+            return result
         first = await self._first(key)
-        result: Found | None = None
+        found, is_dir = None, False
         if first is not None:
             node, prefix, i, ident = first
             if prefix + node.keys[i] == key:
-                result = Found(key, node.values[i], ident)
+                found = Found(key, node.value(i), ident)
+            is_dir = await self._leaf_has_under(key + b"/", node, prefix)
+        result = (found, is_dir)
         self.store.lookups[known] = result
         return result
 
@@ -456,10 +461,9 @@ class OcdbtSource:
             return self._dir()
         if _path_problem(path):
             return None
-        key = self._key(path)
-        if await self._has_under(key + b"/"):
+        found, is_dir = await self._entry(self._key(path))
+        if is_dir:
             return self._dir()
-        found = await self._get(key)
         return self._stat(found) if found is not None else None
 
     async def stat_dir(self, path: str) -> ObjectStat | None:
@@ -486,7 +490,7 @@ class OcdbtSource:
                     break
                 if name is None:
                     continue
-                if await self._is_dir_too(found, leaf, prefix):
+                if await self._leaf_has_under(found.key + b"/", leaf, prefix, skip=True):
                     log_once(log, f"ocdbt:{self.store.description}:shadow", "%s: key %r is also a directory; "
                              "the directory is shown (further such keys are not logged)",
                              self.store.description, found.key[:200])
@@ -497,8 +501,8 @@ class OcdbtSource:
             start = restart
 
     async def _value(self, path: str) -> Value:
-        found = await self._get(self._key(path)) if not _path_problem(path) else None
-        if found is None:
+        found, is_dir = await self._entry(self._key(path)) if not _path_problem(path) else (None, False)
+        if found is None or is_dir:
             raise SourceError(f"{self.description}: no key {path!r}")
         return found.value
 
