@@ -6,6 +6,7 @@ version; an HTTP base; `inspect` listing the versions."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.support.ocdbt import ts_keys, ts_versions, ts_zarr, write_precomputed, write_zarr, written
 from unshardfs.testing.http_servers import DatasetServer
-from unshardfs.testing.mounts import run_cli
+from unshardfs.testing.mounts import force_unmount, run_cli
 
 ts = pytest.importorskip("tensorstore")
 
@@ -168,3 +169,16 @@ def test_served_over_http_with_versions(zarr_db):
             spec = {"driver": "zarr3", "kvstore": f"{url}/{path}"}
             np.testing.assert_array_equal(ts.open(spec, read=True).result().read().result(),
                                           ts_zarr(f"file://{zarr_db}/", version), err_msg=path)
+
+
+def test_a_mountpoint_inside_the_database_is_refused(zarr_db, tmp_path):
+    """The mount would read itself: a database names its data files anywhere beneath its directory."""
+    db = tmp_path / "db"
+    shutil.copytree(zarr_db, db)
+    (db / "sub").mkdir()
+    try:
+        result = run_cli("mount", f"{db}|ocdbt:|zarr3:", str(db / "sub"), "--log-file", str(tmp_path / "log"))
+        assert result.returncode != 0 and "lies inside the source" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not os.path.ismount(db / "sub")
+    finally:
+        force_unmount(db / "sub")

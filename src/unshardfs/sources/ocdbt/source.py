@@ -344,6 +344,9 @@ class OcdbtSource:
                  owns_inner: bool = True) -> None:
         self.store = store
         self.owns_inner = owns_inner  # a version opened beside another leaves the shared base open
+        # The base, for whoever walks a source stack (the mount's check that it never reads itself: the
+        # data file paths a database names may lie anywhere beneath its directory).
+        self.inner = store.inner
         self.version = version
         self.prefix = prefix.encode()
         self.pinned = pinned  # the pipeline named this version (no other versions are shown beside it)
