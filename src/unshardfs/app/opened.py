@@ -48,7 +48,7 @@ class OpenedSource:
         options = options or {}
         spec = parse_source(url)
         remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or DataLimits()
-        source = await open_spec(spec, lambda base: open_source(base, remote), limits)
+        source = await open_spec(spec, lambda base: open_source(base, remote), limits, options.get("icechunk"))
         return await cls.over(source, spec.format, options, caches)
 
     @classmethod

@@ -10,6 +10,7 @@ from unshardfs.core.fetch import FetchPolicy
 from unshardfs.core.registry import add_format_options, given_options, index_levels
 from unshardfs.sources import RemoteOptions
 from unshardfs.sources.http import HttpOptions
+from unshardfs.sources.icechunk import IcechunkOptions
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.maps import MiB
 
@@ -49,6 +50,10 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--coalesce-gap", type=int, default=fetch.max_gap // 1024, metavar="KiB",
                         help="chunks at most this far apart in a shard are read in one request (default "
                              "%(default)s)")
+    remote.add_argument("--icechunk-virtual", dest="icechunk_virtual", action="append", default=[], metavar="PREFIX",
+                        help="read Icechunk virtual chunk references under this URL prefix (s3://bucket/data/, "
+                             "file:///data/); repeatable. Without it only references inside the repository are "
+                             "read, every other one fails (EIO)")
     limits = DataLimits()
     bounds = parser.add_argument_group("bounds on untrusted data")
     bounds.add_argument("--max-index-size", type=int, default=limits.index_bytes // MiB, metavar="MiB",
@@ -98,4 +103,5 @@ def format_options(args: argparse.Namespace) -> dict:
     limits = DataLimits(index_bytes=max(1, args.max_index_size) * MiB, payload_bytes=max(1, args.max_payload_size) * MiB,
                     metadata_bytes=max(1, args.max_metadata_size) * MiB,
                     metadata_values=max(1, args.max_metadata_values))
-    return {"remote": remote, "policy": policy, "limits": limits, "formats": given_options(args)}
+    icechunk = IcechunkOptions(tuple(getattr(args, "icechunk_virtual", None) or ()))
+    return {"remote": remote, "policy": policy, "limits": limits, "formats": given_options(args), "icechunk": icechunk}

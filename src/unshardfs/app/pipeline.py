@@ -1,6 +1,6 @@
 """SOURCE as Neuroglancer and TensorStore name it: a URL pipeline.
 
-    BASE[|zip:[PATH]][|ocdbt:[@VERSION/][PATH]][|FORMAT:]
+    BASE[|zip:[PATH]][|ocdbt:[@VERSION/][PATH]|icechunk:[@REF/][PATH]][|FORMAT:[PATH]]
 
 BASE is a path or a file://, http(s)://, gs:// or s3:// URL (optionally
 with an old-style format prefix, `precomputed://gs://...`); `zip:` reads
@@ -8,12 +8,18 @@ BASE as a ZIP archive and shows its members under PATH (default: all of
 them); `ocdbt:` reads the directory before it as a TensorStore OCDBT
 database and shows the keys under PATH of one version: the newest, or
 VERSION (`v12`, a generation number, or `2024-12-31T10:23:45Z`, the newest
-version committed by then); FORMAT is one of `neuroglancer-precomputed:`,
-`zarr3:`, `zarr2:`, `zarr:` (Neuroglancer's names). A BASE ending in `.ozx`
-or `.zip` is read as an archive without `|zip:`, and a directory holding
-`manifest.ocdbt` as an OCDBT database without `|ocdbt:` (as Neuroglancer
-detects it). Pipeline parts we do not read (`n5:`, `icechunk:`, ...) are a
-one-line error naming the part.
+version committed by then); `icechunk:` reads the directory before it as an
+Icechunk repository and shows the Zarr v3 hierarchy under PATH of one
+snapshot: branch main's, or REF's (`branch.NAME`, `tag.NAME` or a snapshot
+id); FORMAT is one of `neuroglancer-precomputed:`, `zarr3:`, `zarr2:`,
+`zarr:` (Neuroglancer's names); a PATH after it is allowed after
+`icechunk:` (`|icechunk:|zarr3:path/to/array/`, as Neuroglancer writes it)
+and joins the repository path. A BASE ending in `.ozx` or `.zip` is read as
+an archive without `|zip:`, a directory holding `manifest.ocdbt` as an OCDBT
+database without `|ocdbt:`, and one holding `refs/branch.main/ref.json` as an
+Icechunk repository without `|icechunk:` (as Neuroglancer detects them).
+Pipeline parts we do not read (`n5:`, `gzip:`, ...) are a one-line error
+naming the part.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from unshardfs.sources.base import ByteSource
+from unshardfs.sources.icechunk.source import IcechunkOptions
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.limits import DataLimits
 
@@ -31,15 +38,24 @@ from unshardfs.util.limits import DataLimits
 FORMATS = {"neuroglancer-precomputed": "precomputed", "precomputed": "precomputed", "zarr3": "zarr",
            "zarr2": "zarr", "zarr": "zarr"}
 # Parts Neuroglancer/TensorStore know that we do not read, with what they are (for the error).
-KNOWN = {"icechunk": "Icechunk kvstore", "gzip": "gzip kvstore adapter",
+KNOWN = {"gzip": "gzip kvstore adapter",
          "byte_range": "byte_range kvstore adapter", "n5": "N5 format", "tiff": "TIFF format"}
 ARCHIVE_SUFFIXES = (".ozx", ".zip")
 OCDBT_MANIFEST = "manifest.ocdbt"
+ICECHUNK_MAIN = "refs/branch.main/ref.json"
 
 
 @dataclass(frozen=True)
 class OcdbtPart:
     """`ocdbt:[@VERSION/][PATH]`: which version (None: the newest) and which key prefix."""
+
+    version: str | None
+    path: str
+
+
+@dataclass(frozen=True)
+class IcechunkPart:
+    """`icechunk:[@REF/][PATH]`: which ref (None: branch main) and which node path."""
 
     version: str | None
     path: str
@@ -53,6 +69,7 @@ class SourceSpec:
     zip_path: str | None  # None: not an archive; "" its root; "seg" a directory inside
     format: str | None  # a format plug-in name, or None to detect
     ocdbt: OcdbtPart | None = None  # None: detected (a `manifest.ocdbt` at the root) or not a database
+    icechunk: IcechunkPart | None = None  # None: detected (branch main's ref at the root) or not a repository
 
 
 def parse_source(url: str) -> SourceSpec:
@@ -65,6 +82,7 @@ def parse_source(url: str) -> SourceSpec:
         raise ConfigError(f"{url!r}: no source before the first '|'")
     zip_path: str | None = None
     ocdbt: OcdbtPart | None = None
+    icechunk: IcechunkPart | None = None
     for i, part in enumerate(parts):
         scheme, colon, rest = part.partition(":")
         last = i == len(parts) - 1
@@ -73,15 +91,25 @@ def parse_source(url: str) -> SourceSpec:
         if scheme == "zip":
             if zip_path is not None:
                 raise ConfigError(f"pipeline part {part!r}: a zip inside a zip is not supported")
-            if ocdbt is not None:
-                raise ConfigError(f"pipeline part {part!r}: a zip inside an OCDBT database is not supported")
+            if ocdbt is not None or icechunk is not None:
+                raise ConfigError(f"pipeline part {part!r}: a zip inside a versioned store is not supported")
             zip_path = rest
         elif scheme == "ocdbt":
-            if ocdbt is not None:
-                raise ConfigError(f"pipeline part {part!r}: an OCDBT database inside another is not supported")
+            if ocdbt is not None or icechunk is not None:
+                raise ConfigError(f"pipeline part {part!r}: an OCDBT database inside a versioned store is not "
+                                  f"supported")
             ocdbt = _ocdbt_part(part, rest)
+        elif scheme == "icechunk":
+            if ocdbt is not None or icechunk is not None:
+                raise ConfigError(f"pipeline part {part!r}: an Icechunk repository inside a versioned store is "
+                                  f"not supported")
+            icechunk = _icechunk_part(part, rest)
         elif scheme in FORMATS:
-            if rest.strip("/"):
+            if icechunk is not None and rest.strip("/") and last:
+                # Neuroglancer writes the array's path after the format: `|icechunk:|zarr3:path/to/array/`.
+                sub = _decoded(part, rest)
+                icechunk = IcechunkPart(icechunk.version, f"{icechunk.path.rstrip('/')}/{sub}".lstrip("/"))
+            elif rest.strip("/"):
                 raise ConfigError(f"pipeline part {part!r}: a path after the format is not supported "
                                   f"(put it in the base URL, zip:PATH or ocdbt:PATH)")
             if not last:
@@ -92,11 +120,12 @@ def parse_source(url: str) -> SourceSpec:
         else:
             what = KNOWN.get(scheme)
             detail = f" ({what})" if what else ""
-            raise ConfigError(f"pipeline part '{scheme}:'{detail} is not supported; unshardfs reads zip:, ocdbt: and the "
+            raise ConfigError(f"pipeline part '{scheme}:'{detail} is not supported; unshardfs reads zip:, ocdbt:, "
+                              f"icechunk: and the "
                               f"formats {', '.join(p + ':' for p in ('neuroglancer-precomputed', 'zarr3', 'zarr2', 'zarr'))}")
     if zip_path is None and _is_archive_name(base):
         zip_path = ""
-    return SourceSpec(base, zip_path, named, ocdbt)
+    return SourceSpec(base, zip_path, named, ocdbt, icechunk)
 
 
 def _ocdbt_part(part: str, rest: str) -> OcdbtPart:
@@ -108,6 +137,27 @@ def _ocdbt_part(part: str, rest: str) -> OcdbtPart:
             raise ConfigError(f"pipeline part {part!r}: '@' names no version (vN or YYYY-MM-DDThh:mm:ssZ)")
     path = urllib.parse.unquote(rest, errors="strict") if "%" in rest else rest
     return OcdbtPart(version, path)
+
+
+def _decoded(part: str, text: str) -> str:
+    try:
+        return urllib.parse.unquote(text, errors="strict") if "%" in text else text
+    except UnicodeDecodeError:
+        raise ConfigError(f"pipeline part {part!r}: a percent-encoded path that is not UTF-8") from None
+
+
+def _icechunk_part(part: str, rest: str) -> IcechunkPart:
+    """`[@REF/][PATH]` as Neuroglancer parses it: REF up to the first '/' (a branch or tag name in it
+    percent-decoded), PATH percent-decoded."""
+    version: str | None = None
+    if rest.startswith("@"):
+        version, _, rest = rest[1:].partition("/")
+        kind, dot, name = version.partition(".")
+        if dot and kind in ("branch", "tag"):
+            version = f"{kind}.{_decoded(part, name)}"
+        if not version:
+            raise ConfigError(f"pipeline part {part!r}: '@' names no ref (branch.NAME, tag.NAME or a snapshot id)")
+    return IcechunkPart(version, _decoded(part, rest))
 
 
 def _is_archive_name(base: str) -> bool:
@@ -136,11 +186,22 @@ def split_archive(base: str) -> tuple[str, str]:
 
 
 async def open_spec(spec: SourceSpec, open_base: Callable[[str], ByteSource],
-                    limits: DataLimits | None = None) -> ByteSource:
+                    limits: DataLimits | None = None, icechunk: IcechunkOptions | None = None) -> ByteSource:
     """The byte source of `spec`: `open_base(url)` opens a path or URL; an archive is read through `ZipSource`,
-    a database (named, or found by its `manifest.ocdbt`) through `OcdbtSource`."""
+    a database (named, or found by its `manifest.ocdbt`) through `OcdbtSource`, a repository (named, or found
+    by branch main's ref) through `IcechunkSource` (`icechunk`: how its virtual references are read)."""
     source = await _open_archive(spec, open_base, limits)
     try:
+        ice = spec.icechunk
+        if ice is None and spec.ocdbt is None and spec.format in (None, "zarr") and await _exists(source, ICECHUNK_MAIN):
+            ice = IcechunkPart(None, "")
+        if ice is not None:
+            from unshardfs.sources.icechunk import open_icechunk
+
+            url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
+            return await open_icechunk(source, "", ice.path, ice.version, limits, description=f"{url}|icechunk:",
+                                       url=None if spec.zip_path is not None else _as_url(spec.base),
+                                       options=icechunk, open_url=open_base)
         part = spec.ocdbt
         if part is None and spec.format is None and await _is_ocdbt(source):
             part = OcdbtPart(None, "")
@@ -155,10 +216,23 @@ async def open_spec(spec: SourceSpec, open_base: Callable[[str], ByteSource],
         raise
 
 
+def _as_url(base: str) -> str:
+    """BASE as the URL a virtual reference into it would name (`file:///abs/path` for a local path)."""
+    scheme, sep, rest = base.partition("://")
+    if sep and scheme != "file":
+        return base
+    return "file://" + os.path.abspath(os.path.expanduser(rest if sep else base))
+
+
 async def _is_ocdbt(source: ByteSource) -> bool:
     """Whether the root holds an OCDBT manifest (a missing one, or one the store will not show, is not)."""
+    return await _exists(source, OCDBT_MANIFEST)
+
+
+async def _exists(source: ByteSource, path: str) -> bool:
+    """Whether `path` is a file of `source` (a missing one, or one the store will not show, is not)."""
     try:
-        st = await source.stat(OCDBT_MANIFEST)
+        st = await source.stat(path)
     except (SourceError, DataError):
         return False
     return st is not None and not st.is_dir

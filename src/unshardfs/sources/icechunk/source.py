@@ -1,0 +1,549 @@
+"""An Icechunk repository as a byte source: one snapshot's Zarr v3 hierarchy as keys.
+
+`IcechunkStore` reads a repository found under a prefix of another byte
+source (local, http(s), gs, s3, or a zip member tree): refs when a version is
+named, each snapshot and manifest with one read of its object, decoded once
+and kept in a byte-bounded cache (concurrent askers of a cold object share
+one fetch). `IcechunkSource` shows one snapshot as Icechunk's own Zarr store
+shows it: `zarr.json` of every group and array (the metadata as the writer
+stored it) and chunk keys `c/I/J/...` of every chunk an array's manifests
+hold. A chunk read is one ranged read of the chunk object (`chunks/ID`, at
+the reference's offset), a slice of the manifest for an inline chunk, or a
+ranged read of the object a virtual reference names, where that location is
+allowed: inside the repository, or under a prefix the user allowed
+(`IcechunkOptions.virtual_prefixes`); any other virtual reference fails with
+EIO (logged once), nothing outside fetched.
+
+A source shows the snapshot it was opened with: snapshots and manifests are
+never rewritten, so nothing read through it goes stale; a newer commit on a
+branch is seen by opening the repository again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import builtins
+import logging
+import re
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, VersionInfo, name_problem,
+                                    normalize_path)
+from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, ChunkRef, Manifest,
+                                               Node, RepoConfig, Snapshot, decode_config, decode_id,
+                                               decode_object, decode_ref, decode_snapshot, encode_id)
+from unshardfs.util.errors import ConfigError, DataError, SourceError
+from unshardfs.util.flight import Flights
+from unshardfs.util.limits import DataLimits
+from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import CountedLRU
+
+log = logging.getLogger(__name__)
+
+OBJECT_CACHE = 64 << 20  # decoded snapshots and manifests of one repository
+MAX_VERSIONS = 10_000  # snapshots listed as version directories (the newest of each ref's history first)
+MAX_REFS = 10_000  # branches and tags listed
+CONFIG_BYTES = 1 << 20
+REF_NAME = re.compile(r"(branch|tag)\.([^/\0]{1,255})\Z")
+SNAPSHOT_NAME = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}\Z")
+# Icechunk 0.x kept a branch as numbered ref files, the newest first in name order.
+NUMBERED_REF = re.compile(r"[0-9A-HJKMNP-TV-Z]{8}\.json\Z")
+COORD = re.compile(r"(0|[1-9][0-9]{0,9})\Z")
+
+
+@dataclass(frozen=True)
+class IcechunkOptions:
+    """How a repository is read. `virtual_prefixes`: URL prefixes (`s3://bucket/data/`, `file:///data/`)
+    virtual chunk references may be read from besides the repository itself; every other virtual reference
+    fails (EIO). Opening one is `open_url`'s job (the front end's way to open a base URL)."""
+
+    virtual_prefixes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RefSpec:
+    """A version as Neuroglancer names it: `branch.NAME`, `tag.NAME` or a snapshot id."""
+
+    kind: str  # "branch", "tag" or "snapshot"
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> "RefSpec":
+        m = REF_NAME.match(text)
+        if m:
+            if name_problem(m.group(2)) is not None:
+                raise ConfigError(f"Icechunk ref {text!r}: {name_problem(m.group(2))}")
+            return cls(m.group(1), m.group(2))
+        if SNAPSHOT_NAME.match(text):
+            return cls("snapshot", text)
+        raise ConfigError(f"Icechunk version {text!r} is neither branch.NAME, tag.NAME nor a snapshot id "
+                          f"(20 characters of Crockford base 32)")
+
+    def __str__(self) -> str:
+        return self.name if self.kind == "snapshot" else f"{self.kind}.{self.name}"
+
+
+class IcechunkStore:
+    """One repository: under `root` (a '/'-terminated prefix of `inner`, or '')."""
+
+    def __init__(self, inner: ByteSource, root: str = "", limits: DataLimits | None = None,
+                 description: str | None = None, url: str | None = None, options: IcechunkOptions | None = None,
+                 open_url: Callable[[str], ByteSource] | None = None, cache: int = OBJECT_CACHE) -> None:
+        self.inner = inner
+        self.root = root
+        self.limits = limits or DataLimits()
+        self.description = description or f"{inner.description.rstrip('/')}/{root}".rstrip("/") + "|icechunk:"
+        # The repository's own URL, '/'-terminated: virtual references under it are read through `inner`.
+        self.url = url.rstrip("/") + "/" if url else None
+        self.options = options or IcechunkOptions()
+        self.open_url = open_url
+        self.objects = CountedLRU(cache)
+        self.flights = Flights()
+        self.config: RepoConfig | None = None
+        self._outside: dict[str, ByteSource] = {}
+        self.counters = {"ref_reads": 0, "snapshot_reads": 0, "manifest_reads": 0, "object_bytes": 0,
+                         "chunk_reads": 0, "chunk_bytes": 0, "virtual_refused": 0}
+
+    # -- refs ------------------------------------------------------------------------
+
+    async def _small(self, path: str, limit: int) -> bytes | None:
+        st = await self.inner.stat(self.root + path)
+        if st is None or st.is_dir:
+            return None
+        if st.size > limit:
+            raise DataError(self.description + path, f"{st.size:,} bytes, more than {limit:,} (not this file)")
+        data = await self.inner.read(self.root + path, 0, st.size, st.version)
+        if len(data) != st.size:
+            raise DataError(self.description + path, f"{len(data):,} bytes read of {st.size:,} (truncated)")
+        return data
+
+    async def resolve(self, ref: RefSpec) -> bytes | None:
+        """The snapshot id `ref` names, or None when the ref does not exist (DataError when it is damaged)."""
+        if ref.kind == "snapshot":
+            return decode_id(ref.name)
+        folder = f"refs/{ref.kind}.{ref.name}/"
+        data = await self._small(folder + "ref.json", 4096)
+        if data is None and ref.kind == "branch" and self.inner.listable:
+            numbered = [name async for name, st in self.inner.list(self.root + folder.rstrip("/"))
+                        if NUMBERED_REF.match(name) and not st.is_dir]
+            if numbered:
+                data = await self._small(folder + min(numbered), 4096)
+        self.counters["ref_reads"] += 1
+        return None if data is None else decode_ref(data, self.description + folder)
+
+    async def refs(self) -> list[RefSpec]:
+        """Every branch and tag (branch main alone where the base cannot list)."""
+        if not self.inner.listable:
+            return [RefSpec("branch", "main")]
+        found: list[RefSpec] = []
+        async for name, st in self.inner.list(self.root + "refs"):
+            m = REF_NAME.match(name)
+            if m and st.is_dir and name_problem(m.group(2)) is None:
+                found.append(RefSpec(m.group(1), m.group(2)))
+                if len(found) >= MAX_REFS:
+                    log_once(log, f"icechunk:{self.description}:refs", "%s: more than %s branches and tags; "
+                             "only the first are listed", self.description, f"{MAX_REFS:,}")
+                    break
+        return sorted(found, key=lambda r: (r.kind != "branch", r.name))
+
+    async def read_config(self) -> RepoConfig | None:
+        """`config.yaml`, when the repository has one (read once)."""
+        if self.config is None:
+            data = await self._small("config.yaml", CONFIG_BYTES)
+            if data is None:
+                return None
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(self.description + "config.yaml", "not UTF-8") from None
+            self.config = decode_config(text, self.description + "config.yaml")
+        return self.config
+
+    # -- snapshots and manifests -------------------------------------------------------
+
+    async def _object(self, folder: str, raw_id: bytes, file_type: int) -> bytes:
+        path = f"{folder}/{encode_id(raw_id)}"
+        where = self.description + path
+        st = await self.inner.stat(self.root + path)
+        if st is None or st.is_dir:
+            raise DataError(where, "missing (the repository names an object it does not hold)")
+        self.limits.check_index(st.size, where, int(self.objects.maxsize))
+        data = await self.inner.read_index(self.root + path, 0, st.size, st.version)
+        self.counters["snapshot_reads" if file_type == FILE_SNAPSHOT else "manifest_reads"] += 1
+        self.counters["object_bytes"] += len(data)
+        if len(data) != st.size:
+            raise DataError(where, f"{len(data):,} bytes read of {st.size:,} (truncated)")
+        # The decoded body is bounded like the object: a zstd bomb stops there.
+        return decode_object(data, where, file_type, min(self.limits.index_bytes, int(self.objects.maxsize)))
+
+    async def snapshot(self, raw_id: bytes) -> Snapshot:
+        async def load() -> Snapshot:
+            body = await self._object("snapshots", raw_id, FILE_SNAPSHOT)
+            found = decode_snapshot(body, self.description + "snapshots/" + encode_id(raw_id), raw_id)
+            for line in found.skipped[:20]:
+                log_once(log, f"icechunk:{self.description}:{line}", "%s snapshot %s: %s (not shown)",
+                         self.description, found.name, line)
+            return found
+
+        snapshot: Snapshot = await self.flights.cached(self.objects, ("s", raw_id), load)
+        return snapshot
+
+    async def manifest(self, raw_id: bytes) -> Manifest:
+        async def load() -> Manifest:
+            body = await self._object("manifests", raw_id, FILE_MANIFEST)
+            return Manifest(body, self.description + "manifests/" + encode_id(raw_id), raw_id)
+
+        manifest: Manifest = await self.flights.cached(self.objects, ("m", raw_id), load)
+        return manifest
+
+    async def history(self, start: bytes, seen: dict[bytes, Snapshot]) -> None:
+        """`start` and its ancestors into `seen` (each snapshot read once; a parent chain that loops or
+        exceeds `MAX_VERSIONS` stops there)."""
+        current: bytes | None = start
+        while current is not None and current not in seen:
+            if len(seen) >= MAX_VERSIONS:
+                log_once(log, f"icechunk:{self.description}:versions", "%s: more than %s snapshots; older ones "
+                         "are not listed (still readable by id)", self.description, f"{MAX_VERSIONS:,}")
+                return
+            snapshot = await self.snapshot(current)
+            seen[current] = snapshot
+            current = snapshot.parent
+
+    # -- chunk bytes ----------------------------------------------------------------
+
+    async def read_chunk(self, ref: ChunkRef, where: str, offset: int, size: int, index: bool) -> bytes:
+        size = max(0, min(size, ref.size - offset))
+        if ref.data is not None:
+            return ref.data[offset:offset + size]
+        if size == 0:
+            return b""
+        if ref.chunk_id is not None:
+            source, path = self.inner, f"{self.root}chunks/{encode_id(ref.chunk_id)}"
+        else:
+            assert ref.location is not None
+            source, path = await self._virtual(ref.location, where)
+        read = source.read_index if index else source.read
+        data = await read(path, ref.offset + offset, size)
+        self.counters["chunk_reads"] += 1
+        self.counters["chunk_bytes"] += len(data)
+        if len(data) != size:
+            raise DataError(where, f"the chunk's object {path} ends inside the chunk (truncated)")
+        return data
+
+    async def _virtual(self, location: str, where: str) -> tuple[ByteSource, str]:
+        """The source and path a virtual reference's location may be read through; DataError (logged once
+        by the front end, EIO) when the location is outside every allowed place."""
+        if self.url is not None and location.startswith(self.url):
+            rest = _inside(location[len(self.url):])
+            if rest is not None:
+                return self.inner, self.root + rest
+        for prefix in self.options.virtual_prefixes:
+            base = prefix.rstrip("/") + "/"
+            if location.startswith(base) and self.open_url is not None:
+                rest = _inside(location[len(base):])
+                if rest is None:
+                    break
+                source = self._outside.get(base)
+                if source is None:
+                    source = self._outside[base] = self.open_url(base)
+                return source, rest
+        self.counters["virtual_refused"] += 1
+        raise DataError(where, f"virtual reference to {location[:300]!r}, outside the repository and every allowed "
+                               f"location (allow a prefix with --icechunk-virtual PREFIX)")
+
+    async def aclose(self) -> None:
+        for source in self._outside.values():
+            await source.aclose()
+        self._outside.clear()
+
+
+def _inside(rest: str) -> str | None:
+    """`rest` (the part of a location after an allowed prefix) as a path that stays under it, or None."""
+    if "\0" in rest or "?" in rest or "#" in rest or "\\" in rest:
+        return None
+    try:
+        path = normalize_path(rest)
+    except ConfigError:
+        return None
+    return path or None
+
+
+def _coords(segments: list[str]) -> tuple[int, ...] | None:
+    """Chunk coordinates as Icechunk's store names them (decimal, no sign or leading zeros), or None."""
+    if not all(COORD.match(s) for s in segments):
+        return None
+    values = tuple(int(s) for s in segments)
+    return values if all(v < 1 << 32 for v in values) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkKey:
+    node: Node
+    coords: tuple[int, ...]  # all of them (a chunk) or the first few (a directory of chunk keys)
+
+
+class IcechunkSource:
+    """The keys of one snapshot of `store` under `prefix` (a '/'-terminated path, or '') as paths.
+
+    Implements the `VersionedSource` capability too: `versions()` and `open_version(name)` answer for the
+    whole repository (the same store, so every version shares its object cache)."""
+
+    listable = True
+
+    def __init__(self, store: IcechunkStore, snapshot: Snapshot, prefix: str = "", pinned: bool = False,
+                 owns_inner: bool = True, label: str | None = None, current: RefSpec | None = None) -> None:
+        self.store = store
+        self.snapshot = snapshot
+        self.prefix = prefix
+        self.pinned = pinned
+        self.owns_inner = owns_inner
+        self.current = current  # the ref the root shows (its version directory is marked latest)
+        self.remote = store.inner.remote
+        self.index_cache: IndexCache | None = store.inner.index_cache
+        shown = f"@{label}/" if pinned and label else ""
+        self.description = f"{store.description}{shown}{prefix}"
+        # Directories of the node tree: path -> child names (groups, arrays, and the directories between).
+        self.dirs: dict[str, set[str]] = {"": set()}
+        for path in snapshot.nodes:
+            while path:
+                parent, _, name = path.rpartition("/")
+                self.dirs.setdefault(parent, set()).add(name)
+                self.dirs.setdefault(path, set())
+                path = parent
+
+    # -- paths --------------------------------------------------------------------
+
+    def _full(self, path: str) -> str | None:
+        if path and any(name_problem(s) is not None for s in path.split("/")):
+            return None
+        return (self.prefix + path).rstrip("/")
+
+    def _chunk_key(self, full: str) -> ChunkKey | None:
+        """The array and chunk coordinates `full` names (None: not under an array's `c/`)."""
+        segments = full.split("/")
+        for k in range(len(segments) - 1, -1, -1):
+            if segments[k] != "c":
+                continue
+            node = self.snapshot.nodes.get("/".join(segments[:k]))
+            if node is None or node.array is None:
+                continue
+            coords = _coords(segments[k + 1:])
+            if coords is None or len(coords) > len(node.array.shape):
+                return None
+            return ChunkKey(node, coords)
+        return None
+
+    async def _find(self, key: ChunkKey) -> ChunkRef | None:
+        node = key.node
+        assert node.array is not None
+        for ref in node.array.manifests:
+            if ref.covers(key.coords):
+                found = (await self.store.manifest(ref.id)).find(node.id, key.coords)
+                if found is not None:
+                    return found
+        return None
+
+    async def _children(self, key: ChunkKey) -> builtins.list[tuple[int, bool]]:
+        """The next coordinate after `key.coords` of every chunk under it, sorted, and whether it is a
+        chunk (the last dimension) or a directory."""
+        node = key.node
+        assert node.array is not None
+        depth = len(key.coords)
+        last = depth + 1 == len(node.array.shape)
+        found: set[int] = set()
+        for ref in node.array.manifests:
+            if not all(lo <= c < hi for c, (lo, hi) in zip(key.coords, ref.extents)):
+                continue
+            manifest = await self.store.manifest(ref.id)
+            start = key.coords
+            while True:
+                nxt = next(manifest.refs_from(node.id, start), None)
+                if nxt is None or nxt.index[:depth] != key.coords or len(nxt.index) != len(node.array.shape):
+                    break
+                value = nxt.index[depth]
+                found.add(value)
+                if last:
+                    # every chunk of this row, in order
+                    for ref_ in manifest.refs_from(node.id, nxt.index):
+                        if ref_.index[:depth] != key.coords:
+                            break
+                        found.add(ref_.index[depth])
+                    break
+                start = (*key.coords, value + 1)
+        return [(v, last) for v in sorted(found)]
+
+    def _dir(self) -> ObjectStat:
+        return ObjectStat(0, self.snapshot.time_ns, True, ())
+
+    def _file(self, size: int, ident: tuple) -> ObjectStat:
+        return ObjectStat(size, self.snapshot.time_ns, False, ("icechunk", *ident))
+
+    async def stat(self, path: str) -> ObjectStat | None:
+        full = self._full(path)
+        if full is None:
+            return None
+        if full in self.dirs:
+            return self._dir()
+        parent, _, name = full.rpartition("/")
+        if name == "zarr.json":
+            node = self.snapshot.nodes.get(parent)
+            if node is not None:
+                return self._file(len(node.zarr_json), (self.snapshot.id, parent))
+        if name == "c":
+            node = self.snapshot.nodes.get(parent)
+            if node is not None and node.array is not None and node.array.shape:
+                return self._dir() if node.array.manifests else None
+        key = self._chunk_key(full)
+        if key is None:
+            return None
+        assert key.node.array is not None
+        if len(key.coords) == len(key.node.array.shape):
+            ref = await self._find(key)
+            if ref is None:
+                return None
+            return self._file(ref.size, (self.snapshot.id, key.node.id, key.coords))
+        return self._dir() if await self._children(key) else None
+
+    async def stat_dir(self, path: str) -> ObjectStat | None:
+        st = await self.stat(path)
+        return st if st is not None and st.is_dir else None
+
+    async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
+        full = self._full(path)
+        if full is None:
+            return
+        if full in self.dirs:
+            node = self.snapshot.nodes.get(full)
+            names = set(self.dirs[full])
+            if node is not None:
+                yield "zarr.json", self._file(len(node.zarr_json), (self.snapshot.id, full))
+                if node.array is not None and node.array.shape and node.array.manifests:
+                    names.discard("c")
+                    yield "c", self._dir()
+            for name in sorted(names):
+                yield name, self._dir()
+            return
+        key = self._chunk_key(full)
+        if key is None:
+            if full.endswith("/c") or full == "c":
+                node = self.snapshot.nodes.get(full[:-2].rstrip("/"))
+                if node is not None and node.array is not None and node.array.shape:
+                    key = ChunkKey(node, ())
+            if key is None:
+                return
+        for value, is_chunk in await self._children(key):
+            if is_chunk:
+                coords = (*key.coords, value)
+                ref = await self._find(ChunkKey(key.node, coords))
+                if ref is not None:
+                    yield str(value), self._file(ref.size, (self.snapshot.id, key.node.id, coords))
+            else:
+                yield str(value), self._dir()
+
+    async def _read(self, path: str, offset: int, size: int, index: bool) -> bytes:
+        full = self._full(path)
+        if full is not None:
+            parent, _, name = full.rpartition("/")
+            node = self.snapshot.nodes.get(parent) if name == "zarr.json" else None
+            if node is not None:
+                return node.zarr_json[offset:offset + max(size, 0)]
+            key = self._chunk_key(full)
+            if key is not None and key.node.array is not None and len(key.coords) == len(key.node.array.shape):
+                ref = await self._find(key)
+                if ref is not None:
+                    return await self.store.read_chunk(ref, f"{self.description}{path}", offset, size, index)
+        raise SourceError(f"{self.description}: no key {path!r}")
+
+    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self._read(path, offset, size, False)
+
+    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+        return await self._read(path, offset, size, True)
+
+    async def aclose(self) -> None:
+        if self.owns_inner:
+            await self.store.aclose()
+            await self.store.inner.aclose()
+
+    def stats(self) -> dict[str, object]:
+        objects = self.store.objects
+        return {**self.store.inner.stats(), "icechunk": {
+            **self.store.counters, "object_cache_bytes": int(objects.currsize), "object_cache_entries": len(objects),
+            "object_cache_hits": objects.hits, "object_cache_misses": objects.misses}}
+
+    # -- the VersionedSource capability -------------------------------------------
+
+    async def versions(self) -> builtins.list[VersionInfo]:
+        """Every branch and tag (`branch.NAME`, `tag.NAME`), then every snapshot in their histories (by
+        id), oldest first within each group; a ref that is damaged or names a missing snapshot is left out
+        (logged once)."""
+        store = self.store
+        named: list[tuple[RefSpec, Snapshot]] = []
+        seen: dict[bytes, Snapshot] = {}
+        for ref in await store.refs():
+            try:
+                raw = await store.resolve(ref)
+                if raw is None:
+                    continue
+                await store.history(raw, seen)
+                named.append((ref, seen[raw]))
+            except (DataError, SourceError) as e:
+                log_once(log, f"icechunk:{store.description}:ref:{ref}", "%s: %s is not shown: %s",
+                         store.description, ref, e)
+        current = self.current or RefSpec("branch", "main")
+        out = [_info(str(ref), snap, ref == current) for ref, snap in named]
+        out += [_info(snap.name, snap, False) for snap in sorted(seen.values(), key=lambda s: s.flushed_at_us)]
+        return out
+
+    async def open_version(self, name: str) -> ByteSource | None:
+        """The source of version `name` (`branch.NAME`, `tag.NAME`, a snapshot id) over the same path, or
+        None when there is none."""
+        try:
+            ref = RefSpec.parse(name)
+            raw = await self.store.resolve(ref)
+            if raw is None:
+                return None
+            snapshot = await self.store.snapshot(raw)
+        except (ConfigError, DataError, SourceError):
+            return None
+        return IcechunkSource(self.store, snapshot, self.prefix, pinned=True, owns_inner=False, label=name)
+
+
+def _info(name: str, snapshot: Snapshot, latest: bool) -> VersionInfo:
+    entries = len(snapshot.nodes) + sum(f.chunk_refs for f in snapshot.manifest_files)
+    return VersionInfo(name, snapshot.time_ns, entries, sum(f.size for f in snapshot.manifest_files), latest)
+
+
+async def open_icechunk(inner: ByteSource, root: str, path: str, version: str | None, limits: DataLimits | None,
+                        description: str | None = None, url: str | None = None,
+                        options: IcechunkOptions | None = None,
+                        open_url: Callable[[str], ByteSource] | None = None) -> IcechunkSource:
+    """The source `BASE|icechunk:[@REF/][PATH]` names: the repository under `root` of `inner`, at the
+    snapshot REF names (branch main without one). ConfigError (one line) when there is no repository,
+    the ref does not exist, or its snapshot cannot be read."""
+    prefix = path.strip("/")
+    if prefix and any(name_problem(s) is not None for s in prefix.split("/")):
+        raise ConfigError(f"icechunk:{path}: a path of empty, '.' or '..' segments is not allowed")
+    ref = RefSpec.parse(version) if version is not None else RefSpec("branch", "main")
+    store = IcechunkStore(inner, root, limits, description, url, options, open_url)
+    try:
+        raw = await store.resolve(ref)
+        if raw is None:
+            what = "no branch main (not an Icechunk repository)" if version is None else f"no {ref}"
+            raise ConfigError(f"{store.description}: {what} under {inner.description}"
+                              f"{'/' + root if root else ''}")
+        snapshot = await store.snapshot(raw)
+    except DataError as e:
+        raise ConfigError(f"{store.description}@{ref}: {e.reason} ({e.where})") from None
+    except SourceError as e:
+        raise ConfigError(f"{store.description}@{ref}: {e}") from None
+    try:
+        await store.read_config()
+    except (DataError, SourceError) as e:
+        log_once(log, f"icechunk:{store.description}:config", "%s: config.yaml ignored: %s", store.description, e)
+    return IcechunkSource(store, snapshot, prefix + "/" if prefix else "", pinned=version is not None,
+                          label=str(ref) if version is not None else None, current=ref)
+
+
+__all__ = ["IcechunkOptions", "IcechunkSource", "IcechunkStore", "RefSpec", "open_icechunk"]
