@@ -583,11 +583,24 @@ class RepoConfig:
 
 def decode_config(text: str, where: str) -> RepoConfig:
     """The parts of `config.yaml` a reader uses. It is YAML written by the writer's serializer: a mapping of
-    plain settings; anything not a mapping is damage."""
+    plain settings (a container's object store is tagged with its kind, `!s3`, `!local_file_system`: read
+    as the plain value it tags); anything not a mapping is damage. Safe loading only: no tag constructs
+    an object."""
     import yaml  # a runtime dependency of the icechunk layer only
 
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def untagged(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> object:
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node)
+        return loader.construct_scalar(node)
+
+    Loader.add_multi_constructor("!", untagged)
     try:
-        doc = yaml.safe_load(text) if text.strip() else {}
+        doc = yaml.load(text, Loader=Loader) if text.strip() else {}  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         raise DataError(where, f"not YAML: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if doc is None:
@@ -605,5 +618,5 @@ def decode_config(text: str, where: str) -> RepoConfig:
         prefix = value.get("url_prefix") if isinstance(value, dict) else None
         if not isinstance(prefix, str):
             raise DataError(where, f"virtual chunk container {str(key)[:100]!r} has no url_prefix")
-        containers.append(VirtualContainer(str(value.get("name", key)), prefix))
+        containers.append(VirtualContainer(str(value.get("name") or key), prefix))
     return RepoConfig(threshold, tuple(containers))

@@ -1,0 +1,263 @@
+"""Icechunk repositories written by the `icechunk` package, read back through `IcechunkSource` byte for byte
+against icechunk's own reads of every version (branches, tags, snapshots), over a local, an HTTP and a zip
+base; native, inline and virtual chunks; the pipeline syntax as Neuroglancer writes it; one fetch per
+object, shared by concurrent readers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.support.icechunk_repos import Written, needs_icechunk, write_repo
+from unshardfs.app.pipeline import IcechunkPart, open_spec, parse_source
+from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
+from unshardfs.sources.base import ByteSource, VersionedSource
+from unshardfs.sources.icechunk import IcechunkOptions, IcechunkSource, RefSpec, open_icechunk
+from unshardfs.sources.icechunk.format import decode_id, encode_id
+from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.util.errors import ConfigError, DataError
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Written:
+    return write_repo(tmp_path_factory.mktemp("icechunk"))
+
+
+OUTSIDE = ("virt/c/0/0", "virt/c/1/0")  # virtual references into the directory beside the repository
+INSIDE = "virt/c/2/0"  # a virtual reference to an object inside the repository
+
+
+def _without(keys: dict[str, bytes], *refused: str) -> dict[str, bytes]:
+    return {k: v for k, v in keys.items() if k not in refused}
+
+
+async def _contents(source: ByteSource, path: str = "", refused: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every file under `path` by listing, each read whole (in two pieces, to exercise ranged reads); the
+    `refused` ones (listed, but failing their reads) left out."""
+    out: dict[str, bytes] = {}
+    async for name, st in source.list(path):
+        child = f"{path}/{name}" if path else name
+        assert await source.stat(child) == st, child
+        if st.is_dir:
+            out.update(await _contents(source, child, refused))
+        elif child in refused:
+            with pytest.raises(DataError, match="outside the repository and every allowed location"):
+                await source.read(child, 0, st.size)
+        else:
+            half = st.size // 2
+            data = await source.read(child, 0, half) + await source.read(child, half, st.size - half + 100)
+            assert len(data) == st.size, child
+            out[child] = data
+    return out
+
+
+def _allowed(repo: Written) -> IcechunkOptions:
+    return IcechunkOptions((f"file://{repo.external}/",))
+
+
+def _open(url: str, options: IcechunkOptions | None = None) -> ByteSource:
+    async def main() -> ByteSource:
+        return await open_spec(parse_source(url), lambda base: open_source(base, RemoteOptions()), None, options)
+    return trio.run(main)
+
+
+def _read_all(url: str, options: IcechunkOptions | None = None, refused: tuple[str, ...] = ()) -> dict[str, bytes]:
+    async def main() -> dict[str, bytes]:
+        source = await open_spec(parse_source(url), lambda base: open_source(base, RemoteOptions()), None, options)
+        try:
+            assert isinstance(source, IcechunkSource)
+            return await _contents(source, "", refused)
+        finally:
+            await source.aclose()
+    return trio.run(main)
+
+
+def test_id_names_round_trip():
+    raw = bytes(range(12))
+    assert decode_id(encode_id(raw)) == raw and len(encode_id(raw)) == 20
+    assert decode_id("1CECHNKREP0F1RSTCMT0") is not None  # the id of every repository's first snapshot
+    for bad in ("1CECHNKREP0F1RSTCMT", "1CECHNKREP0F1RSTCMTU", "1cechnkrep0f1rstcmt0", "ZZZZZZZZZZZZZZZZZZZZ"):
+        assert decode_id(bad) is None, bad
+
+
+@needs_icechunk
+def test_every_version_matches_icechunk(repo):
+    versions = repo.versions
+    assert {"branch.main", "branch.dev", "tag.v1"} <= set(versions) and len(versions) >= 8
+    for name in versions:
+        expected = repo.keys(name)
+        shown = _read_all(f"{repo.root}|icechunk:@{name}/|zarr3:", _allowed(repo))
+        assert shown == expected, name
+    assert _read_all(str(repo.root), _allowed(repo)) == repo.keys("branch.main")
+    # the kinds of chunk the repository holds, as the writer stored them
+    assert (repo.root / "chunks").is_dir() and "coords/c/0" in repo.keys("branch.main")
+
+
+@needs_icechunk
+def test_virtual_references_outside_the_repository_are_refused_by_default(repo, caplog):
+    async def main() -> None:
+        source = await open_icechunk(LocalSource(str(repo.root)), "", "", None, None, url=f"file://{repo.root}")
+        try:
+            # inside the repository: read through the base
+            assert await source.read(INSIDE, 0, 100) == b"3456789a"
+            for key in OUTSIDE:
+                assert (await source.stat(key)).size == 8
+                with pytest.raises(DataError, match="outside the repository"):
+                    await source.read(key, 0, 8)
+            assert source.stats()["icechunk"]["virtual_refused"] == 2
+        finally:
+            await source.aclose()
+    trio.run(main)
+
+
+@needs_icechunk
+def test_versions_listed_with_times(repo):
+    async def main() -> None:
+        source = await open_icechunk(LocalSource(str(repo.root)), "", "", None, None, url=f"file://{repo.root}")
+        assert isinstance(source, VersionedSource) and not source.pinned
+        listed = await source.versions()
+        names = [v.name for v in listed]
+        assert set(names) == set(repo.versions)
+        assert names[:3] == ["branch.dev", "branch.main", "tag.v1"]
+        by_name = {v.name: v for v in listed}
+        assert [v.name for v in listed if v.latest] == ["branch.main"]
+        for name, snapshot in repo.versions.items():
+            assert by_name[name].time_ns == by_name[snapshot].time_ns
+        snapshots = [v for v in listed if "." not in v.name]
+        assert snapshots[0].name == "1CECHNKREP0F1RSTCMT0" and snapshots[0].entries == 0
+        assert [v.time_ns for v in snapshots] == sorted(v.time_ns for v in snapshots)
+        tagged = await source.open_version("tag.v1")
+        assert isinstance(tagged, IcechunkSource) and tagged.pinned
+        assert await _contents(tagged, "", OUTSIDE) == _without(repo.keys("tag.v1"), *OUTSIDE)
+        assert await source.open_version("branch.nope") is None and await source.open_version("..") is None
+        assert await source.open_version("tag.nope") is None
+        await source.aclose()
+    trio.run(main)
+
+
+@needs_icechunk
+def test_a_path_shows_the_nodes_under_it(repo):
+    expected = {k[len("deep/"):]: v for k, v in repo.keys("branch.main").items() if k.startswith("deep/")}
+    assert _read_all(f"{repo.root}|icechunk:deep/|zarr3:") == expected
+    # as Neuroglancer writes it: the array's path after the format
+    assert _read_all(f"{repo.root}/|icechunk:|zarr3:deep/") == expected
+    assert _read_all(f"{repo.root}/|icechunk:@tag.v1/|zarr3:deep/er/") == {
+        k[len("deep/er/"):]: v for k, v in repo.keys("tag.v1").items() if k.startswith("deep/er/")}
+
+
+@needs_icechunk
+def test_over_http_without_listing(repo):
+    """A plain HTTP server cannot list: branch main (its ref is a known name) and every snapshot in its
+    history show; branches and tags other than main are named only when asked for."""
+    with DatasetServer(repo.root.parent) as srv:
+        url = f"{srv.url}/{repo.root.name}/"
+        options = IcechunkOptions((f"{srv.url}/{repo.external.name}/",))
+        # every virtual reference names a file:// location, neither under the repository's URL nor an allowed
+        # prefix here: refused
+        shown = _read_all(f"{url}|icechunk:|zarr3:", options, (*OUTSIDE, INSIDE))
+        assert shown == _without(repo.keys("branch.main"), *OUTSIDE, INSIDE)
+        assert _read_all(f"{url}|icechunk:@tag.v1/|zarr3:coords/") == {
+            k[len("coords/"):]: v for k, v in repo.keys("tag.v1").items() if k.startswith("coords/")}
+
+        async def versions() -> list[str]:
+            source = await open_spec(parse_source(url + "|icechunk:"), lambda b: open_source(b, RemoteOptions()))
+            assert isinstance(source, IcechunkSource)
+            try:
+                return [v.name for v in await source.versions()]
+            finally:
+                await source.aclose()
+        names = trio.run(versions)
+        assert names[0] == "branch.main" and "tag.v1" not in names and repo.versions["branch.main"] in names
+
+
+@needs_icechunk
+def test_inside_a_zip_archive(repo, tmp_path):
+    from unshardfs.testing.zips import zip_tree
+
+    archive = zip_tree(repo.root, tmp_path / "x.zip", comment=b"", under="repo/")
+    # a zip has no URL a virtual reference could name: every one is refused
+    shown = _read_all(f"{archive}|zip:repo/|icechunk:@branch.dev/|zarr3:", None, (*OUTSIDE, INSIDE))
+    assert shown == _without(repo.keys("branch.dev"), *OUTSIDE, INSIDE)
+
+
+@needs_icechunk
+def test_one_fetch_per_object_shared_by_concurrent_readers(repo):
+    """Reading every chunk of every array, many at once: each snapshot and manifest is fetched once."""
+    async def main() -> None:
+        counted = CountingSource(LocalSource(str(repo.root)))
+        source = await open_icechunk(counted, "", "", None, None)
+        keys = [k for k in repo.keys("branch.main") if "/c/" in k and not k.startswith("virt/")]
+        async with trio.open_nursery() as nursery:
+            for key in keys * 3:
+                nursery.start_soon(source.read, key, 0, 1 << 20)
+        stats = source.stats()["icechunk"]
+        assert stats["snapshot_reads"] == 1
+        manifests = {p.name for p in (repo.root / "manifests").iterdir()}
+        assert 1 <= stats["manifest_reads"] <= len(manifests)
+        used = stats["manifest_reads"]
+        for key in keys:
+            await source.read(key, 0, 10)
+        assert source.stats()["icechunk"]["manifest_reads"] == used
+        await source.aclose()
+    trio.run(main)
+
+
+@pytest.mark.parametrize("url, base, part, fmt", [
+    ("gs://bucket/path/to/repo.zarr.icechunk/|icechunk:|zarr3:path/to/array/", "gs://bucket/path/to/repo.zarr.icechunk/",
+     IcechunkPart(None, "path/to/array/"), "zarr"),
+    ("gs://b/repo/|icechunk:@branch.other/|zarr3:path/to/array/", "gs://b/repo/",
+     IcechunkPart("branch.other", "path/to/array/"), "zarr"),
+    ("gs://b/repo/|icechunk:@tag.v5/|zarr3:", "gs://b/repo/", IcechunkPart("tag.v5", ""), "zarr"),
+    ("gs://b/repo/|icechunk:@4N0217AZA4VNPYD0HR0G/|zarr3:a/", "gs://b/repo/",
+     IcechunkPart("4N0217AZA4VNPYD0HR0G", "a/"), "zarr"),
+    ("s3://b/repo/|icechunk:@branch.main/x/y/", "s3://b/repo/", IcechunkPart("branch.main", "x/y/"), None),
+    ("s3://b/repo/|icechunk:@branch.a%2Fb/a%40b/", "s3://b/repo/", IcechunkPart("branch.a/b", "a@b/"), None),
+    ("s3://b/repo/|icechunk:p/|zarr3:q/", "s3://b/repo/", IcechunkPart(None, "p/q/"), "zarr"),
+])
+def test_pipeline_syntax(url, base, part, fmt):
+    spec = parse_source(url)
+    assert (spec.base, spec.zip_path, spec.icechunk, spec.format) == (base, None, part, fmt)
+
+
+@pytest.mark.parametrize("url, error", [
+    ("gs://b/r/|icechunk:|icechunk:", "inside a versioned store"),
+    ("gs://b/r/|icechunk:|zip:", "zip inside a versioned store"),
+    ("gs://b/r/|icechunk:|ocdbt:", "inside a versioned store"),
+    ("gs://b/r/|icechunk:@/x", "names no ref"),
+])
+def test_pipeline_refusals(url, error):
+    with pytest.raises(ConfigError, match=error):
+        parse_source(url)
+
+
+@pytest.mark.parametrize("version", ["main", "branch.", "tag.a/b", "branch..", "1cechnkrep0f1rstcmt0", "v3"])
+def test_bad_ref_names_are_one_line(version):
+    with pytest.raises(ConfigError, match="Icechunk"):
+        RefSpec.parse(version)
+
+
+@needs_icechunk
+def test_a_repository_is_detected_by_branch_mains_ref(repo, tmp_path):
+    detected = _open(str(repo.root))
+    assert isinstance(detected, IcechunkSource) and not detected.pinned
+    trio.run(detected.aclose)
+    named = _open(f"{repo.root}|icechunk:@tag.v1/")
+    assert isinstance(named, IcechunkSource) and named.pinned
+    assert encode_id(named.snapshot.id) == repo.versions["tag.v1"]
+    trio.run(named.aclose)
+    plain = _open(str(repo.root / "refs"))
+    assert not isinstance(plain, IcechunkSource)
+    trio.run(plain.aclose)
+    for url, message in ((f"{repo.root / 'refs'}|icechunk:", "no branch main"),
+                         (f"{repo.root}|icechunk:@tag.nope/", "no tag.nope"),
+                         (f"{repo.root}|icechunk:@branch.x%00y/", "Icechunk version")):
+        with pytest.raises(ConfigError, match=message):
+            _open(url)
+    copy = tmp_path / "copy"
+    shutil.copytree(repo.root, copy)
+    (copy / "refs" / "branch.main" / "ref.json").unlink()
+    with pytest.raises(ConfigError, match="no branch main"):
+        _open(f"{copy}|icechunk:")

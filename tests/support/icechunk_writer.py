@@ -1,0 +1,139 @@
+"""Writes Icechunk repositories and dumps icechunk's own reads of them (run by .venv-icechunk/bin/python, as
+its own process: the icechunk package pins its own zarr-python).
+
+    icechunk_writer.py write ROOT EXTERNAL   a repository of several commits, a branch and a tag
+    icechunk_writer.py dump ROOT OUT         OUT/versions.json; OUT/<version>/keys.json (key -> hex bytes)
+                                             and OUT/<version>/<array path>.npy, for every version
+
+The repository: a root group (attributes), `img` (uint16, random: native chunks), `coords` (inline chunks),
+`seg` (a sharded Zarr v3 array: each shard is one chunk object), a nested `deep/er/arr`, and `virt`, whose
+chunks are virtual references into EXTERNAL/data.bin (one more points inside the repository). Commits on
+main: create; overwrite a region and add `tiny`; delete `tiny` and rewrite part of `seg`. Tag `v1` names
+the second commit; branch `dev` starts at the first and has a commit of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import icechunk
+import numpy as np
+import zarr
+import zarr.errors
+from zarr.core.buffer import default_buffer_prototype
+
+
+def _repo(root: str, external: str, create: bool) -> icechunk.Repository:
+    """The repository with two virtual chunk containers: EXTERNAL (outside it) and the repository itself."""
+    config = icechunk.RepositoryConfig.default()
+    config.inline_chunk_threshold_bytes = 64
+    places = {f"file://{external}/": external, f"file://{root}/": root}
+    for prefix, path in places.items():
+        config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, icechunk.local_filesystem_store(path)))
+    storage = icechunk.local_filesystem_storage(root)
+    credentials: dict[str, None] = dict.fromkeys(places)
+    opener = icechunk.Repository.create if create else icechunk.Repository.open
+    return opener(storage, config=config, authorize_virtual_chunk_access=credentials)
+
+
+def write(root: str, external: str) -> None:
+    os.makedirs(external, exist_ok=True)
+    with open(f"{external}/data.bin", "wb") as f:
+        f.write(bytes(range(256)) * 64)
+    repo = _repo(root, external, create=True)
+    with open(f"{root}/inside.bin", "wb") as f:  # an object inside the repository a virtual reference names
+        f.write(b"0123456789abcdefghij")
+    rng = np.random.default_rng(7)
+    s = repo.writable_session("main")
+    g = zarr.group(store=s.store, attributes={"title": "icechunk test", "n": 1})
+    img = g.create_array("img", shape=(96, 80), chunks=(32, 32), dtype="uint16", fill_value=0)
+    img[:] = rng.integers(0, 60000, size=(96, 80), dtype="uint16")
+    coords = g.create_array("coords", shape=(10,), chunks=(4,), dtype="int16", fill_value=0, compressors=None)
+    coords[:] = np.arange(10, dtype="int16")
+    seg = g.create_array("seg", shape=(64, 64, 32), chunks=(16, 16, 16), shards=(32, 32, 32), dtype="uint32",
+                         fill_value=0)
+    seg[:] = rng.integers(0, 50, size=(64, 64, 32), dtype="uint32")
+    deep = g.create_group("deep").create_group("er", attributes={"depth": 2})
+    deep.create_array("arr", shape=(5, 5), chunks=(5, 5), dtype="float32", fill_value=0)[:] = np.eye(5)
+    virt = g.create_array("virt", shape=(3, 8), chunks=(1, 8), dtype="uint8", fill_value=0, compressors=None)
+    s.store.set_virtual_ref("virt/c/0/0", f"file://{external}/data.bin", offset=16, length=8)
+    s.store.set_virtual_ref("virt/c/1/0", f"file://{external}/data.bin", offset=300, length=8)
+    s.store.set_virtual_ref("virt/c/2/0", f"file://{root}/inside.bin", offset=3, length=8)
+    assert virt.shape == (3, 8)
+    first = s.commit("create")
+
+    s = repo.writable_session("main")
+    g = zarr.open_group(store=s.store)
+    g["img"][10:50, 5:40] = 7
+    tiny = g.create_array("tiny", shape=(4,), chunks=(2,), dtype="uint8", fill_value=0)
+    tiny[:] = [1, 2, 3, 4]
+    second = s.commit("region and tiny")
+    repo.create_tag("v1", second)
+
+    s = repo.writable_session("main")
+    g = zarr.open_group(store=s.store)
+    del g["tiny"]
+    g["seg"][0:20, 0:40, 8:24] = 99
+    g.attrs["n"] = 3
+    s.commit("delete tiny, rewrite seg")
+
+    repo.create_branch("dev", first)
+    s = repo.writable_session("dev")
+    zarr.open_group(store=s.store)["img"][0:8, 0:8] = 1234
+    s.commit("dev work")
+
+
+async def _keys(store: icechunk.IcechunkStore) -> dict[str, str]:
+    out: dict[str, str] = {}
+    async for key in store.list():
+        buf = await store.get(key, prototype=default_buffer_prototype())
+        if buf is not None:
+            out[key] = buf.to_bytes().hex()
+    return out
+
+
+def dump(root: str, out: str, external: str) -> None:
+    repo = _repo(root, external, create=False)
+    versions: dict[str, str] = {}
+    for branch in sorted(repo.list_branches()):
+        versions[f"branch.{branch}"] = repo.lookup_branch(branch)
+    for tag in sorted(repo.list_tags()):
+        versions[f"tag.{tag}"] = repo.lookup_tag(tag)
+    for branch in sorted(repo.list_branches()):
+        for info in repo.ancestry(branch=branch):
+            versions[info.id] = info.id
+    with open(f"{out}/versions.json", "w") as f:
+        json.dump(versions, f)
+    for name, snapshot in versions.items():
+        store = repo.readonly_session(snapshot_id=snapshot).store
+        here = f"{out}/{name}"
+        os.makedirs(here, exist_ok=True)
+        with open(f"{here}/keys.json", "w") as f:
+            json.dump(asyncio.run(_keys(store)), f)
+        try:
+            group = zarr.open_group(store=store, mode="r")
+        except zarr.errors.GroupNotFoundError:  # the repository's first, empty snapshot
+            continue
+        for path, array in _arrays(group):
+            np.save(f"{here}/{path.replace('/', '.')}.npy", array[...])
+
+
+def _arrays(group: zarr.Group, prefix: str = "") -> list[tuple[str, zarr.Array]]:
+    found: list[tuple[str, zarr.Array]] = []
+    for name, member in group.members():
+        path = prefix + name
+        if isinstance(member, zarr.Array):
+            found.append((path, member))
+        else:
+            found += _arrays(member, path + "/")
+    return found
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "write":
+        write(sys.argv[2], sys.argv[3])
+    else:
+        dump(sys.argv[2], sys.argv[3], sys.argv[4])
