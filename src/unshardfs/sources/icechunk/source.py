@@ -75,7 +75,7 @@ class RefSpec:
             if name_problem(m.group(2)) is not None:
                 raise ConfigError(f"Icechunk ref {text!r}: {name_problem(m.group(2))}")
             return cls(m.group(1), m.group(2))
-        if SNAPSHOT_NAME.match(text):
+        if SNAPSHOT_NAME.match(text) and decode_id(text) is not None:
             return cls("snapshot", text)
         raise ConfigError(f"Icechunk version {text!r} is neither branch.NAME, tag.NAME nor a snapshot id "
                           f"(20 characters of Crockford base 32)")

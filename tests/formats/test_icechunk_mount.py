@@ -1,0 +1,138 @@
+"""Icechunk repositories written by the `icechunk` package, mounted: branch main's tree at the root and
+every branch, tag and snapshot as `@NAME/`, each read back through the mount against icechunk's own read
+of that version (every key byte for byte; the sharded array, shown unsharded, value for value); `diff -r`
+between versions; a pinned version; virtual references outside the repository failing alone; `inspect`
+listing the versions; `export` of a named version."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.icechunk_repos import Written, needs_icechunk, write_repo
+from unshardfs.testing.mounts import run_cli
+
+ts = pytest.importorskip("tensorstore")
+pytestmark = needs_icechunk
+
+OUTSIDE = ("virt/c/0/0", "virt/c/1/0")
+SHARDED = "seg"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Written:
+    return write_repo(tmp_path_factory.mktemp("icechunk"))
+
+
+def _allow(repo: Written) -> tuple[str, str]:
+    return ("--icechunk-virtual", f"file://{repo.external}/")
+
+
+def _zarr(path: Path) -> np.ndarray:
+    array = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}, read=True).result()
+    assert "sharding_indexed" not in str(array.codec.to_json())
+    return array.read().result()
+
+
+def _check_version(here: Path, repo: Written, version: str) -> int:
+    """Every key icechunk serves for `version` is a file of the same bytes under `here` (the sharded array's
+    keys excepted: it is shown unsharded, and compared value for value); returns the keys compared."""
+    keys = repo.keys(version)
+    compared = 0
+    for key, value in keys.items():
+        if key.startswith(SHARDED + "/"):
+            continue
+        assert (here / key).read_bytes() == value, f"@{version}/{key}"
+        compared += 1
+    for path, values in repo.arrays(version).items():
+        if path == SHARDED:
+            np.testing.assert_array_equal(_zarr(here / path), values, err_msg=f"@{version}/{path}")
+    shown = {k for k in (str(p.relative_to(here)) for p in here.rglob("*") if p.is_file()) if not k.startswith("@")}
+    assert {k for k in shown if not k.startswith(SHARDED + "/")} == {k for k in keys if not k.startswith(SHARDED + "/")}
+    return compared
+
+
+def test_every_version_is_a_directory_matching_icechunk(repo, mount):
+    m = mount(repo.root, *_allow(repo))
+    names = sorted(os.listdir(m.path))
+    versions = repo.versions
+    assert [n for n in names if n.startswith("@")] == sorted(f"@{v}" for v in versions)
+    assert {"zarr.json", "img", "coords", "seg", "deep", "virt"} <= set(names)
+    assert _check_version(m.path, repo, "branch.main") >= 20
+    for name in versions:
+        if name != "1CECHNKREP0F1RSTCMT0":
+            assert _check_version(m.path / f"@{name}", repo, name) >= 10
+    assert os.listdir(m.path / "@1CECHNKREP0F1RSTCMT0") == []  # the repository's first commit is empty
+    # a version's directory is the tree that version shows at the root
+    main = m.path / "@branch.main"
+    assert subprocess.run(["diff", "-r", "-x", "@*", str(m.path), str(main)], capture_output=True,
+                          timeout=60).returncode == 0
+    # the tag and the snapshot it names are the same tree; main moved on from it
+    tagged = m.path / f"@{versions['tag.v1']}"
+    assert subprocess.run(["diff", "-r", str(m.path / "@tag.v1"), str(tagged)], capture_output=True,
+                          timeout=60).returncode == 0
+    diff = subprocess.run(["diff", "-rq", str(m.path / "@tag.v1"), str(main)], capture_output=True, text=True,
+                          timeout=60)
+    assert diff.returncode == 1 and "tiny" in diff.stdout and "seg/c/" in diff.stdout and "img" not in diff.stdout
+    # the version directories say which version they are
+    assert os.getxattr(m.path / "@tag.v1", "user.unshardfs.version") == b"tag.v1"
+
+
+def test_outside_virtual_references_fail_alone(repo, mount):
+    m = mount(repo.root)
+    for key in OUTSIDE:
+        assert (m.path / key).stat().st_size == 8
+        with pytest.raises(OSError) as info:
+            (m.path / key).read_bytes()
+        assert info.value.errno == errno.EIO
+    keys = repo.keys("branch.main")
+    assert (m.path / "virt/c/2/0").read_bytes() == keys["virt/c/2/0"]  # inside the repository
+    assert (m.path / "img/c/1/1").read_bytes() == keys["img/c/1/1"]  # the daemon is alive and exact
+    assert m.stats()  # the daemon answers
+    refused = [line for line in m.log_text().splitlines() if "outside the repository" in line]
+    assert 1 <= len(refused) <= 2 and all(len(line) < 1000 for line in refused)
+
+
+def test_a_pinned_version_shows_no_version_directories(repo, mount):
+    m = mount(f"{repo.root}|icechunk:@tag.v1/|zarr3:", *_allow(repo))
+    assert not [n for n in os.listdir(m.path) if n.startswith("@")]
+    assert _check_version(m.path, repo, "tag.v1") >= 20
+    m2 = mount(f"{repo.root}/|icechunk:@branch.dev/|zarr3:img/")
+    assert (m2.path / "zarr.json").read_bytes() == repo.keys("branch.dev")["img/zarr.json"]
+    np.testing.assert_array_equal(_zarr(m2.path), repo.arrays("branch.dev")["img"])
+
+
+def test_inspect_lists_the_versions(repo):
+    result = run_cli("inspect", str(repo.root))
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines() if line.strip().startswith("@")]
+    assert [line[0] for line in lines[:3]] == ["@branch.dev", "@branch.main", "@tag.v1"]
+    assert sorted(line[0][1:] for line in lines) == sorted(repo.versions)
+    main = next(line for line in lines if line[0] == "@branch.main")
+    assert main[-1] == "(current)" and main[1].endswith("Z")
+    assert "seg/" in result.stdout
+
+
+def test_wrong_versions_are_one_line_errors(repo):
+    for url, message in ((f"{repo.root}|icechunk:@tag.v9/", "no tag.v9"),
+                         (f"{repo.root}|icechunk:@yesterday/", "Icechunk version 'yesterday'"),
+                         (f"{repo.root}|icechunk:@A0000000000000000000/", "missing"),
+                         (f"{repo.root}|icechunk:@AAAAAAAAAAAAAAAAAAAA/", "nor a snapshot id"),
+                         (f"{repo.root / 'chunks'}|icechunk:", "no branch main")):
+        result = run_cli("inspect", url)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_export_writes_the_named_version_only(repo, tmp_path):
+    for url, dest, version in ((str(repo.root), tmp_path / "main", "branch.main"),
+                               (f"{repo.root}|icechunk:@tag.v1/", tmp_path / "v1", "tag.v1")):
+        result = run_cli("export", url, str(dest), "--quiet", *_allow(repo), timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert not [p for p in os.listdir(dest) if p.startswith("@")]
+        _check_version(dest, repo, version)
