@@ -344,9 +344,10 @@ class IcechunkSource:
                     return found
         return None
 
-    async def _children(self, key: ChunkKey) -> builtins.list[tuple[int, bool]]:
+    async def _children(self, key: ChunkKey, skip: bool = False) -> builtins.list[tuple[int, bool]]:
         """The next coordinate after `key.coords` of every chunk under it, sorted, and whether it is a
-        chunk (the last dimension) or a directory."""
+        chunk (the last dimension) or a directory. `skip`: a manifest that cannot be read is passed over
+        (logged once), for listings, which then show every chunk still readable; lookups fail instead."""
         node = key.node
         assert node.array is not None
         depth = len(key.coords)
@@ -355,7 +356,14 @@ class IcechunkSource:
         for ref in node.array.manifests:
             if not all(lo <= c < hi for c, (lo, hi) in zip(key.coords, ref.extents)):
                 continue
-            manifest = await self.store.manifest(ref.id)
+            try:
+                manifest = await self.store.manifest(ref.id)
+            except (DataError, SourceError) as e:
+                if not skip:
+                    raise
+                log_once(log, f"icechunk:{self.store.description}:skipped:{ref.id.hex()}", "%s: chunks of %r in "
+                         "manifest %s are not listed: %s", self.description, "/" + node.path, encode_id(ref.id), e)
+                continue
             start = key.coords
             while True:
                 nxt = next(manifest.refs_from(node.id, start), None)
@@ -432,10 +440,13 @@ class IcechunkSource:
                     key = ChunkKey(node, ())
             if key is None:
                 return
-        for value, is_chunk in await self._children(key):
+        for value, is_chunk in await self._children(key, skip=True):
             if is_chunk:
                 coords = (*key.coords, value)
-                ref = await self._find(ChunkKey(key.node, coords))
+                try:
+                    ref = await self._find(ChunkKey(key.node, coords))
+                except (DataError, SourceError):
+                    continue  # logged where it was passed over
                 if ref is not None:
                     yield str(value), self._file(ref.size, (self.snapshot.id, key.node.id, coords))
             else:
