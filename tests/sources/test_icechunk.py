@@ -261,3 +261,34 @@ def test_a_repository_is_detected_by_branch_mains_ref(repo, tmp_path):
     (copy / "refs" / "branch.main" / "ref.json").unlink()
     with pytest.raises(ConfigError, match="no branch main"):
         _open(f"{copy}|icechunk:")
+
+
+@needs_icechunk
+def test_first_chunk_read_costs_at_most_one_more_round_trip_than_sharded(repo, tmp_path):
+    """Over HTTP: opening costs the ref and the snapshot, one request each (a suffix range brings the size
+    with the bytes); the first chunk of the sharded array costs one request more than the same Zarr store
+    as plain objects (the manifest, then cached like a shard index); a second chunk costs the same."""
+    from unshardfs.testing.inprocess import opened, read_file, resolve
+
+    plain = tmp_path / "plain"
+    for key, value in repo.keys("branch.main").items():
+        (plain / key).parent.mkdir(parents=True, exist_ok=True)
+        (plain / key).write_bytes(value)
+    shutil.copytree(repo.root, tmp_path / "repo")
+
+    async def requests(url: str, srv: DatasetServer) -> tuple[int, int, int]:
+        srv.reset_log()
+        async with opened(url, "--no-read-ahead") as session:
+            at_open = len(srv.requests())
+            await read_file(await resolve(session.tree, "seg/c/0/0/0"))
+            after_first = len(srv.requests())
+            await read_file(await resolve(session.tree, "seg/c/1/0/0"))
+            return at_open, after_first - at_open, len(srv.requests()) - after_first
+
+    with DatasetServer(tmp_path) as srv:
+        sharded = trio.run(requests, f"{srv.url}/plain/|zarr3:", srv)
+        through = trio.run(requests, f"{srv.url}/repo/|icechunk:|zarr3:", srv)
+    # ref.json and the snapshot at open (every zarr.json is in the snapshot); then the manifest, the shard's
+    # index and the chunk (the shard's size comes from the manifest); then the next chunk alone
+    assert through == (2, 3, 1), (through, sharded)
+    assert through[1] <= sharded[1] + 1 and through[2] <= sharded[2], (through, sharded)

@@ -31,7 +31,7 @@ def test_local_directory_named_zip_is_a_directory(tmp_path):
 
 
 @pytest.mark.parametrize("source, words", [
-    ("gs://b/x|icechunk:", "'icechunk:' (Icechunk kvstore) is not supported"),
+    ("gs://b/x|gzip:", "'gzip:' (gzip kvstore adapter) is not supported"),
     ("gs://b/x.ozx|zip:|n5:", "'n5:' (N5 format) is not supported"),
     ("gs://b/x.zip|zip:|zip:", "a zip inside a zip"),
     ("gs://b/x.zip|zarr3:|zip:", "must be the last part"),

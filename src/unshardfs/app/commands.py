@@ -58,6 +58,9 @@ async def _inspect(args: argparse.Namespace) -> int:
                                    not versioned.pinned)
         except (DataError, SourceError) as e:
             lines.append(f"  versions      unreadable: {e}")
+        summary = getattr(versioned, "summary_lines", None)  # optional: what else the store says of itself
+        if summary is not None:
+            lines += await summary()
     await session.aclose()
     print(json.dumps(reports, indent=2) if args.json else format_report(reports, args.source, lines))
     return 0

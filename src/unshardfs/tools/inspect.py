@@ -35,8 +35,9 @@ def version_lines(versions: list[VersionInfo], store: str, shown: str, directori
     are directories of the mount."""
     where = "each a directory @NAME of the mount's root" if directories else f"@{shown} named: only it is shown"
     out = [f"  versions      {len(versions):,} in {store} ({where})"]
+    width = max([10, *(len(v.name) for v in versions)])
     for v in versions:
         mark = ("  (shown" + (", newest)" if v.latest else ")")) if v.name == shown else ("  (newest)" if v.latest
                                                                                             else "")
-        out.append(f"    @{v.name:<10} {v.time_text:<30}  {v.entries:>12,} keys  {v.size:>16,} bytes{mark}")
+        out.append(f"    @{v.name:<{width}} {v.time_text:<30}  {v.entries:>12,} keys  {v.size:>16,} bytes{mark}")
     return out

@@ -28,9 +28,9 @@ import re
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, VersionInfo, name_problem,
-                                    normalize_path)
-from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, ChunkRef, Manifest,
+from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem,
+                                    normalize_path, stat_and_tail)
+from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
                                                Node, RepoConfig, Snapshot, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
 from unshardfs.util.errors import ConfigError, DataError, SourceError
@@ -45,6 +45,7 @@ OBJECT_CACHE = 64 << 20  # decoded snapshots and manifests of one repository
 MAX_VERSIONS = 10_000  # snapshots listed as version directories (the newest of each ref's history first)
 MAX_REFS = 10_000  # branches and tags listed
 CONFIG_BYTES = 1 << 20
+FIRST_READ = 256 << 10  # read with the stat of a remote object: all of most snapshots and manifests
 REF_NAME = re.compile(r"(branch|tag)\.([^/\0]{1,255})\Z")
 SNAPSHOT_NAME = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}\Z")
 # Icechunk 0.x kept a branch as numbered ref files, the newest first in name order.
@@ -107,15 +108,30 @@ class IcechunkStore:
 
     # -- refs ------------------------------------------------------------------------
 
-    async def _small(self, path: str, limit: int) -> bytes | None:
-        st = await self.inner.stat(self.root + path)
+    async def _whole(self, path: str, limit: int, index: bool = False) -> bytes | None:
+        """The whole object at `path` (None when absent), at most `limit` bytes (DataError beyond). Over a
+        remote base without a disk cache, one request for an object of up to `FIRST_READ` bytes (a suffix
+        range states the size with the bytes); otherwise a stat, then a read."""
+        where = self.description + path
+        full = self.root + path
+        tail: bytes | None = None
+        if self.inner.remote and self.inner.index_cache is None:
+            st, tail = await stat_and_tail(self.inner, full, FIRST_READ)
+        else:
+            st = await self.inner.stat(full)
         if st is None or st.is_dir:
             return None
-        if st.size > limit:
-            raise DataError(self.description + path, f"{st.size:,} bytes, more than {limit:,} (not this file)")
-        data = await self.inner.read(self.root + path, 0, st.size, st.version)
+        if index:
+            self.limits.check_index(st.size, where, limit)
+        elif st.size > limit:
+            raise DataError(where, f"{st.size:,} bytes, more than {limit:,} (not this file)")
+        if tail is not None and len(tail) >= st.size:
+            data = tail[len(tail) - st.size:]
+        else:
+            read = self.inner.read_index if index else self.inner.read
+            data = await read(full, 0, st.size - len(tail or b""), st.version) + (tail or b"")
         if len(data) != st.size:
-            raise DataError(self.description + path, f"{len(data):,} bytes read of {st.size:,} (truncated)")
+            raise DataError(where, f"{len(data):,} bytes read of {st.size:,} (truncated)")
         return data
 
     async def resolve(self, ref: RefSpec) -> bytes | None:
@@ -123,12 +139,12 @@ class IcechunkStore:
         if ref.kind == "snapshot":
             return decode_id(ref.name)
         folder = f"refs/{ref.kind}.{ref.name}/"
-        data = await self._small(folder + "ref.json", 4096)
+        data = await self._whole(folder + "ref.json", MAX_REF_JSON)
         if data is None and ref.kind == "branch" and self.inner.listable:
             numbered = [name async for name, st in self.inner.list(self.root + folder.rstrip("/"))
                         if NUMBERED_REF.match(name) and not st.is_dir]
             if numbered:
-                data = await self._small(folder + min(numbered), 4096)
+                data = await self._whole(folder + min(numbered), MAX_REF_JSON)
         self.counters["ref_reads"] += 1
         return None if data is None else decode_ref(data, self.description + folder)
 
@@ -150,7 +166,7 @@ class IcechunkStore:
     async def read_config(self) -> RepoConfig | None:
         """`config.yaml`, when the repository has one (read once)."""
         if self.config is None:
-            data = await self._small("config.yaml", CONFIG_BYTES)
+            data = await self._whole("config.yaml", CONFIG_BYTES)
             if data is None:
                 return None
             try:
@@ -165,17 +181,14 @@ class IcechunkStore:
     async def _object(self, folder: str, raw_id: bytes, file_type: int) -> bytes:
         path = f"{folder}/{encode_id(raw_id)}"
         where = self.description + path
-        st = await self.inner.stat(self.root + path)
-        if st is None or st.is_dir:
+        cap = min(self.limits.index_bytes, int(self.objects.maxsize))
+        data = await self._whole(path, cap, index=True)
+        if data is None:
             raise DataError(where, "missing (the repository names an object it does not hold)")
-        self.limits.check_index(st.size, where, int(self.objects.maxsize))
-        data = await self.inner.read_index(self.root + path, 0, st.size, st.version)
         self.counters["snapshot_reads" if file_type == FILE_SNAPSHOT else "manifest_reads"] += 1
         self.counters["object_bytes"] += len(data)
-        if len(data) != st.size:
-            raise DataError(where, f"{len(data):,} bytes read of {st.size:,} (truncated)")
         # The decoded body is bounded like the object: a zstd bomb stops there.
-        return decode_object(data, where, file_type, min(self.limits.index_bytes, int(self.objects.maxsize)))
+        return decode_object(data, where, file_type, cap)
 
     async def snapshot(self, raw_id: bytes) -> Snapshot:
         async def load() -> Snapshot:
@@ -483,6 +496,33 @@ class IcechunkSource:
             **self.store.counters, "object_cache_bytes": int(objects.currsize), "object_cache_entries": len(objects),
             "object_cache_hits": objects.hits, "object_cache_misses": objects.misses}}
 
+    async def summary_lines(self) -> builtins.list[str]:
+        """What `inspect` says of the repository beyond its versions: the snapshot shown and the settings of
+        its `config.yaml` that concern readers (a damaged one is named, not fatal)."""
+        snap = self.snapshot
+        message = snap.message.replace("\n", " ")[:120]
+        out = [f"  icechunk      snapshot {snap.name} of {iso_time(snap.time_ns)} ({message!r}); spec version "
+               f"{', '.join(map(str, SPEC_VERSIONS))}; {len(snap.nodes):,} groups and arrays"]
+        try:
+            config = await self.store.read_config()
+        except (DataError, SourceError) as e:
+            return [*out, f"  config.yaml   unreadable: {e}"]
+        if config is not None:
+            if config.inline_chunk_threshold_bytes is not None:
+                out.append(f"  config.yaml   chunks of at most {config.inline_chunk_threshold_bytes:,} bytes are "
+                           f"stored inline")
+            allowed = self.store.options.virtual_prefixes
+            for c in config.containers:
+                prefix = c.url_prefix.rstrip("/") + "/"
+                if self.store.url is not None and prefix.startswith(self.store.url):
+                    state = "read (inside the repository)"
+                elif any(prefix.startswith(p.rstrip("/") + "/") for p in allowed):
+                    state = "read (allowed)"
+                else:
+                    state = "refused (allow with --icechunk-virtual)"
+                out.append(f"  virtual       chunks under {c.url_prefix}: {state}")
+        return out
+
     # -- the VersionedSource capability -------------------------------------------
 
     async def versions(self) -> builtins.list[VersionInfo]:
@@ -549,10 +589,6 @@ async def open_icechunk(inner: ByteSource, root: str, path: str, version: str | 
         raise ConfigError(f"{store.description}@{ref}: {e.reason} ({e.where})") from None
     except SourceError as e:
         raise ConfigError(f"{store.description}@{ref}: {e}") from None
-    try:
-        await store.read_config()
-    except (DataError, SourceError) as e:
-        log_once(log, f"icechunk:{store.description}:config", "%s: config.yaml ignored: %s", store.description, e)
     return IcechunkSource(store, snapshot, prefix + "/" if prefix else "", pinned=version is not None,
                           label=str(ref) if version is not None else None, current=ref)
 
