@@ -35,6 +35,8 @@ examples:
   unshardfs mount 'gs://bucket/img.ozx|zip:|zarr3:' /mnt/img  # inside a zip, as Neuroglancer names it (also a.zip)
   unshardfs mount gs://bucket/repo.ocdbt/ /mnt/repo   # TensorStore OCDBT: newest version, and @v1/ @v2/ ...
   unshardfs mount 'gs://bucket/repo/|ocdbt:@v10/seg/|zarr3:' /mnt/v10  # one version, as Neuroglancer names it
+  unshardfs mount gs://bucket/repo.icechunk/ /mnt/repo  # Icechunk: branch main, and @branch.X/ @tag.Y/ @SNAPSHOT/
+  unshardfs mount 'gs://bucket/repo/|icechunk:@tag.v1/|zarr3:seg/' /mnt/v1  # one ref, as Neuroglancer names it
   unshardfs unmount /mnt/fafb
   unshardfs serve /data/fafb-seg --port 8080      # the same tree over HTTP (CORS on), no FUSE needed
   unshardfs stats http://127.0.0.1:8080            # a server's live statistics
@@ -62,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                         "zarr3:// or zarr://; a zip archive as BASE|zip:[PATH]|FORMAT: (FORMAT: "
                         "neuroglancer-precomputed, zarr3, zarr2, zarr) or a path ending in .ozx/.zip; an OCDBT "
                         "database as BASE|ocdbt:[@vN/|@TIME/][PATH]|FORMAT: or a directory holding manifest.ocdbt "
-                        "(every version then shows as @vN/)")
+                        "(every version then shows as @vN/); an Icechunk repository as "
+                        "BASE|icechunk:[@branch.NAME/|@tag.NAME/|@SNAPSHOT/][PATH]|zarr3:[PATH] or a directory "
+                        "holding refs/branch.main/ref.json (branches, tags and snapshots then show as @NAME/)")
     m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached; log to stderr")
     m.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="OPT[,OPT...]",
