@@ -6,7 +6,8 @@ its own process: the icechunk package pins its own zarr-python).
                                              and OUT/<version>/<array path>.npy, for every version
 
 The repository: a root group (attributes), `img` (uint16, random: native chunks), `coords` (inline chunks),
-`seg` (a sharded Zarr v3 array: each shard is one chunk object), a nested `deep/er/arr`, and `virt`, whose
+`seg` (a sharded Zarr v3 array: each shard is one chunk object), `split` (its references in several
+manifests, split by chunk rows), a nested `deep/er/arr`, and `virt`, whose
 chunks are virtual references into EXTERNAL/data.bin (one more points inside the repository). Commits on
 main: create; overwrite a region and add `tiny`; delete `tiny` and rewrite part of `seg`. Tag `v1` names
 the second commit; branch `dev` starts at the first and has a commit of its own.
@@ -30,6 +31,9 @@ def _repo(root: str, external: str, create: bool) -> icechunk.Repository:
     """The repository with two virtual chunk containers: EXTERNAL (outside it) and the repository itself."""
     config = icechunk.RepositoryConfig.default()
     config.inline_chunk_threshold_bytes = 64
+    # `split`'s chunk references spread over one manifest per two chunk rows
+    config.manifest = icechunk.ManifestConfig(splitting=icechunk.ManifestSplittingConfig.from_dict(
+        {icechunk.ManifestSplitCondition.name_matches("split"): {icechunk.ManifestSplitDimCondition.Axis(0): 2}}))
     places = {f"file://{external}/": external, f"file://{root}/": root}
     for prefix, path in places.items():
         config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, icechunk.local_filesystem_store(path)))
@@ -56,6 +60,8 @@ def write(root: str, external: str) -> None:
     seg = g.create_array("seg", shape=(64, 64, 32), chunks=(16, 16, 16), shards=(32, 32, 32), dtype="uint32",
                          fill_value=0)
     seg[:] = rng.integers(0, 50, size=(64, 64, 32), dtype="uint32")
+    split = g.create_array("split", shape=(96, 80), chunks=(16, 32), dtype="uint16", fill_value=0)
+    split[:] = rng.integers(0, 60000, size=(96, 80), dtype="uint16")
     deep = g.create_group("deep").create_group("er", attributes={"depth": 2})
     deep.create_array("arr", shape=(5, 5), chunks=(5, 5), dtype="float32", fill_value=0)[:] = np.eye(5)
     virt = g.create_array("virt", shape=(3, 8), chunks=(1, 8), dtype="uint8", fill_value=0, compressors=None)
@@ -68,6 +74,7 @@ def write(root: str, external: str) -> None:
     s = repo.writable_session("main")
     g = zarr.open_group(store=s.store)
     g["img"][10:50, 5:40] = 7
+    g["split"][40:60, :] = 5
     tiny = g.create_array("tiny", shape=(4,), chunks=(2,), dtype="uint8", fill_value=0)
     tiny[:] = [1, 2, 3, 4]
     second = s.commit("region and tiny")
