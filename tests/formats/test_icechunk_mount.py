@@ -113,8 +113,11 @@ def test_inspect_lists_the_versions(repo):
     lines = [line.split() for line in result.stdout.splitlines() if line.strip().startswith("@")]
     assert [line[0] for line in lines[:3]] == ["@branch.dev", "@branch.main", "@tag.v1"]
     assert sorted(line[0][1:] for line in lines) == sorted(repo.versions)
-    main = next(line for line in lines if line[0] == "@branch.main")
-    assert main[-1] == "(current)" and main[1].endswith("Z")
+    marks = {line[0]: " ".join(line[6:]) for line in lines}
+    assert marks["@branch.main"] == "(shown)" and marks["@branch.dev"] == "(newest)"
+    assert all(line[1].endswith("Z") for line in lines)
+    pinned = run_cli("inspect", f"{repo.root}|icechunk:@tag.v1/")
+    assert pinned.returncode == 0 and "@tag.v1 named: only it is shown" in pinned.stdout, pinned.stderr
     assert "seg/" in result.stdout
 
 

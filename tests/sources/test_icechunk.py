@@ -150,7 +150,9 @@ def test_versions_listed_with_times(repo):
         assert set(names) == set(repo.versions)
         assert names[:3] == ["branch.dev", "branch.main", "tag.v1"]
         by_name = {v.name: v for v in listed}
-        assert [v.name for v in listed if v.latest] == ["branch.main"]
+        newest = max(v.time_ns for v in listed)
+        assert {v.name for v in listed if v.latest} == {"branch.dev", repo.versions["branch.dev"]}
+        assert by_name["branch.dev"].time_ns == newest and source.current == "branch.main"
         for name, snapshot in repo.versions.items():
             assert by_name[name].time_ns == by_name[snapshot].time_ns
         snapshots = [v for v in listed if "." not in v.name]

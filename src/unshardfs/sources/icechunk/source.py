@@ -305,13 +305,14 @@ class IcechunkSource:
     listable = True
 
     def __init__(self, store: IcechunkStore, snapshot: Snapshot, prefix: str = "", pinned: bool = False,
-                 owns_inner: bool = True, label: str | None = None, current: RefSpec | None = None) -> None:
+                 owns_inner: bool = True, label: str | None = None, ref: RefSpec | None = None) -> None:
         self.store = store
         self.snapshot = snapshot
         self.prefix = prefix
         self.pinned = pinned
         self.owns_inner = owns_inner
-        self.current = current  # the ref the root shows (its version directory is marked latest)
+        # the version this source is: the ref or snapshot id it was opened by (branch main by default)
+        self.ref = ref or RefSpec("branch", "main")
         self.remote = store.inner.remote
         self.index_cache: IndexCache | None = store.inner.index_cache
         shown = f"@{label}/" if pinned and label else ""
@@ -496,6 +497,11 @@ class IcechunkSource:
             **self.store.counters, "object_cache_bytes": int(objects.currsize), "object_cache_entries": len(objects),
             "object_cache_hits": objects.hits, "object_cache_misses": objects.misses}}
 
+    @property
+    def current(self) -> str:
+        """The `VersionInfo.name` of the version this source is (`branch.main`, `tag.v1`, a snapshot id)."""
+        return str(self.ref)
+
     async def summary_lines(self) -> builtins.list[str]:
         """What `inspect` says of the repository beyond its versions: the snapshot shown and the settings of
         its `config.yaml` that concern readers (a damaged one is named, not fatal)."""
@@ -527,8 +533,8 @@ class IcechunkSource:
 
     async def versions(self) -> builtins.list[VersionInfo]:
         """Every branch and tag (`branch.NAME`, `tag.NAME`), then every snapshot in their histories (by
-        id), oldest first within each group; a ref that is damaged or names a missing snapshot is left out
-        (logged once)."""
+        id), oldest first; `latest` marks the newest commit (and the refs naming it). A ref that is damaged
+        or names a missing snapshot is left out (logged once)."""
         store = self.store
         named: list[tuple[RefSpec, Snapshot]] = []
         seen: dict[bytes, Snapshot] = {}
@@ -542,9 +548,10 @@ class IcechunkSource:
             except (DataError, SourceError) as e:
                 log_once(log, f"icechunk:{store.description}:ref:{ref}", "%s: %s is not shown: %s",
                          store.description, ref, e)
-        current = self.current or RefSpec("branch", "main")
-        out = [_info(str(ref), snap, ref == current) for ref, snap in named]
-        out += [_info(snap.name, snap, False) for snap in sorted(seen.values(), key=lambda s: s.flushed_at_us)]
+        newest = max((s.flushed_at_us, s.id) for s in seen.values())[1] if seen else None
+        out = [_info(str(ref), snap, snap.id == newest) for ref, snap in named]
+        out += [_info(snap.name, snap, snap.id == newest)
+                for snap in sorted(seen.values(), key=lambda s: s.flushed_at_us)]
         return out
 
     async def open_version(self, name: str) -> ByteSource | None:
@@ -558,7 +565,7 @@ class IcechunkSource:
             snapshot = await self.store.snapshot(raw)
         except (ConfigError, DataError, SourceError):
             return None
-        return IcechunkSource(self.store, snapshot, self.prefix, pinned=True, owns_inner=False, label=name)
+        return IcechunkSource(self.store, snapshot, self.prefix, pinned=True, owns_inner=False, label=name, ref=ref)
 
 
 def _info(name: str, snapshot: Snapshot, latest: bool) -> VersionInfo:
@@ -590,7 +597,7 @@ async def open_icechunk(inner: ByteSource, root: str, path: str, version: str | 
     except SourceError as e:
         raise ConfigError(f"{store.description}@{ref}: {e}") from None
     return IcechunkSource(store, snapshot, prefix + "/" if prefix else "", pinned=version is not None,
-                          label=str(ref) if version is not None else None, current=ref)
+                          label=str(ref) if version is not None else None, ref=ref)
 
 
 __all__ = ["IcechunkOptions", "IcechunkSource", "IcechunkStore", "RefSpec", "open_icechunk"]
