@@ -252,9 +252,10 @@ def test_pipeline_syntax(url, base, part, fmt):
 
 
 @pytest.mark.parametrize("url, error", [
-    ("gs://b/r/|icechunk:|icechunk:", "inside a versioned store"),
-    ("gs://b/r/|icechunk:|zip:", "zip inside a versioned store"),
-    ("gs://b/r/|icechunk:|ocdbt:", "inside a versioned store"),
+    ("gs://b/r/|icechunk:|icechunk:", "Icechunk repository inside another"),
+    ("gs://b/r/|icechunk:|zip:", "zip inside an Icechunk repository"),
+    ("gs://b/r/|icechunk:|ocdbt:", "OCDBT database inside an Icechunk repository"),
+    ("gs://b/r/|ocdbt:|icechunk:", "Icechunk repository inside an OCDBT database"),
     ("gs://b/r/|icechunk:@/x", "names no ref"),
 ])
 def test_pipeline_refusals(url, error):

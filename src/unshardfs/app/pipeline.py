@@ -92,17 +92,17 @@ def parse_source(url: str) -> SourceSpec:
             if zip_path is not None:
                 raise ConfigError(f"pipeline part {part!r}: a zip inside a zip is not supported")
             if ocdbt is not None or icechunk is not None:
-                raise ConfigError(f"pipeline part {part!r}: a zip inside a versioned store is not supported")
+                raise ConfigError(f"pipeline part {part!r}: a zip inside {_store(ocdbt)} is not supported")
             zip_path = rest
         elif scheme == "ocdbt":
             if ocdbt is not None or icechunk is not None:
-                raise ConfigError(f"pipeline part {part!r}: an OCDBT database inside a versioned store is not "
-                                  f"supported")
+                inside = "another" if ocdbt is not None else _store(ocdbt)
+                raise ConfigError(f"pipeline part {part!r}: an OCDBT database inside {inside} is not supported")
             ocdbt = _ocdbt_part(part, rest)
         elif scheme == "icechunk":
             if ocdbt is not None or icechunk is not None:
-                raise ConfigError(f"pipeline part {part!r}: an Icechunk repository inside a versioned store is "
-                                  f"not supported")
+                inside = "another" if icechunk is not None else _store(ocdbt)
+                raise ConfigError(f"pipeline part {part!r}: an Icechunk repository inside {inside} is not supported")
             icechunk = _icechunk_part(part, rest)
         elif scheme in FORMATS:
             if icechunk is not None and rest.strip("/") and last:
@@ -137,6 +137,11 @@ def _ocdbt_part(part: str, rest: str) -> OcdbtPart:
             raise ConfigError(f"pipeline part {part!r}: '@' names no version (vN or YYYY-MM-DDThh:mm:ssZ)")
     path = urllib.parse.unquote(rest, errors="strict") if "%" in rest else rest
     return OcdbtPart(version, path)
+
+
+def _store(ocdbt: OcdbtPart | None) -> str:
+    """The versioned store a pipeline part would sit inside (the one already parsed)."""
+    return "an OCDBT database" if ocdbt is not None else "an Icechunk repository"
 
 
 def _decoded(part: str, text: str) -> str:
