@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.support.s3 import s3_endpoint  # noqa: F401 - a fixture
 from tests.support.served import served
 from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.trees import assert_same_tree, walk_files
@@ -243,16 +244,6 @@ def test_bad_archives_are_one_line_errors(tmp_path):
         result = run_cli("inspect", str(source))
         errors = [line for line in result.stderr.splitlines() if line.startswith("unshardfs:")]
         assert result.returncode != 0 and len(errors) == 1 and words in errors[0], result.stderr
-
-
-@pytest.fixture
-def s3_endpoint(monkeypatch):
-    from tests.support.s3 import CREDENTIALS, moto_s3
-
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    with moto_s3() as server:
-        yield server
 
 
 def test_remote_archives(archives, mount, s3_endpoint):

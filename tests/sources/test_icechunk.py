@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from tests.support.icechunk_repos import Written, needs_icechunk, write_repo
+from tests.support.s3 import s3_endpoint  # noqa: F401 - a fixture
 from unshardfs.app.pipeline import IcechunkPart, open_spec, parse_source
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource
@@ -322,16 +323,6 @@ def test_first_chunk_read_costs_at_most_one_more_round_trip_than_sharded(repo, t
     # index and the chunk (the shard's size comes from the manifest); then the next chunk alone
     assert through == (2, 3, 1), (through, sharded)
     assert through[1] <= sharded[1] + 1 and through[2] <= sharded[2], (through, sharded)
-
-
-@pytest.fixture
-def s3_endpoint(monkeypatch):
-    from tests.support.s3 import CREDENTIALS, moto_s3
-
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    with moto_s3() as server:
-        yield server
 
 
 @needs_icechunk

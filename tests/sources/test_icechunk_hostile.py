@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import tracemalloc
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import trio
 
-from tests.support.bombs import Bad, assert_contained, zstd_zeros
+from tests.support.bombs import Bad, assert_contained, traced, zstd_zeros
 from tests.support.icechunk_repos import HEADER, Written, body_of, needs_icechunk, reframe, write_repo
 from unshardfs.sources import CountingSource, LocalSource
 from unshardfs.sources.base import ByteSource
@@ -72,20 +71,6 @@ def _fails_at_open(root: Path, match: str, version: str | None = None) -> str:
 
 def _read(source: IcechunkSource, path: str, size: int = 1 << 20) -> bytes:
     return trio.run(source.read, path, 0, size)
-
-
-def _traced(main: Callable[[], object]) -> tuple[object, int]:
-    """(what `main` returned or raised, the peak bytes Python allocated while it ran)."""
-    tracemalloc.start()
-    try:
-        try:
-            result: object = trio.run(main)
-        except Exception as e:  # the caller checks which
-            result = e
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return result, peak
 
 
 def _huge_vector(body: bytes) -> bytes:
@@ -186,7 +171,7 @@ def test_zstd_bomb_manifest_stops_at_the_cap(repo):
             return await source.read("img/c/0/0", 0, 100)
         finally:
             await source.aclose()
-    result, peak = _traced(main)
+    result, peak = traced(main)
     assert isinstance(result, DataError) and "decodes to more than" in str(result)
     assert peak < 40 * MiB
 

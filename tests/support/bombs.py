@@ -21,7 +21,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 import numpy as np
 import zstandard
@@ -266,3 +266,21 @@ def assert_sigterm_unmounts(m: Mount, seconds: float = 10.0) -> None:
     while (os.path.ismount(m.path) or daemon_pids(m.path)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.ismount(m.path) and not daemon_pids(m.path), "SIGTERM did not unmount"
+
+
+def traced(main: Callable[[], Awaitable[object]]) -> tuple[object, int]:
+    """(what `trio.run(main)` returned or raised, the peak bytes Python allocated while it ran)."""
+    import tracemalloc
+
+    import trio
+
+    tracemalloc.start()
+    try:
+        try:
+            result: object = trio.run(main)
+        except Exception as e:  # the caller checks which
+            result = e
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return result, peak

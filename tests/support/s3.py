@@ -35,3 +35,13 @@ def upload(client: Any, bucket: str, root: Path, prefix: str = "") -> None:
         if path.is_file():
             key = str(path.relative_to(root))
             client.put_object(Bucket=bucket, Key=f"{prefix}/{key}" if prefix else key, Body=path.read_bytes())
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Any]]:
+    """A fresh moto S3 server for one test, with CREDENTIALS in its environment (import it into a test
+    module to use it)."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    with moto_s3() as server:
+        yield server

@@ -79,6 +79,11 @@ class CountedLRU(QuickLRU):
     def pop(self, key: Hashable, default: Any = None) -> Any:
         return self._counted(super().pop(key, _MISSING), default)
 
+    def figures(self, name: str) -> dict[str, int]:
+        """This cache's counters for `stats`, each named `NAME_cache_...`."""
+        return {f"{name}_cache_bytes": int(self.currsize), f"{name}_cache_entries": len(self),
+                f"{name}_cache_hits": self.hits, f"{name}_cache_misses": self.misses}
+
     def put(self, key: object, value: object) -> None:
         """Insert unless the value alone exceeds the whole budget (then just skip it)."""
         try:

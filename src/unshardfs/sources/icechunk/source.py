@@ -492,10 +492,7 @@ class IcechunkSource:
             await self.store.inner.aclose()
 
     def stats(self) -> dict[str, object]:
-        objects = self.store.objects
-        return {**self.store.inner.stats(), "icechunk": {
-            **self.store.counters, "object_cache_bytes": int(objects.currsize), "object_cache_entries": len(objects),
-            "object_cache_hits": objects.hits, "object_cache_misses": objects.misses}}
+        return {**self.store.inner.stats(), "icechunk": {**self.store.counters, **self.store.objects.figures("object")}}
 
     @property
     def current(self) -> str:
