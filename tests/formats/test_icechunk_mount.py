@@ -139,3 +139,22 @@ def test_export_writes_the_named_version_only(repo, tmp_path):
         assert result.returncode == 0, result.stderr
         assert not [p for p in os.listdir(dest) if p.startswith("@")]
         _check_version(dest, repo, version)
+
+
+def test_served_over_http_with_its_versions(repo):
+    """`unshardfs serve` shows the same tree: branch main at the root, every version under `@NAME/`; the
+    sharded array (unsharded) reads over HTTP as icechunk reads it, for the root and a tag."""
+    import httpx
+
+    from tests.support.served import served
+
+    with served(str(repo.root), *_allow(repo)) as url:
+        for version, prefix in (("branch.main", ""), ("tag.v1", "@tag.v1/"), ("branch.dev", "@branch.dev/")):
+            keys = repo.keys(version)
+            for key in ("zarr.json", "img/zarr.json", "img/c/1/1", "coords/c/0", "virt/c/0/0", "deep/er/arr/c/0/0"):
+                reply = httpx.get(f"{url}/{prefix}{key}", timeout=30)
+                assert reply.status_code == 200 and reply.content == keys[key], (version, key)
+            shown = ts.open({"driver": "zarr3", "kvstore": f"{url}/{prefix}{SHARDED}/"}, read=True).result()
+            np.testing.assert_array_equal(shown.read().result(), repo.arrays(version)[SHARDED], err_msg=version)
+        assert httpx.get(f"{url}/@tag.v1/tiny/c/0", timeout=30).content == repo.keys("tag.v1")["tiny/c/0"]
+        assert httpx.get(f"{url}/tiny/zarr.json", timeout=30).status_code == 404  # deleted on main

@@ -7,7 +7,7 @@ its own process: the icechunk package pins its own zarr-python).
 
 The repository: a root group (attributes), `img` (uint16, random: native chunks), `coords` (inline chunks),
 `seg` (a sharded Zarr v3 array: each shard is one chunk object), `split` (its references in several
-manifests, split by chunk rows), a nested `deep/er/arr`, and `virt`, whose
+manifests, split by chunk rows), `scalar` (0-d), a nested `deep/er/arr`, and `virt`, whose
 chunks are virtual references into EXTERNAL/data.bin (one more points inside the repository). Commits on
 main: create; overwrite a region and add `tiny`; delete `tiny` and rewrite part of `seg`. Tag `v1` names
 the second commit; branch `dev` starts at the first and has a commit of its own.
@@ -62,6 +62,7 @@ def write(root: str, external: str) -> None:
     seg[:] = rng.integers(0, 50, size=(64, 64, 32), dtype="uint32")
     split = g.create_array("split", shape=(96, 80), chunks=(16, 32), dtype="uint16", fill_value=0)
     split[:] = rng.integers(0, 60000, size=(96, 80), dtype="uint16")
+    g.create_array("scalar", shape=(), dtype="float64", fill_value=0)[...] = 3.5  # its one chunk key: `c`
     deep = g.create_group("deep").create_group("er", attributes={"depth": 2})
     deep.create_array("arr", shape=(5, 5), chunks=(5, 5), dtype="float32", fill_value=0)[:] = np.eye(5)
     virt = g.create_array("virt", shape=(3, 8), chunks=(1, 8), dtype="uint8", fill_value=0, compressors=None)

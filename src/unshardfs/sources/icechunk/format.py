@@ -49,7 +49,7 @@ COMPRESSION_NONE, COMPRESSION_ZSTD = 0, 1
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 ID_LEN, NODE_ID_LEN = 12, 8
 ID_TEXT = 20  # characters of a 12-byte id in Crockford base 32
-MAX_NODES = 1 << 20  # groups and arrays in one snapshot
+MAX_NODES = 200_000  # groups and arrays in one snapshot (the bound Icechunk sizes its 8-byte node ids for)
 MAX_DIMS = 64  # dimensions of one array (Zarr writers stay far below)
 MAX_PATH = 4096  # bytes of one node path
 MAX_REF_JSON = 4096  # bytes of a ref file: {"snapshot":"<20 characters>"}
@@ -410,7 +410,7 @@ def decode_snapshot(body: bytes, where: str, expected_id: bytes | None = None) -
                 skipped.append(f"node {'/' + path!r} lies inside array {'/' + parent_path!r}")
                 del nodes[path]
                 break
-    size = len(body) + 200 * len(nodes)
+    size = len(body) + 600 * len(nodes)  # the decoded nodes, about
     return Snapshot(raw_id, parent, flushed, message, metadata, nodes, tuple(files), tuple(skipped), size)
 
 

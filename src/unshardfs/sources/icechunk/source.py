@@ -443,6 +443,11 @@ class IcechunkSource:
                 if node.array is not None and node.array.shape and node.array.manifests:
                     names.discard("c")
                     yield "c", self._dir()
+                elif node.array is not None and not node.array.shape:  # a 0-d array's one chunk is `c`
+                    names.discard("c")
+                    st = await self.stat(f"{path}/c" if path else "c")
+                    if st is not None:
+                        yield "c", st
             for name in sorted(names):
                 yield name, self._dir()
             return
