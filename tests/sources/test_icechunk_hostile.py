@@ -7,6 +7,7 @@ its place; through a real mount the damage stays with the files it touches and t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -302,3 +303,51 @@ def test_damage_through_a_mount_stays_with_what_it_touches(repo, written, mount)
     good = {k: v for k, v in keys.items() if k.startswith(("img/", "deep/")) and k != "img/c/2/1"}
     good["@tag.v1/deep/er/arr/c/0/0"] = written.keys("tag.v1")["deep/er/arr/c/0/0"]
     assert_contained(m, bad, good, growth_mib=64)
+
+
+def test_a_chunk_reference_claiming_a_huge_length(repo, written):
+    """A native reference whose length says 2^62 bytes: the size is shown as claimed, a read asks for no
+    more than the reader wants and fails at the object's real end (truncated); other chunks read."""
+    path = _manifest_of(repo, "img")
+    body = body_of(path.read_bytes())
+    source = _open(repo)
+    node = source.snapshot.nodes["img"]
+    found = Manifest(body, "img").find(node.id, (0, 0))
+    assert found is not None and found.chunk_id is not None
+    trio.run(source.aclose)
+    claimed = struct.pack("<Q", found.length)
+    assert body.count(claimed) == 1
+    path.write_bytes(reframe(path.read_bytes(), body.replace(claimed, struct.pack("<Q", 1 << 62))))
+    source = _open(repo)
+    assert trio.run(source.stat, "img/c/0/0").size == 1 << 62
+
+    async def main() -> bytes:
+        return await source.read("img/c/0/0", (1 << 62) - 100, 100)
+    result, peak = traced(main)
+    assert isinstance(result, DataError) and "truncated" in str(result) and peak < 8 * MiB
+    assert _read(source, "img/c/2/2") == written.keys("branch.main")["img/c/2/2"]
+    trio.run(source.aclose)
+
+
+def test_virtual_objects_modified_after_their_checksum_are_refused(repo, written):
+    """`virt/c/1/0` records its object's modification time (a day after writing): an object modified later
+    than that is refused (its bytes there may be other bytes); one without a checksum is read as is."""
+    options = IcechunkOptions((f"file://{written.external}/",))
+    data = written.external / "data.bin"
+    before = data.stat()
+    source = _open(repo, options=options, open_url=lambda url: LocalSource(url[len("file://"):]))
+    node = source.snapshot.nodes["virt"]
+    manifest = trio.run(source.store.manifest, node.array.manifests[0].id)  # type: ignore[union-attr]
+    assert manifest.find(node.id, (1, 0)).last_modified > 0  # type: ignore[union-attr]
+    assert manifest.find(node.id, (0, 0)).last_modified == 0  # type: ignore[union-attr]
+    assert _read(source, "virt/c/1/0") == bytes(range(44, 52))
+    try:
+        later = before.st_mtime + 3 * 86400
+        os.utime(data, (later, later))
+        with pytest.raises(DataError, match="was modified after the reference was written"):
+            _read(source, "virt/c/1/0")
+        assert _read(source, "virt/c/0/0") == bytes(range(16, 24))
+    finally:
+        os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+        trio.run(source.aclose)
+

@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+from datetime import datetime, timedelta, timezone
 
 import icechunk
 import numpy as np
@@ -67,7 +68,9 @@ def write(root: str, external: str) -> None:
     deep.create_array("arr", shape=(5, 5), chunks=(5, 5), dtype="float32", fill_value=0)[:] = np.eye(5)
     virt = g.create_array("virt", shape=(3, 8), chunks=(1, 8), dtype="uint8", fill_value=0, compressors=None)
     s.store.set_virtual_ref("virt/c/0/0", f"file://{external}/data.bin", offset=16, length=8)
-    s.store.set_virtual_ref("virt/c/1/0", f"file://{external}/data.bin", offset=300, length=8)
+    # with a checksum: the object's modification time, which must not be later when read
+    s.store.set_virtual_ref("virt/c/1/0", f"file://{external}/data.bin", offset=300, length=8,
+                            checksum=datetime.now(timezone.utc) + timedelta(days=1))
     s.store.set_virtual_ref("virt/c/2/0", f"file://{root}/inside.bin", offset=3, length=8)
     assert virt.shape == (3, 8)
     first = s.commit("create")

@@ -236,6 +236,8 @@ class IcechunkStore:
         else:
             assert ref.location is not None
             source, path = await self._virtual(ref.location, where)
+            if ref.last_modified:
+                await self._unmodified(source, path, ref.last_modified, where)
         read = source.read_index if index else source.read
         data = await read(path, ref.offset + offset, size)
         self.counters["chunk_reads"] += 1
@@ -243,6 +245,16 @@ class IcechunkStore:
         if len(data) != size:
             raise DataError(where, f"the chunk's object {path} ends inside the chunk (truncated)")
         return data
+
+    async def _unmodified(self, source: ByteSource, path: str, last_modified: int, where: str) -> None:
+        """DataError when the object a virtual reference names changed after the writer recorded it (its
+        modification time is later than the checksum's): its bytes at that range may be other bytes."""
+        st = await source.stat(path)
+        if st is None or st.is_dir:
+            raise DataError(where, f"the object of its virtual reference, {path}, is missing")
+        if st.mtime_ns > (last_modified + 1) * 1_000_000_000:
+            raise DataError(where, f"the object of its virtual reference, {path}, was modified after the reference "
+                                   f"was written (checksum: last modified {iso_time(last_modified * 10**9)})")
 
     async def _virtual(self, location: str, where: str) -> tuple[ByteSource, str]:
         """The source and path a virtual reference's location may be read through; DataError (logged once
