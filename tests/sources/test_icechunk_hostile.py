@@ -351,3 +351,19 @@ def test_virtual_objects_modified_after_their_checksum_are_refused(repo, written
         os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
         trio.run(source.aclose)
 
+
+
+def test_a_snapshot_history_that_loops_ends(repo):
+    """Branch main's snapshot named as its own parent: its history is itself; listing the versions ends,
+    each snapshot read once."""
+    path = _snapshot(repo)
+    body = body_of(path.read_bytes())
+    own = decode_id(path.name)
+    found = decode_snapshot(body, "main")
+    assert own is not None and found.parent is not None and body.count(found.parent) == 1
+    path.write_bytes(reframe(path.read_bytes(), body.replace(found.parent, own)))
+    source = _open(repo)
+    names = [v.name for v in trio.run(source.versions)]
+    assert path.name in names and "branch.main" in names
+    assert source.stats()["icechunk"]["snapshot_reads"] == len({n for n in names if "." not in n})
+    trio.run(source.aclose)
