@@ -370,15 +370,17 @@ class IcechunkSource:
                     return found
         return None
 
-    async def _children(self, key: ChunkKey, skip: bool = False) -> builtins.list[tuple[int, bool]]:
-        """The next coordinate after `key.coords` of every chunk under it, sorted, and whether it is a
-        chunk (the last dimension) or a directory. `skip`: a manifest that cannot be read is passed over
-        (logged once), for listings, which then show every chunk still readable; lookups fail instead."""
+    async def _children(self, key: ChunkKey, skip: bool = False) -> builtins.list[tuple[int, ChunkRef | None]]:
+        """The next coordinate after `key.coords` of every chunk under it, sorted, each with its reference
+        where it is a chunk (the last dimension; the first manifest holding it wins, as for lookups) or None
+        where it is a directory. `skip`: a manifest that cannot be read is passed over (logged once), for
+        listings, which then show every chunk still readable; lookups fail instead."""
         node = key.node
         assert node.array is not None
         depth = len(key.coords)
-        last = depth + 1 == len(node.array.shape)
-        found: set[int] = set()
+        ndim = len(node.array.shape)
+        last = depth + 1 == ndim
+        found: dict[int, ChunkRef | None] = {}
         for ref in node.array.manifests:
             if not all(lo <= c < hi for c, (lo, hi) in zip(key.coords, ref.extents)):
                 continue
@@ -390,22 +392,20 @@ class IcechunkSource:
                 log_once(log, f"icechunk:{self.store.description}:skipped:{ref.id.hex()}", "%s: chunks of %r in "
                          "manifest %s are not listed: %s", self.description, "/" + node.path, encode_id(ref.id), e)
                 continue
+            if last:  # every chunk of this row, in order
+                for chunk in manifest.refs_from(node.id, key.coords):
+                    if chunk.index[:depth] != key.coords or len(chunk.index) != ndim:
+                        break
+                    found.setdefault(chunk.index[depth], chunk)
+                continue
             start = key.coords
-            while True:
+            while True:  # one lookup per subdirectory, skipping the chunks inside it
                 nxt = next(manifest.refs_from(node.id, start), None)
-                if nxt is None or nxt.index[:depth] != key.coords or len(nxt.index) != len(node.array.shape):
+                if nxt is None or nxt.index[:depth] != key.coords or len(nxt.index) != ndim:
                     break
-                value = nxt.index[depth]
-                found.add(value)
-                if last:
-                    # every chunk of this row, in order
-                    for ref_ in manifest.refs_from(node.id, nxt.index):
-                        if ref_.index[:depth] != key.coords:
-                            break
-                        found.add(ref_.index[depth])
-                    break
-                start = (*key.coords, value + 1)
-        return [(v, last) for v in sorted(found)]
+                found[nxt.index[depth]] = None
+                start = (*key.coords, nxt.index[depth] + 1)
+        return sorted(found.items())
 
     def _dir(self) -> ObjectStat:
         return ObjectStat(0, self.snapshot.time_ns, True, ())
@@ -471,15 +471,9 @@ class IcechunkSource:
                     key = ChunkKey(node, ())
             if key is None:
                 return
-        for value, is_chunk in await self._children(key, skip=True):
-            if is_chunk:
-                coords = (*key.coords, value)
-                try:
-                    ref = await self._find(ChunkKey(key.node, coords))
-                except (DataError, SourceError):
-                    continue  # logged where it was passed over
-                if ref is not None:
-                    yield str(value), self._file(ref.size, (self.snapshot.id, key.node.id, coords))
+        for value, chunk in await self._children(key, skip=True):
+            if chunk is not None:
+                yield str(value), self._file(chunk.size, (self.snapshot.id, key.node.id, chunk.index))
             else:
                 yield str(value), self._dir()
 
