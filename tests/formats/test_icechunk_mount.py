@@ -158,3 +158,25 @@ def test_served_over_http_with_its_versions(repo):
             np.testing.assert_array_equal(shown.read().result(), repo.arrays(version)[SHARDED], err_msg=version)
         assert httpx.get(f"{url}/@tag.v1/tiny/c/0", timeout=30).content == repo.keys("tag.v1")["tiny/c/0"]
         assert httpx.get(f"{url}/tiny/zarr.json", timeout=30).status_code == 404  # deleted on main
+
+
+def test_mounted_over_http(repo, mount):
+    """A plain HTTP server cannot list: branch main and every snapshot of its history are directories,
+    each exact; the virtual references (file:// locations) fail alone."""
+    from unshardfs.testing.http_servers import DatasetServer
+
+    with DatasetServer(repo.root.parent) as srv:
+        m = mount(f"{srv.url}/{repo.root.name}/|icechunk:|zarr3:")
+        names = {n for n in os.listdir(m.path) if n.startswith("@")}
+        main = repo.versions["branch.main"]
+        assert "@branch.main" in names and f"@{main}" in names and "@tag.v1" not in names
+        for here, version in ((m.path, "branch.main"), (m.path / f"@{repo.versions['tag.v1']}", "tag.v1")):
+            keys = repo.keys(version)
+            for key, value in keys.items():
+                if key.startswith("virt/c/"):
+                    with pytest.raises(OSError) as info:
+                        (here / key).read_bytes()
+                    assert info.value.errno == errno.EIO
+                elif not key.startswith(SHARDED + "/"):
+                    assert (here / key).read_bytes() == value, (version, key)
+            np.testing.assert_array_equal(_zarr(here / SHARDED), repo.arrays(version)[SHARDED], err_msg=version)
