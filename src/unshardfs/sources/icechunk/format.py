@@ -13,8 +13,8 @@ Crockford base 32.
 Snapshots and manifests are FlatBuffers behind a binary header: the magic
 `ICE🧊CHUNK` (12 bytes), the writer's name (24 bytes, padded), the spec
 version, the file type and the compression (one byte each; zstd or none).
-Spec version 1 is read, the on-disk format of Icechunk 1.x (and of the 0.2
-and 0.3 releases, which share it); any other version is refused with one line.
+Spec version 1 is read, the on-disk format Icechunk 1.x writes; any other
+version (Icechunk 2.x writes 2) is refused with one line.
 
 The FlatBuffers reader here is our own and checks every access: a table's
 vtable and every field inside the bytes, every offset pointing forward and in

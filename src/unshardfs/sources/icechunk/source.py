@@ -48,7 +48,7 @@ CONFIG_BYTES = 1 << 20
 FIRST_READ = 256 << 10  # read with the stat of a remote object: all of most snapshots and manifests
 REF_NAME = re.compile(r"(branch|tag)\.([^/\0]{1,255})\Z")
 SNAPSHOT_NAME = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}\Z")
-# Icechunk 0.x kept a branch as numbered ref files, the newest first in name order.
+# Earlier Icechunk releases kept a branch as numbered ref files, the newest first in name order.
 NUMBERED_REF = re.compile(r"[0-9A-HJKMNP-TV-Z]{8}\.json\Z")
 COORD = re.compile(r"(0|[1-9][0-9]{0,9})\Z")
 
