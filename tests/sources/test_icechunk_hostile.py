@@ -367,3 +367,24 @@ def test_a_snapshot_history_that_loops_ends(repo):
     assert path.name in names and "branch.main" in names
     assert source.stats()["icechunk"]["snapshot_reads"] == len({n for n in names if "." not in n})
     trio.run(source.aclose)
+
+
+def test_duplicate_nodes_and_nodes_inside_arrays_are_left_out(repo, written, caplog):
+    """`/split` renamed `/img/x` (inside an array, where its keys would collide with chunk keys) and
+    `/coords` renamed `/scalar` (a second node of that path): neither is shown, the first `/scalar` is."""
+    path = _snapshot(repo)
+    body = body_of(path.read_bytes())
+    assert body.count(b"/split") == 1 and body.count(b"/coords") == 1
+    path.write_bytes(reframe(path.read_bytes(), body.replace(b"/split", b"/img/x").replace(b"/coords", b"/scalar")))
+    source = _open(repo)
+    keys = written.keys("branch.main")
+
+    async def listing(p: str) -> list[str]:
+        return [n async for n, _ in source.list(p)]
+    assert trio.run(listing, "img") == ["zarr.json", "c"]
+    assert trio.run(source.stat, "img/x/zarr.json") is None and trio.run(source.stat, "split/zarr.json") is None
+    shown = _read(source, "scalar/zarr.json")
+    assert shown in (keys["scalar/zarr.json"], keys["coords/zarr.json"])
+    logged = [r.getMessage() for r in caplog.records if "(not shown)" in r.getMessage()]
+    assert any("inside array '/img'" in line for line in logged) and any("appears twice" in line for line in logged)
+    trio.run(source.aclose)
