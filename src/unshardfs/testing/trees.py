@@ -10,6 +10,12 @@ def walk_files(root: Path) -> dict[str, Path]:
     return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def exported_files(root: Path) -> dict[str, Path]:
+    """An export's files under their final names: its ledger directory and temporaries aside."""
+    return {rel: p for rel, p in walk_files(root).items()
+            if not rel.startswith(".unshardfs/") and ".unshardfs-tmp-" not in p.name}
+
+
 def unstamped(data: bytes) -> bytes:
     """`data` with a gzip member's MTIME zeroed: writers stamp the current time
     there, so two writes of the same chunk a second apart differ only in it."""
