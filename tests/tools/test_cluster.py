@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete
 from unshardfs.testing.mounts import UNSHARDFS, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
-from unshardfs.testing.trees import walk_files
+from unshardfs.testing.trees import exported_files
 
 distributed = pytest.importorskip("distributed")
 
@@ -58,25 +61,47 @@ def test_export_on_the_cluster_equals_the_single_process_export(cluster, volume,
     assert run_cli("export", "-q", str(volume["sharded"]), str(single)).returncode == 0
     result = run_cli("export", "-q", "--scheduler", address, str(volume["sharded"]), str(spread), timeout=180)
     assert result.returncode == 0, result.stderr
-    a, b = walk_files(single), walk_files(spread)
+    a, b = exported_files(single), exported_files(spread)
     assert sorted(a) == sorted(b) and all(a[r].read_bytes() == b[r].read_bytes() for r in a)
     assert all(a[r].stat().st_mtime_ns == b[r].stat().st_mtime_ns for r in a)
     assert f"exported {len(a):,} files ({len(a):,} written" in result.stdout
 
 
+def _run_export(address: str, source: Path, dest: Path, *options: str) -> subprocess.Popen:
+    return subprocess.Popen([*UNSHARDFS, "export", "-q", "--scheduler", address, *options, str(source), str(dest)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_files(proc: subprocess.Popen, where: Path, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while len(os.listdir(where)) < count if where.exists() else True:
+        assert proc.poll() is None and time.monotonic() < deadline, "export finished before the kill"
+        time.sleep(0.02)
+
+
+def _assert_verified_copy(dest: Path, reference: dict[str, Path], address: str) -> None:
+    """The copy equals the reference, nothing twice in the manifest, and check --manifest (on the
+    cluster) agrees; no temporary is left."""
+    final = exported_files(dest)
+    assert sorted(final) == sorted(reference)
+    assert all(final[r].read_bytes() == reference[r].read_bytes() for r in reference if r != "info")
+    assert not list(dest.rglob("*.unshardfs-tmp-*"))
+    manifest = dest / ".unshardfs" / "manifest.jsonl"
+    paths = [json.loads(line)["path"] for line in manifest.read_text().splitlines()[1:]]
+    assert len(paths) == len(set(paths)) and sorted(paths) == sorted(reference)
+    checked = run_cli("check", "--manifest", str(manifest), "--scheduler", address, str(dest), timeout=180)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"matches its manifest: {len(reference):,} files checked" in checked.stdout
+
+
 def test_a_worker_killed_during_export(cluster, tmp_path):
     address, client = cluster
-    paths = write_volume(tmp_path / "many", [Scale((40, 40, 80), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
-    reference = walk_files(paths["plain"])
+    paths = write_volume(tmp_path / "many", [Scale((40, 40, 40), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
+    reference = exported_files(paths["plain"])
     dest = tmp_path / "out"
-    proc = subprocess.Popen([*UNSHARDFS, "export", "-q", "--scheduler", address, "--parts", "8",
-                             str(paths["sharded"]), str(dest)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = _run_export(address, paths["sharded"], dest, "--parts", "8")
     try:
-        deadline = time.monotonic() + 120
-        while len(os.listdir(dest / "1_1_1")) < 500 if (dest / "1_1_1").exists() else True:
-            assert proc.poll() is None and time.monotonic() < deadline, "export finished before a worker was killed"
-            time.sleep(0.02)
+        _wait_for_files(proc, dest / "1_1_1", 500)
         victim = next(iter(client.run(os.getpid).values()))
         os.kill(victim, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
@@ -84,9 +109,62 @@ def test_a_worker_killed_during_export(cluster, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    final = walk_files(dest)
-    assert sorted(final) == sorted(reference)
-    assert all(final[r].read_bytes() == reference[r].read_bytes() for r in reference if r != "info")
+    _assert_verified_copy(dest, reference, address)
+
+
+def test_workers_killed_at_random_lose_and_duplicate_nothing(cluster, tmp_path):
+    """Workers killed at random moments while tasks run (their nannies restart them): whatever
+    finished lands once, what was cut short is done again, and a --resume (needed only if one task
+    lost its workers more often than Dask retries) finishes the copy."""
+    address, client = cluster
+    paths = write_volume(tmp_path / "vol", [Scale((40, 40, 40), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
+    reference = exported_files(paths["plain"])
+    dest = tmp_path / "out"
+    chooser = random.Random(37)
+    proc = _run_export(address, paths["sharded"], dest, "--parts", "16")
+    kills = 0
+    try:
+        _wait_for_files(proc, dest / "1_1_1", 200)
+        while kills < 3 and proc.poll() is None:
+            pids = sorted(client.run(os.getpid).values())
+            os.kill(chooser.choice(pids), signal.SIGKILL)
+            kills += 1
+            time.sleep(chooser.uniform(0.3, 1.2))
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert kills >= 1 and "Traceback" not in err, err[-3000:]
+    if proc.returncode != 0:
+        assert "tasks complete (run again with --resume)" in out, out + err[-3000:]
+        again = run_cli("export", "-q", "--resume", "--scheduler", address, str(paths["sharded"]), str(dest),
+                        timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    _assert_verified_copy(dest, reference, address)
+
+
+def test_the_client_killed_then_resumed(cluster, tmp_path):
+    """The client dies mid-run (its tasks may still be running on the workers): --resume with a new
+    client redoes only unfinished tasks and the copy verifies."""
+    address, _ = cluster
+    paths = write_volume(tmp_path / "vol", [Scale((40, 40, 40), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
+    reference = exported_files(paths["plain"])
+    dest = tmp_path / "out"
+    proc = _run_export(address, paths["sharded"], dest, "--parts", "16")
+    try:
+        _wait_for_files(proc, dest / "1_1_1", 1000)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    partial = exported_files(dest)
+    assert all(partial[r].read_bytes() == reference[r].read_bytes() for r in partial if r != "info")
+    resumed = run_cli("export", "-q", "--resume", "--scheduler", address, str(paths["sharded"]), str(dest),
+                      timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
+    assert "already complete" in resumed.stdout and " 0 already complete" not in resumed.stdout
+    _assert_verified_copy(dest, reference, address)
 
 
 def test_unreachable_scheduler_is_one_line_before_any_work(volume, tmp_path):

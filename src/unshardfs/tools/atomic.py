@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat as statmod
 from dataclasses import dataclass
@@ -48,15 +49,23 @@ def stops(error: OSError) -> bool:
     return error.errno in STOP_ERRNOS
 
 
-def temp_name(name: str) -> str:
-    """A fresh temporary name for `name`, in the same directory."""
-    return f".{name[:_TEMP_STEM]}{TEMP_MARK}{secrets.token_hex(6)}"
+_TEMP_TAIL = re.compile(r"(?:t(\d+)-)?[0-9a-f]{12}")
 
 
-def is_temp(name: str) -> bool:
-    """A name `temp_name` makes (and that export never takes from a source)."""
+def temp_name(name: str, task: int | None = None) -> str:
+    """A fresh temporary name for `name`, in the same directory; `task` (the export task writing
+    it) lets a rerun of that task find and remove what a killed run of it left."""
+    tag = "" if task is None else f"t{task}-"
+    return f".{name[:_TEMP_STEM]}{TEMP_MARK}{tag}{secrets.token_hex(6)}"
+
+
+def is_temp(name: str, task: int | None = None) -> bool:
+    """A name `temp_name` makes (and that export never takes from a source); of `task`'s, if given."""
     stem, mark, tail = name.rpartition(TEMP_MARK)
-    return bool(mark) and stem.startswith(".") and len(tail) == 12 and all(c in "0123456789abcdef" for c in tail)
+    match = _TEMP_TAIL.fullmatch(tail) if mark and stem.startswith(".") else None
+    if match is None:
+        return False
+    return task is None or match.group(1) == str(task)
 
 
 def _split(rel: str) -> tuple[str, str]:
@@ -73,7 +82,7 @@ class Pending:
     file (a symlink, FIFO or directory there is refused, never replaced).
     """
 
-    def __init__(self, out: Beneath, rel: str) -> None:
+    def __init__(self, out: Beneath, rel: str, task: int | None = None) -> None:
         self.rel = rel
         parent, self.name = _split(rel)
         try:
@@ -82,7 +91,7 @@ class Pending:
             if stops(e):
                 raise WriteStopped(rel, e) from None
             raise
-        self.temp = temp_name(self.name)
+        self.temp = temp_name(self.name, task)
         try:
             self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                               0o644, dir_fd=self.dirfd)
@@ -147,9 +156,9 @@ class Pending:
 
 
 def write_file(out: Beneath, rel: str, pieces: Iterable[bytes], mtime_ns: int | None = None,
-               sync: bool = True) -> int:
+               sync: bool = True, task: int | None = None) -> int:
     """Write `rel` beneath `out` whole from `pieces` (temporary, then rename); its size."""
-    pending = Pending(out, rel)
+    pending = Pending(out, rel, task)
     offset = 0
     try:
         for piece in pieces:
@@ -223,8 +232,9 @@ def measure(out: Beneath, rel: str) -> Found:
             pass
 
 
-def remove_temporaries(out: Beneath, rel: str = "") -> int:
-    """Remove every temporary a killed run left beneath `rel` (links never followed); how many."""
+def remove_temporaries(out: Beneath, rel: str = "", task: int | None = None, deep: bool = True) -> int:
+    """Remove the temporaries a killed run left in `rel` (and below it if `deep`; only `task`'s if
+    given); links are never followed. How many were removed."""
     removed = 0
     try:
         fd = out.open(rel, os.O_RDONLY | os.O_DIRECTORY)
@@ -235,17 +245,20 @@ def remove_temporaries(out: Beneath, rel: str = "") -> int:
             names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
     finally:
         os.close(fd)
-    for name, is_dir in names:
-        child = f"{rel}/{name}" if rel else name
-        if is_dir:
-            removed += remove_temporaries(out, child)
-        elif is_temp(name):
-            parent = out.open(rel, os.O_PATH | os.O_DIRECTORY)
-            try:
-                os.unlink(name, dir_fd=parent)
-                removed += 1
-            except FileNotFoundError:
-                pass
-            finally:
-                os.close(parent)
+    doomed = [name for name, is_dir in names if not is_dir and is_temp(name, task)]
+    if doomed:
+        parent = out.open(rel, os.O_PATH | os.O_DIRECTORY)
+        try:
+            for name in doomed:
+                try:
+                    os.unlink(name, dir_fd=parent)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(parent)
+    if deep:
+        for name, is_dir in names:
+            if is_dir:
+                removed += remove_temporaries(out, f"{rel}/{name}" if rel else name, task)
     return removed

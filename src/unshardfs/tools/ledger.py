@@ -168,6 +168,7 @@ class Journal:
     known: dict[str, FileRecord] = field(default_factory=dict)
     done: dict[str, FileRecord] = field(default_factory=dict)  # this run's, in the order they landed
     fd: int = -1
+    rerun: bool = False  # the task ran before (its journal was there): it may have left temporaries
 
     @classmethod
     def open(cls, out: Beneath, task: int) -> "Journal":
@@ -180,7 +181,11 @@ class Journal:
             journal.known[record.path] = record
         rel = task_file(task, "journal")
         try:
-            journal.fd = out.open(rel, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644)
+            try:
+                journal.fd = out.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NONBLOCK, 0o644)
+            except FileExistsError:
+                journal.rerun = True
+                journal.fd = out.open(rel, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
             regular_file(journal.fd, rel)
         except OSError as e:
             journal.fd = -1
@@ -265,7 +270,7 @@ class Ledger:
         closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records)}
         pieces = (r.line().encode() for r in records)
         write_file(self.out, task_file(journal.task), [b"".join(pieces), json.dumps(closing).encode() + b"\n"],
-                   sync=sync)
+                   sync=sync, task=journal.task)
         journal.close()
         parent = self.out.open(TASKS, os.O_PATH | os.O_DIRECTORY)
         try:

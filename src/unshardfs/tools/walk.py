@@ -19,7 +19,7 @@ import crc32c
 import trio
 
 from unshardfs.sources.base import name_problem
-from unshardfs.tools.atomic import Pending, WriteStopped, measure, stops, write_file
+from unshardfs.tools.atomic import Pending, WriteStopped, measure, remove_temporaries, stops, write_file
 from unshardfs.tools.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
@@ -119,9 +119,9 @@ def _make_dir(out: Beneath, rel: str) -> bool:
     return False
 
 
-def _write_whole(out: Beneath, rel: str, data: bytes, mtime_ns: int, sync: bool) -> int:
+def _write_whole(out: Beneath, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> int:
     """Write a file of one piece (temporary, then rename); its crc32c."""
-    write_file(out, rel, [data], mtime_ns, sync)
+    write_file(out, rel, [data], mtime_ns, sync, task)
     return crc32c.crc32c(data)
 
 
@@ -145,6 +145,15 @@ class _Run:
         self.sync = sync
         self.summary = summary
         self.scope: trio.CancelScope | None = None
+        self.task = None if journal is None else journal.task
+        # A rerun task clears what a killed run of it left, once per directory it writes into.
+        self.swept: set[str] | None = set() if journal is not None and journal.rerun else None
+
+    async def sweep(self, rel: str) -> None:
+        parent = rel.rpartition("/")[0]
+        if self.swept is not None and parent not in self.swept:
+            self.swept.add(parent)
+            await trio.to_thread.run_sync(lambda: remove_temporaries(self.out, parent, self.task, deep=False))
 
     def stop(self, error: WriteStopped) -> None:
         """The first stop wins; later ones (the same full disk, seen by other writes) are dropped."""
@@ -226,6 +235,7 @@ async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter:
         if select is not None and not select(rel, node):
             continue
         summary.files += 1
+        await run.sweep(rel)
         if await run.already_there(rel, node):
             summary.skipped += 1
         elif node.size > PIECE:
@@ -246,7 +256,7 @@ async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter:
 async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object, rel: str, node: FileNode,
                            data: bytes) -> None:
     try:
-        crc = await trio.to_thread.run_sync(_write_whole, run.out, rel, data, node.mtime_ns, run.sync,
+        crc = await trio.to_thread.run_sync(_write_whole, run.out, rel, data, node.mtime_ns, run.sync, run.task,
                                             limiter=trio.CapacityLimiter(1))
         run.landed(rel, node, crc)
     except WriteStopped as e:
@@ -263,7 +273,7 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
     async with limiter:
         pending: Pending | None = None
         try:
-            pending = await trio.to_thread.run_sync(Pending, run.out, rel)
+            pending = await trio.to_thread.run_sync(Pending, run.out, rel, run.task)
             offset = crc = 0
             async for piece in file_bytes(node, rel):
                 crc = await trio.to_thread.run_sync(_write_piece, pending, piece, offset, crc)
