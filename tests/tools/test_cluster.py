@@ -203,3 +203,32 @@ def _check_quiet(volume, tmp_path) -> None:
     # --debug shows them (the test above can fail).
     debug = run_cli("check", "-q", "--debug", "--scheduler", "local:1", str(volume["sharded"]), timeout=180)
     assert debug.returncode == 0 and "INFO" in debug.stderr and "distributed.scheduler" in debug.stderr
+
+
+def test_scheduler_env_takes_the_conventional_variable(cluster, volume, tmp_path):
+    address, _ = cluster
+    env = dict(os.environ, DASK_SCHEDULER_ADDRESS=address)
+    result = run_cli("check", "-q", "--scheduler", "env", str(volume["sharded"]), timeout=180, env=env)
+    assert result.returncode == 0 and "intact:" in result.stdout, result.stdout + result.stderr
+    unset = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    refused = run_cli("check", "-q", "--scheduler", "env", str(volume["sharded"]), env=unset)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == ["unshardfs: --scheduler env: DASK_SCHEDULER_ADDRESS is not set"]
+
+
+def test_the_progress_bar_follows_the_whole_cluster(cluster, tmp_path):
+    """On a terminal the bar counts tasks and shows the files and bytes of every worker with the rate."""
+    address, _ = cluster
+    paths = write_volume(tmp_path / "vol", [Scale((40, 40, 40), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
+    files = len(exported_files(paths["plain"]))
+    size = sum(p.stat().st_size for p in exported_files(paths["plain"]).values())
+    command = " ".join([*UNSHARDFS, "export", "--scheduler", address, "--parts", "4", str(paths["sharded"]),
+                        str(tmp_path / "out")])
+    typescript = tmp_path / "typescript"
+    subprocess.run(["script", "-qec", f"stty cols 200 rows 40; {command}", str(typescript)], capture_output=True,
+                   timeout=180, check=True)
+    lines = typescript.read_bytes().decode(errors="replace").replace("\r", "\n").splitlines()
+    bars = [line for line in lines if "task/s" in line or "s/task" in line]
+    assert bars and "4/4" in bars[-1], bars[-3:]
+    assert f"files={files:,}" in bars[-1] and "rate=" in bars[-1] and "MiB/s" in bars[-1], bars[-1]
+    assert f"bytes={size / 2**20:,.1f}MiB" in bars[-1], (size, bars[-1])

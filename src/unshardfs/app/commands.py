@@ -8,6 +8,8 @@ import logging
 import multiprocessing
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,19 +90,40 @@ def _identity(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 
 def _on_cluster(args: argparse.Namespace, client: Any, jobs: list[Part], unit: str) -> list[PartResult]:
-    """The parts on a Dask cluster; progress by completed part (and bytes written)."""
-    from unshardfs.app.cluster import run_parts
+    """The parts on a Dask cluster. The bar counts finished parts (its rate and ETA are theirs) and
+    shows the files and bytes of every part, running ones included, with the byte rate."""
+    from unshardfs.app.cluster import Tally, run_parts
 
+    tally = Tally()
     with tqdm(total=len(jobs), unit=unit, disable=True if args.quiet else None, file=sys.stderr,
               dynamic_ncols=True) as bar:
-        written = 0
+        start = time.monotonic()
+
+        def show() -> None:
+            files, size = tally.totals()
+            rate = size / max(1e-6, time.monotonic() - start)
+            bar.set_postfix({"files": f"{files:,}", "bytes": f"{size / 2**20:,.1f}MiB",
+                             "rate": f"{rate / 2**20:,.1f}MiB/s"}, refresh=False)
+            bar.refresh()
 
         def done(result: PartResult) -> None:
-            nonlocal written
-            written += result.summary.bytes
-            bar.set_postfix(files=f"{result.summary.files:,}", written=f"{written / 2**20:,.0f}MiB", refresh=False)
             bar.update(1)
-        return run_parts(client, jobs, done)
+            show()
+
+        ticking = threading.Event()
+
+        def tick() -> None:
+            while not ticking.wait(1.0):
+                show()
+        ticker = threading.Thread(target=tick, daemon=True)
+        if not bar.disable:
+            ticker.start()
+        try:
+            return run_parts(client, jobs, done, tally)
+        finally:
+            ticking.set()
+            if ticker.is_alive():
+                ticker.join()
 
 
 def _client(args: argparse.Namespace) -> Any:

@@ -71,14 +71,14 @@ def selector(part: int, parts: int) -> Select | None:
     return lambda rel, node: CHUNK_XATTR in node.xattrs() or _bucket(rel, parts) == part
 
 
-async def _check(job: Part) -> PartResult:
+async def _check(job: Part, progress: Callable[[WalkSummary], None] | None) -> PartResult:
     session = await OpenedSource.open(job.source, job.formats)
     if job.parts > 1:
         session.runtime.shard_filter = shard_filter(job.part, job.parts)
     try:
         with collect_problems() as problems:
             async with session.running():
-                summary = await check(session.tree, None, selector(job.part, job.parts))
+                summary = await check(session.tree, progress, selector(job.part, job.parts))
     finally:
         await session.aclose()
     return PartResult(list(problems), summary, session.source.counters.reads, job.part)
@@ -131,7 +131,7 @@ def _finish(ledger: Ledger, journal: Journal, sync: bool) -> None:
 
 async def _run(job: Part, progress: Callable[[WalkSummary], None] | None = None) -> PartResult:
     if job.dest is None:
-        return await _check(job)
+        return await _check(job, progress)
     out = Dest.open(Path(job.dest))
     try:
         return await _export(job, out, progress)
