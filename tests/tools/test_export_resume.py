@@ -265,3 +265,14 @@ def _crc(path: Path) -> int:
     import crc32c
 
     return crc32c.crc32c(path.read_bytes())
+
+
+def test_dest_as_a_file_url_is_its_path_and_other_schemes_are_refused(volume, reference, tmp_path):
+    dest = tmp_path / "out"
+    assert run_cli("export", "-q", str(volume), f"file://{dest}").returncode == 0
+    same_tree(dest, reference)
+    refused = run_cli("export", "-q", str(volume), "s3://bucket/prefix")
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        "unshardfs: DEST s3://bucket/prefix: export writes to a local or shared file system (a path or "
+        "file:///path); s3:// is not supported as DEST"]
+    assert not Path("s3:").exists()

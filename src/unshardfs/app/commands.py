@@ -238,7 +238,19 @@ def _export_here(args: argparse.Namespace, jobs: list[Part]) -> list[PartResult]
     return results
 
 
+def _local_dest(dest: str) -> str:
+    """DEST as a local path: a file:// URL's path; a URL of any other scheme is refused."""
+    scheme, sep, rest = dest.partition("://")
+    if not sep:
+        return dest
+    if scheme.lower() == "file" and rest.startswith("/"):
+        return rest
+    raise ConfigError(f"DEST {dest}: export writes to a local or shared file system (a path or file:///path); "
+                      f"{scheme}:// is not supported as DEST")
+
+
 def _export(args: argparse.Namespace) -> int:
+    args.dest = _local_dest(args.dest)
     try:
         return _export_run(args)
     except WriteStopped as e:  # writing the plan: DEST is full before the first task
