@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete
+from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.mounts import UNSHARDFS, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files
@@ -232,3 +234,65 @@ def test_the_progress_bar_follows_the_whole_cluster(cluster, tmp_path):
     assert bars and "4/4" in bars[-1], bars[-3:]
     assert f"files={files:,}" in bars[-1] and "rate=" in bars[-1] and "MiB/s" in bars[-1], bars[-1]
     assert f"bytes={size / 2**20:,.1f}MiB" in bars[-1], (size, bars[-1])
+
+
+@pytest.fixture(scope="module")
+def slow_store(tmp_path_factory):
+    """4,096 chunks in 8 shards behind a store answering every request after 20 ms, and the shard
+    ranges a single process reads to export them."""
+    root = tmp_path_factory.mktemp("slow")
+    paths = write_volume(root / "vol", [Scale((32, 32, 32), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
+    with DatasetServer(paths["sharded"].parent) as server:
+        assert run_cli("export", "-q", "--parts", "1", f"{server.url}/sharded", str(root / "one")).returncode == 0
+        alone = _shard_reads(server)
+        server.faults.delay = 0.02
+        yield server, paths, alone
+
+
+def _shard_reads(server: DatasetServer) -> collections.Counter:
+    return collections.Counter((e.path, e.range) for e in server.log if e.method == "GET" and e.path.endswith(".shard"))
+
+
+def _bytes_asked(reads: collections.Counter) -> int:
+    total = 0
+    for (_, asked), times in reads.items():
+        first, last = asked.removeprefix("bytes=").split("-")
+        total += (int(last) - int(first) + 1) * times
+    return total
+
+
+def test_tasks_on_the_cluster_read_the_shards_once_between_them(cluster, slow_store, tmp_path):
+    """Eight tasks over the slow store send exactly the shard reads one process sends: each shard's
+    indexes and chunks are read by the one task that owns it, coalesced as a mount reads them."""
+    address, _ = cluster
+    server, paths, alone = slow_store
+    server.reset_log()
+    result = run_cli("export", "-q", "--scheduler", address, "--parts", "8", f"{server.url}/sharded",
+                     str(tmp_path / "out"), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    # The same shard bytes as one process asks for (each task only its own shards; were every task
+    # to read every shard, eight times as many), in as few requests (how reads are batched depends
+    # on timing, within a few).
+    reads = _shard_reads(server)
+    assert set(path for path, _ in reads) == set(path for path, _ in alone)
+    assert 0.9 * _bytes_asked(alone) <= _bytes_asked(reads) <= 1.1 * _bytes_asked(alone)
+    assert len(reads) <= 1.25 * len(alone) and len(reads) < len(exported_files(paths["plain"])) / 20
+
+
+def test_a_worker_killed_while_reading_a_slow_store(cluster, slow_store, tmp_path):
+    address, client = cluster
+    server, paths, alone = slow_store
+    server.reset_log()
+    dest = tmp_path / "out"
+    proc = _run_export(address, f"{server.url}/sharded", dest, "--parts", "8")
+    try:
+        _wait_for_files(proc, dest / "1_1_1", 500)
+        os.kill(sorted(client.run(os.getpid).values())[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err[-3000:]
+    _assert_verified_copy(dest, exported_files(paths["plain"]), address)
+    # What the lost task had read is read again (the files it had written are not), nothing else.
+    assert _bytes_asked(alone) <= _bytes_asked(_shard_reads(server)) < 2 * _bytes_asked(alone)
