@@ -211,7 +211,8 @@ def _prepare(args: argparse.Namespace, default_tasks: int) -> tuple[Plan, list[i
         finished = []
         for task in sorted(done):
             files, _ = ledger.task_totals(task)
-            finished.append(PartResult([], WalkSummary(files=files, skipped=files), 0, task, complete=True))
+            finished.append(PartResult([], WalkSummary(files=files, skipped=files), 0, task, complete=True,
+                                       recorded=True))
     finally:
         out.close()
     return plan, [t for t in range(plan.tasks) if t not in done], finished
@@ -293,7 +294,10 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
     if finished:
         out = Dest.open(Path(args.dest))
         try:
-            Ledger(out.out).write_manifest(plan, not args.no_fsync)
+            ledger = Ledger(out.out)
+            # Ledger entries never change once written: a manifest gathered from them stays right.
+            if not ledger.has_manifest() or not all(r.recorded for r in results):
+                ledger.write_manifest(plan, not args.no_fsync)
             tail += f"; manifest {Path(args.dest) / MANIFEST}"
         except WriteStopped as e:
             stopped, finished = str(e), False

@@ -51,6 +51,7 @@ class PartResult:
     reads: int
     part: int = 0
     complete: bool = False  # export: the task's ledger entry is in place
+    recorded: bool = False  # ... and was before this run began
 
 
 def _bucket(text: str, parts: int) -> int:
@@ -91,7 +92,7 @@ async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] 
     ledger = Ledger(out.out)
     if job.part in ledger.complete():
         files, _ = ledger.task_totals(job.part)
-        return PartResult([], WalkSummary(files=files, skipped=files), 0, job.part, complete=True)
+        return PartResult([], WalkSummary(files=files, skipped=files), 0, job.part, complete=True, recorded=True)
     try:
         journal = Journal.open(out.out, job.part)
     except WriteStopped as e:

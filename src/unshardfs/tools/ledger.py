@@ -301,6 +301,12 @@ class Ledger:
             if "path" in doc:
                 yield FileRecord.parse(doc)
 
+    def has_manifest(self) -> bool:
+        try:
+            return statmod.S_ISREG(self.out.lstat(MANIFEST).st_mode)
+        except OSError:
+            return False
+
     def write_manifest(self, plan: Plan, sync: bool = True) -> tuple[int, int]:
         """Gather every task's file lines into the manifest (streamed); (files, bytes)."""
         files = size = 0

@@ -219,8 +219,7 @@ async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter:
         if rel.rpartition("/")[0] in skip:
             skip.add(rel)  # below a directory that could not be made (a planted link, say)
             continue
-        if reserved(rel):
-            summary.failures.append(f"{rel}: a name export reserves for its own files (not exported)")
+        if reserved(rel):  # an earlier export's own records or temporaries (exporting an export): not data
             skip.add(rel)
             continue
         if isinstance(node, DirNode):
