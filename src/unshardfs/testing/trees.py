@@ -26,12 +26,13 @@ def unstamped(data: bytes) -> bytes:
 
 def assert_same_tree(mounted: Path, reference: Path, json_files: tuple[str, ...] = (),
                      ignore_gzip_mtime: bool = False) -> int:
-    """Same file names and same bytes; `json_files` are compared as parsed JSON.
+    """Same file names and same bytes; `json_files` are compared as parsed JSON. An export's own
+    records (its `.unshardfs` directory) are not part of the tree.
 
     Returns the number of files compared, so callers can check they compared
     something at all.
     """
-    got, want = walk_files(mounted), walk_files(reference)
+    got, want = exported_files(mounted), exported_files(reference)
     assert sorted(got) == sorted(want), (
         f"missing: {sorted(set(want) - set(got))[:10]} extra: {sorted(set(got) - set(want))[:10]}")
     for rel, path in want.items():
