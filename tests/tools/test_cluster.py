@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_export_on_the_cluster_equals_the_single_process_export(cluster, volume,
     assert f"exported {len(a):,} files ({len(a):,} written" in result.stdout
 
 
-def _run_export(address: str, source: Path, dest: Path, *options: str) -> subprocess.Popen:
+def _run_export(address: str, source: str | Path, dest: Path, *options: str) -> subprocess.Popen:
     return subprocess.Popen([*UNSHARDFS, "export", "-q", "--scheduler", address, *options, str(source), str(dest)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -79,6 +80,25 @@ def _wait_for_files(proc: subprocess.Popen, where: Path, count: int) -> None:
     while len(os.listdir(where)) < count if where.exists() else True:
         assert proc.poll() is None and time.monotonic() < deadline, "export finished before the kill"
         time.sleep(0.02)
+
+
+def _export_killing(address: str, source: str | Path, dest: Path, parts: int, files: int,
+                    kill: Callable[[subprocess.Popen], None]) -> tuple[int, str, str]:
+    """Run an export on the cluster; once `files` chunk files are in place, `kill` something; let
+    the export finish (a client killed ends it). (status, stdout, stderr)."""
+    proc = _run_export(address, source, dest, "--parts", str(parts))
+    try:
+        _wait_for_files(proc, dest / "1_1_1", files)
+        kill(proc)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err
+
+
+def _kill_a_worker(client: distributed.Client) -> Callable[[subprocess.Popen], None]:
+    return lambda _: os.kill(sorted(client.run(os.getpid).values())[0], signal.SIGKILL)
 
 
 def _assert_verified_copy(dest: Path, reference: dict[str, Path], address: str) -> None:
@@ -99,19 +119,10 @@ def _assert_verified_copy(dest: Path, reference: dict[str, Path], address: str) 
 def test_a_worker_killed_during_export(cluster, tmp_path):
     address, client = cluster
     paths = write_volume(tmp_path / "many", [Scale((40, 40, 40), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
-    reference = exported_files(paths["plain"])
     dest = tmp_path / "out"
-    proc = _run_export(address, paths["sharded"], dest, "--parts", "8")
-    try:
-        _wait_for_files(proc, dest / "1_1_1", 500)
-        victim = next(iter(client.run(os.getpid).values()))
-        os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    _assert_verified_copy(dest, reference, address)
+    status, _, err = _export_killing(address, paths["sharded"], dest, 8, 500, _kill_a_worker(client))
+    assert status == 0, err[-3000:]
+    _assert_verified_copy(dest, exported_files(paths["plain"]), address)
 
 
 def test_workers_killed_at_random_lose_and_duplicate_nothing(cluster, tmp_path):
@@ -123,21 +134,16 @@ def test_workers_killed_at_random_lose_and_duplicate_nothing(cluster, tmp_path):
     reference = exported_files(paths["plain"])
     dest = tmp_path / "out"
     chooser = random.Random(37)
-    proc = _run_export(address, paths["sharded"], dest, "--parts", "16")
-    kills = 0
-    try:
-        _wait_for_files(proc, dest / "1_1_1", 200)
-        while kills < 3 and proc.poll() is None:
-            pids = sorted(client.run(os.getpid).values())
-            os.kill(chooser.choice(pids), signal.SIGKILL)
-            kills += 1
+    kills: list[int] = []
+
+    def kill_at_random(proc: subprocess.Popen) -> None:
+        while len(kills) < 3 and proc.poll() is None:
+            kills.append(chooser.choice(sorted(client.run(os.getpid).values())))
+            os.kill(kills[-1], signal.SIGKILL)
             time.sleep(chooser.uniform(0.3, 1.2))
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert kills >= 1 and "Traceback" not in err, err[-3000:]
-    if proc.returncode != 0:
+    status, out, err = _export_killing(address, paths["sharded"], dest, 16, 200, kill_at_random)
+    assert kills and "Traceback" not in err, err[-3000:]
+    if status != 0:
         assert "tasks complete (run again with --resume)" in out, out + err[-3000:]
         again = run_cli("export", "-q", "--resume", "--scheduler", address, str(paths["sharded"]), str(dest),
                         timeout=300)
@@ -152,14 +158,7 @@ def test_the_client_killed_then_resumed(cluster, tmp_path):
     paths = write_volume(tmp_path / "vol", [Scale((40, 40, 40), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
     reference = exported_files(paths["plain"])
     dest = tmp_path / "out"
-    proc = _run_export(address, paths["sharded"], dest, "--parts", "16")
-    try:
-        _wait_for_files(proc, dest / "1_1_1", 1000)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    _export_killing(address, paths["sharded"], dest, 16, 1000, lambda proc: proc.send_signal(signal.SIGKILL))
     partial = exported_files(dest)
     assert all(partial[r].read_bytes() == reference[r].read_bytes() for r in partial if r != "info")
     resumed = run_cli("export", "-q", "--resume", "--scheduler", address, str(paths["sharded"]), str(dest),
@@ -284,15 +283,8 @@ def test_a_worker_killed_while_reading_a_slow_store(cluster, slow_store, tmp_pat
     server, paths, alone = slow_store
     server.reset_log()
     dest = tmp_path / "out"
-    proc = _run_export(address, f"{server.url}/sharded", dest, "--parts", "8")
-    try:
-        _wait_for_files(proc, dest / "1_1_1", 500)
-        os.kill(sorted(client.run(os.getpid).values())[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out + err[-3000:]
+    status, out, err = _export_killing(address, f"{server.url}/sharded", dest, 8, 500, _kill_a_worker(client))
+    assert status == 0, out + err[-3000:]
     _assert_verified_copy(dest, exported_files(paths["plain"]), address)
     # What the lost task had read is read again (the files it had written are not), nothing else.
     assert _bytes_asked(alone) <= _bytes_asked(_shard_reads(server)) < 2 * _bytes_asked(alone)

@@ -102,6 +102,25 @@ def test_a_full_disk_stops_with_one_line_and_resume_finishes(volume, reference, 
     assert checked.returncode == 0, checked.stdout
 
 
+def test_running_out_of_inodes_stops_with_one_line(volume, reference, small_disk):
+    """No inode left for a directory (or a temporary): the same single line, and --resume finishes."""
+    subprocess.run(["mount", "-o", "remount,size=16m,nr_inodes=8", str(small_disk)], check=True)
+    dest = small_disk / "out"
+    full = run_cli("export", "-q", str(volume), str(dest))
+    assert full.returncode == 1
+    lines = full.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("unshardfs: export stopped: cannot write ") and \
+        lines[0].endswith(": No space left on device (ENOSPC)"), full.stderr
+    landed = exported_files(dest)
+    ref = exported_files(reference)
+    assert all(path.read_bytes() == ref[rel].read_bytes() for rel, path in landed.items())
+    subprocess.run(["mount", "-o", "remount,nr_inodes=4096", str(small_disk)], check=True)
+    resumed = run_cli("export", "-q", "--resume", str(volume), str(dest))
+    assert resumed.returncode == 0, resumed.stderr
+    same_tree(dest, reference)
+    assert temporaries(dest) == []
+
+
 def test_resume_keeps_complete_files_and_rewrites_only_what_is_not(volume, reference, tmp_path):
     dest = tmp_path / "out"
     assert run_cli("export", "-q", "--parts", "4", str(volume), str(dest)).returncode == 0

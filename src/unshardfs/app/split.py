@@ -15,9 +15,10 @@ entry written when all are in place, so a part run again (a lost worker, a
 from __future__ import annotations
 
 import zlib
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
@@ -72,16 +73,24 @@ def selector(part: int, parts: int) -> Select | None:
     return lambda rel, node: CHUNK_XATTR in node.xattrs() or _bucket(rel, parts) == part
 
 
-async def _check(job: Part, progress: Callable[[WalkSummary], None] | None) -> PartResult:
+@asynccontextmanager
+async def _opened(job: Part) -> AsyncIterator[tuple[OpenedSource, list[str]]]:
+    """The part's own opened SOURCE, listing only the part's shards, running; and the problems
+    logged meanwhile."""
     session = await OpenedSource.open(job.source, job.formats)
     if job.parts > 1:
         session.runtime.shard_filter = shard_filter(job.part, job.parts)
     try:
         with collect_problems() as problems:
             async with session.running():
-                summary = await check(session.tree, progress, selector(job.part, job.parts))
+                yield session, problems
     finally:
         await session.aclose()
+
+
+async def _check(job: Part, progress: Callable[[WalkSummary], None] | None) -> PartResult:
+    async with _opened(job) as (session, problems):
+        summary = await check(session.tree, progress, selector(job.part, job.parts))
     return PartResult(list(problems), summary, session.source.counters.reads, job.part)
 
 
@@ -98,16 +107,9 @@ async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] 
     except WriteStopped as e:
         return PartResult([], WalkSummary(stopped=str(e)), 0, job.part)
     try:
-        session = await OpenedSource.open(job.source, job.formats)
-        if job.parts > 1:
-            session.runtime.shard_filter = shard_filter(job.part, job.parts)
-        try:
-            with collect_problems() as problems:
-                async with session.running():
-                    summary = await export(session.tree, out, job.write_jobs, progress, selector(job.part, job.parts),
-                                           journal, job.sync)
-        finally:
-            await session.aclose()
+        async with _opened(job) as (session, problems):
+            summary = await export(session.tree, out, job.write_jobs, progress, selector(job.part, job.parts),
+                                   journal, job.sync)
         complete = False
         if summary.stopped is None and not summary.failures and not problems:
             try:

@@ -200,12 +200,12 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     """
     summary = WalkSummary()
     run = _Run(dest.out, journal, sync, summary)
-    try:
-        async with trio.open_nursery() as nursery:
-            run.scope = nursery.cancel_scope
+    async with trio.open_nursery() as nursery:
+        run.scope = nursery.cancel_scope
+        try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
             await _export_walk(run, root, nursery, trio.CapacityLimiter(jobs), progress, select)
-    except WriteStopped as e:
-        run.stop(e)
+        except WriteStopped as e:
+            run.stop(e)
     return summary
 
 
