@@ -116,6 +116,7 @@ def _assert_verified_copy(dest: Path, reference: dict[str, Path], address: str) 
     assert f"matches its manifest: {len(reference):,} files checked" in checked.stdout
 
 
+@pytest.mark.slow
 def test_a_worker_killed_during_export(cluster, tmp_path):
     address, client = cluster
     paths = write_volume(tmp_path / "many", [Scale((40, 40, 40), (2, 2, 2), sharding(minishard=3, shard=3))], "uint8")
@@ -125,6 +126,7 @@ def test_a_worker_killed_during_export(cluster, tmp_path):
     _assert_verified_copy(dest, exported_files(paths["plain"]), address)
 
 
+@pytest.mark.slow
 def test_workers_killed_at_random_lose_and_duplicate_nothing(cluster, tmp_path):
     """Workers killed at random moments while tasks run (their nannies restart them): whatever
     finished lands once, what was cut short is done again, and a --resume (needed only if one task
@@ -151,6 +153,7 @@ def test_workers_killed_at_random_lose_and_duplicate_nothing(cluster, tmp_path):
     _assert_verified_copy(dest, reference, address)
 
 
+@pytest.mark.slow
 def test_the_client_killed_then_resumed(cluster, tmp_path):
     """The client dies mid-run (its tasks may still be running on the workers): --resume with a new
     client redoes only unfinished tasks and the copy verifies."""
@@ -217,6 +220,7 @@ def test_scheduler_env_takes_the_conventional_variable(cluster, volume, tmp_path
     assert refused.stderr.strip().splitlines() == ["unshardfs: --scheduler env: DASK_SCHEDULER_ADDRESS is not set"]
 
 
+@pytest.mark.slow
 def test_the_progress_bar_follows_the_whole_cluster(cluster, tmp_path):
     """On a terminal the bar counts tasks and shows the files and bytes of every worker with the rate."""
     address, _ = cluster
@@ -260,6 +264,7 @@ def _bytes_asked(reads: collections.Counter) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_tasks_on_the_cluster_read_the_shards_once_between_them(cluster, slow_store, tmp_path):
     """Eight tasks over the slow store send exactly the shard reads one process sends: each shard's
     indexes and chunks are read by the one task that owns it, coalesced as a mount reads them."""
@@ -278,6 +283,7 @@ def test_tasks_on_the_cluster_read_the_shards_once_between_them(cluster, slow_st
     assert len(reads) <= 1.25 * len(alone) and len(reads) < len(exported_files(paths["plain"])) / 20
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_reading_a_slow_store(cluster, slow_store, tmp_path):
     address, client = cluster
     server, paths, alone = slow_store

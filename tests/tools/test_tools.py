@@ -96,6 +96,7 @@ def test_export_equals_reference_and_is_resumable(volume, tmp_path):
     assert f"0 written, {n:,} already complete" in again.stdout
 
 
+@pytest.mark.slow
 def test_export_resumes_after_kill(tmp_path):
     root = tmp_path / "many"
     # 16,000 one-byte-per-voxel chunks: long enough to be killed mid-way.
