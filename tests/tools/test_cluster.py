@@ -17,6 +17,7 @@ from typing import Callable
 import pytest
 
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete
+from tests.support.tmpfs import remount, small_tmpfs
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.mounts import UNSHARDFS, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
@@ -294,3 +295,27 @@ def test_a_worker_killed_while_reading_a_slow_store(cluster, slow_store, tmp_pat
     _assert_verified_copy(dest, exported_files(paths["plain"]), address)
     # What the lost task had read is read again (the files it had written are not), nothing else.
     assert _bytes_asked(alone) <= _bytes_asked(_shard_reads(server)) < 2 * _bytes_asked(alone)
+
+
+@pytest.mark.slow
+def test_a_full_dest_stops_the_cluster_with_one_line(cluster, volume, tmp_path):
+    """The first task to find DEST full ends the run (the others are cancelled) with one line; what
+    is under a final name is whole; --resume after room is made finishes and verifies."""
+    address, _ = cluster
+    reference = exported_files(volume["plain"])
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
+        dest = disk / "out"
+        full = run_cli("export", "-q", "--scheduler", address, "--parts", "8", str(volume["sharded"]), str(dest),
+                       timeout=180)
+        assert full.returncode == 1
+        lines = full.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("unshardfs: export stopped: cannot write ") and \
+            lines[0].endswith(": No space left on device (ENOSPC)"), full.stderr
+        landed = exported_files(dest)
+        assert len(landed) < len(reference)
+        assert all(path.read_bytes() == reference[rel].read_bytes() for rel, path in landed.items() if rel != "info")
+        remount(disk, "size=16m")
+        resumed = run_cli("export", "-q", "--resume", "--scheduler", address, str(volume["sharded"]), str(dest),
+                          timeout=180)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        _assert_verified_copy(dest, reference, address)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import trio
 
+from tests.support.tmpfs import remount, small_tmpfs
 from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files, walk_files
@@ -58,18 +58,8 @@ def manifest_lines(dest: Path) -> list[dict]:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A tmpfs of 1 MiB (root only), unmounted even when the test fails."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where = tmp_path / "disk"
-    where.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs(tmp_path / "disk") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_a_full_disk_stops_with_one_line_and_resume_finishes(volume, reference, small_disk):
@@ -91,7 +81,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_finishes(volume, reference, 
     assert "tasks complete (run again with --resume)" in full.stdout
     assert not (dest / ".unshardfs" / "manifest.jsonl").exists()
 
-    subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
+    remount(small_disk, "size=16m")
     resumed = run_cli("export", "-q", "--resume", str(volume), str(dest))
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr == ""
@@ -104,7 +94,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_finishes(volume, reference, 
 
 def test_running_out_of_inodes_stops_with_one_line(volume, reference, small_disk):
     """No inode left for a directory (or a temporary): the same single line, and --resume finishes."""
-    subprocess.run(["mount", "-o", "remount,size=16m,nr_inodes=8", str(small_disk)], check=True)
+    remount(small_disk, "size=16m,nr_inodes=8")
     dest = small_disk / "out"
     full = run_cli("export", "-q", str(volume), str(dest))
     assert full.returncode == 1
@@ -114,7 +104,7 @@ def test_running_out_of_inodes_stops_with_one_line(volume, reference, small_disk
     landed = exported_files(dest)
     ref = exported_files(reference)
     assert all(path.read_bytes() == ref[rel].read_bytes() for rel, path in landed.items())
-    subprocess.run(["mount", "-o", "remount,nr_inodes=4096", str(small_disk)], check=True)
+    remount(small_disk, "nr_inodes=4096")
     resumed = run_cli("export", "-q", "--resume", str(volume), str(dest))
     assert resumed.returncode == 0, resumed.stderr
     same_tree(dest, reference)
