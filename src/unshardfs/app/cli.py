@@ -131,18 +131,31 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_source_options(i)
 
-    c = command("check", help="verify every shard index, minishard index and payload of SOURCE",
+    c = command("check", help="verify every shard index, minishard index and payload of SOURCE, "
+                               "or a copy against its manifest",
                        epilog="exit status: 0 intact, 1 damaged (each problem printed with its shard and chunk id)\n"
-                              "example:\n  unshardfs check /data/ds && echo intact")
-    c.add_argument("source", metavar="SOURCE")
-    add_walk_options(c, 1, "worker processes")
+                              "examples:\n  unshardfs check /data/ds && echo intact\n"
+                              "  unshardfs check --manifest /scratch/ds/.unshardfs/manifest.jsonl /scratch/ds")
+    c.add_argument("source", metavar="SOURCE|DEST")
+    c.add_argument("--manifest", metavar="MANIFEST",
+                   help="verify the copy DEST against this manifest (written by export): every file's presence, "
+                        "size and crc32c, and no file more; one line per difference and a summary")
+    add_walk_options(c, 1, "worker processes (threads with --manifest)")
 
-    e = command("export", help="write SOURCE's unsharded tree to DEST (resumable)",
-                       epilog="Files already complete in DEST (same size and mtime) are skipped, so a\n"
-                              "killed export resumes where it stopped.\n"
-                              "example:\n  unshardfs export --jobs 8 /data/ds /scratch/ds-unsharded")
+    e = command("export", help="write SOURCE's unsharded tree to DEST (resumable, verified)",
+                       epilog="Each file is written under a temporary name and renamed into place when complete;\n"
+                              "a full disk stops the export with one line. DEST/.unshardfs/ holds the plan, the\n"
+                              "ledger of finished tasks and, at the end, the manifest of every file.\n"
+                              "examples:\n  unshardfs export --jobs 8 /data/ds /scratch/ds-unsharded\n"
+                              "  unshardfs export --resume /data/ds /scratch/ds-unsharded   # after a kill or a full disk")
     e.add_argument("source", metavar="SOURCE")
     e.add_argument("dest", metavar="DEST")
+    e.add_argument("--resume", action="store_true",
+                   help="continue the export DEST holds: finished tasks are skipped, files of unfinished ones kept "
+                        "where DEST still matches their journal (size and crc32c), temporaries removed")
+    e.add_argument("--no-fsync", action="store_true",
+                   help="do not flush files to stable storage before renaming them into place (faster; a power "
+                        "loss may then leave files that --resume re-verifies)")
     add_walk_options(e, 4, "concurrent file writes")
 
     u = command("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
@@ -163,10 +176,12 @@ def add_walk_options(parser: argparse.ArgumentParser, jobs: int, jobs_help: str)
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("on a Dask cluster (pip install 'unshardfs[dask]')")
     group.add_argument("--scheduler", metavar="ADDRESS",
-                       help="run the work as tasks on this Dask scheduler (tcp://host:8786), or local:N to start "
-                            "N local worker processes; export's DEST must be on a file system every worker shares")
-    group.add_argument("--parts", type=int, default=0, metavar="N",
-                       help="tasks to split the shards into (default: 4 per worker thread)")
+                       help="run the work as tasks on this Dask scheduler (tcp://host:8786), local:N to start "
+                            "N local worker processes, or env for the address in DASK_SCHEDULER_ADDRESS; export's "
+                            "DEST must be on a file system every worker shares")
+    group.add_argument("--parts", type=_positive(int), default=0, metavar="N",
+                       help="tasks to split the shards into (default: 4 per worker thread on a cluster, "
+                            "8 for an export in one process); an export's first run fixes it")
     group.add_argument("--debug", action="store_true",
                        help="show Dask's own log lines (INFO and up; otherwise warnings, and with -q only errors)")
 

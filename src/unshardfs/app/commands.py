@@ -6,18 +6,25 @@ import argparse
 import json
 import logging
 import multiprocessing
+import os
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import trio
 from tqdm import tqdm
 
+from unshardfs.app.cluster import close_client
 from unshardfs.app.opened import OpenedSource
 from unshardfs.app.options import format_options
 from unshardfs.app.split import Part, PartResult, run_part
+from unshardfs.tools.atomic import WriteStopped, remove_temporaries
 from unshardfs.tools.inspect import format_report, version_lines
-from unshardfs.tools.walk import Dest, WalkSummary, check, export
-from unshardfs.util.errors import DataError, SourceError
+from unshardfs.tools.ledger import MANIFEST, Ledger, Plan
+from unshardfs.tools.walk import Dest, WalkSummary, check
+from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.logonce import collect_problems
 
 
@@ -66,57 +73,96 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
-    """The whole check/export in this process, with a progress bar per file."""
-    out = None if dest is None else Dest.open(dest)  # first: a bad DEST is a one-line error
+async def _one_part(args: argparse.Namespace) -> PartResult:
+    """The whole check in this process, with a progress bar per file."""
     session = await OpenedSource.open(args.source, _one_version(args))
     try:
         with collect_problems() as problems, _bar(args, "file") as bar:
             async with session.running():
-                if out is None:  # no DEST: a check
-                    summary = await check(session.tree, _progress(bar))
-                else:
-                    summary = await export(session.tree, out, args.jobs, _progress(bar))
+                summary = await check(session.tree, _progress(bar))
     finally:
         await session.aclose()
-        if out is not None:
-            out.close()
     return PartResult(list(problems), summary, session.source.counters.reads)
 
 
-def _jobs(args: argparse.Namespace, parts: int, dest: Path | None) -> list[Part]:
-    return [Part(args.source, _one_version(args), i, parts, None if dest is None else str(dest),
-                 args.jobs if dest is not None else 1) for i in range(parts)]
+def _checks(args: argparse.Namespace, parts: int) -> list[Part]:
+    return [Part(args.source, _one_version(args), i, parts) for i in range(parts)]
 
 
-def _on_cluster(args: argparse.Namespace, dest: Path | None) -> list[PartResult]:
-    """The parts on a Dask cluster; progress by completed part."""
-    from unshardfs.app.cluster import check_dest_visible, connect, dask_log_level, default_parts, run_parts
-
-    client = connect(args.scheduler, dask_log_level(args.debug, args.quiet))
-    try:
-        if dest is not None:
-            check_dest_visible(client, dest)
-        parts = args.parts or default_parts(client)
-        with tqdm(total=parts, unit="part", disable=True if args.quiet else None, file=sys.stderr,
-                  dynamic_ncols=True) as bar:
-            return run_parts(client, _jobs(args, parts, dest), lambda: bar.update(1))
-    finally:
-        cluster = getattr(client, "cluster", None)
-        client.close()
-        if cluster is not None and args.scheduler.startswith("local:"):
-            cluster.close()
+def _exports(args: argparse.Namespace, plan: Plan, tasks: list[int]) -> list[Part]:
+    """The export's tasks, run with this command line's tuning (concurrency, timeouts, caches)."""
+    return [Part(plan.source, _one_version(args), i, plan.tasks, str(Path(args.dest).absolute()), args.jobs,
+                 not args.no_fsync) for i in tasks]
 
 
-def _results(args: argparse.Namespace, dest: Path | None) -> list[PartResult]:
-    if args.scheduler:
-        return _on_cluster(args, dest)
-    if dest is None and args.jobs > 1:
+def _identity(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """What the export's output depends on: the SOURCE (a local path made absolute, so a resume
+    from elsewhere names the same) and the format options given (as JSON; tuning options aside)."""
+    source = args.source
+    if "://" not in source and "|" not in source:
+        source = os.path.abspath(source)
+    formats = json.loads(json.dumps(format_options(args)["formats"], default=str, sort_keys=True))
+    return source, formats
+
+
+def _on_cluster(args: argparse.Namespace, client: Any, jobs: list[Part], unit: str) -> list[PartResult]:
+    """The parts on a Dask cluster. The bar counts finished parts (its rate and ETA are theirs) and
+    shows the files and bytes of every part, running ones included, with the byte rate."""
+    from unshardfs.app.cluster import Tally, run_parts
+
+    tally = Tally()
+    with tqdm(total=len(jobs), unit=unit, disable=True if args.quiet else None, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        start = time.monotonic()
+
+        def show() -> None:
+            files, size = tally.totals()
+            rate = size / max(1e-6, time.monotonic() - start)
+            bar.set_postfix({"files": f"{files:,}", "bytes": f"{size / 2**20:,.1f}MiB",
+                             "rate": f"{rate / 2**20:,.1f}MiB/s"}, refresh=False)
+            bar.refresh()
+
+        def done(result: PartResult) -> None:
+            bar.update(1)
+            show()
+
+        ticking = threading.Event()
+
+        def tick() -> None:
+            while not ticking.wait(1.0):
+                show()
+        ticker = threading.Thread(target=tick, daemon=True)
+        if not bar.disable:
+            ticker.start()
+        try:
+            return run_parts(client, jobs, done, tally)
+        finally:
+            ticking.set()
+            if ticker.is_alive():
+                ticker.join()
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from unshardfs.app.cluster import open_client
+
+    return open_client(args.scheduler, args.debug, args.quiet)
+
+
+def _check_results(args: argparse.Namespace) -> list[PartResult]:
+    if args.scheduler is not None:
+        from unshardfs.app.cluster import default_parts
+
+        client = _client(args)
+        try:
+            return _on_cluster(args, client, _checks(args, args.parts or default_parts(client)), "part")
+        finally:
+            close_client(client)
+    if args.jobs > 1:
         # The format layer is single-threaded by design; parallel checking
         # splits the shards over processes, each with its own tree and caches.
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            return pool.map(run_part, _jobs(args, args.jobs, None))
-    return [trio.run(_one_part, args, dest)]
+            return pool.map(run_part, _checks(args, args.jobs))
+    return [trio.run(_one_part, args)]
 
 
 def _problems(results: list[PartResult]) -> tuple[list[str], list[str]]:
@@ -129,7 +175,11 @@ def _problems(results: list[PartResult]) -> tuple[list[str], list[str]]:
 
 def _check(args: argparse.Namespace) -> int:
     """Not a coroutine: worker processes must be forked outside any trio run."""
-    results = _results(args, None)
+    if args.manifest is not None:
+        from unshardfs.app.verify import verify_copy
+
+        return verify_copy(args)
+    results = _check_results(args)
     problems, failures = _problems(results)
     for line in problems + failures:
         print(f"damaged: {line}")
@@ -142,19 +192,140 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
+LOCAL_TASKS = 8  # tasks of an export run in one process: what a killed run redoes at most is one of them
+
+
+def _plan(args: argparse.Namespace, ledger: Ledger, default_tasks: int) -> Plan:
+    """The export's plan: the one DEST already holds (with --resume), else a new one."""
+    found = ledger.plan()
+    wanted = Plan(*_identity(args), args.parts or default_tasks)
+    if found is None:
+        ledger.start(wanted)
+        return wanted
+    if not args.resume:
+        done = len(ledger.complete())
+        raise ConfigError(f"DEST {args.dest} holds an export of {found.source} ({done:,} of {found.tasks:,} tasks "
+                          "complete): add --resume to continue it, or choose another DEST")
+    if (found.source, found.formats) != (wanted.source, wanted.formats):
+        raise ConfigError(f"DEST {args.dest} holds an export of {found.source} with options {found.formats}: "
+                          "--resume must name the same SOURCE and options")
+    if args.parts and args.parts != found.tasks:
+        raise ConfigError(f"DEST {args.dest} holds an export planned as {found.tasks:,} tasks: --parts must "
+                          "be left out or the same with --resume")
+    return found
+
+
+def _prepare(args: argparse.Namespace, default_tasks: int) -> tuple[Plan, list[int], list[PartResult]]:
+    """Open DEST, fix the plan, clear a killed run's temporaries; (plan, tasks to run, tasks done)."""
+    out = Dest.open(Path(args.dest))
+    try:
+        ledger = Ledger(out.out)
+        plan = _plan(args, ledger, default_tasks)
+        if args.resume:
+            remove_temporaries(out.out)
+        done = ledger.complete() & set(range(plan.tasks))
+        finished = []
+        for task in sorted(done):
+            files, _ = ledger.task_totals(task)
+            finished.append(PartResult([], WalkSummary(files=files, skipped=files), 0, task, complete=True,
+                                       recorded=True))
+    finally:
+        out.close()
+    return plan, [t for t in range(plan.tasks) if t not in done], finished
+
+
+def _export_here(args: argparse.Namespace, jobs: list[Part]) -> list[PartResult]:
+    """The tasks one after another in this process, one progress bar over all of them."""
+    results: list[PartResult] = []
+    with _bar(args, "file") as bar:
+        for job in jobs:
+            base = bar.n
+
+            def update(summary: WalkSummary, base: int = base) -> None:
+                bar.n = base + summary.files
+                if summary.files % 256 == 0:
+                    bar.set_postfix(bytes=f"{summary.bytes / 2**20:,.0f}MiB", failed=len(summary.failures),
+                                    refresh=False)
+                    bar.refresh()
+            result = run_part(job, update)
+            bar.n = base + result.summary.files
+            results.append(result)
+            if result.summary.stopped is not None:
+                break
+    return results
+
+
+def _local_dest(dest: str) -> str:
+    """DEST as a local path: a file:// URL's path; a URL of any other scheme is refused."""
+    scheme, sep, rest = dest.partition("://")
+    if not sep:
+        return dest
+    if scheme.lower() == "file" and rest.startswith("/"):
+        return rest
+    raise ConfigError(f"DEST {dest}: export writes to a local or shared file system (a path or file:///path); "
+                      f"{scheme}:// is not supported as DEST")
+
+
 def _export(args: argparse.Namespace) -> int:
-    results = _results(args, Path(args.dest))
+    args.dest = _local_dest(args.dest)
+    try:
+        return _export_run(args)
+    except WriteStopped as e:  # writing the plan: DEST is full before the first task
+        print(f"unshardfs: export stopped: {e}", file=sys.stderr)
+        return 1
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    client = None
+    try:
+        if args.scheduler is not None:
+            from unshardfs.app.cluster import check_dest_visible, default_parts
+
+            client = _client(args)
+            check_dest_visible(client, Path(args.dest))
+            plan, pending, finished = _prepare(args, default_parts(client))
+            results = _on_cluster(args, client, _exports(args, plan, pending), "task")
+        else:
+            plan, pending, finished = _prepare(args, LOCAL_TASKS)
+            results = _export_here(args, _exports(args, plan, pending))
+    finally:
+        if client is not None:
+            close_client(client)
+    return _export_report(args, plan, finished + results)
+
+
+def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResult]) -> int:
     problems = sorted(dict.fromkeys(line for r in results for line in r.problems))
-    failures = sorted(f for r in results for f in r.summary.failures)
+    failures = sorted(dict.fromkeys(f for r in results for f in r.summary.failures))  # every task walks every directory
+    stopped = next((r.summary.stopped for r in results if r.summary.stopped is not None), None)
     for line in problems + failures:
         print(f"not exported: {line}", file=sys.stderr)
-    total = WalkSummary(files=sum(r.summary.files for r in results), written=sum(r.summary.written for r in results),
-                        skipped=sum(r.summary.skipped for r in results), bytes=sum(r.summary.bytes for r in results),
-                        dirs=max(r.summary.dirs for r in results))  # every part walks every directory
-    print(f"exported {total.files:,} files ({total.written:,} written, {total.skipped:,} already complete, "
-          f"{total.bytes / 2**20:,.1f} MiB) and {total.dirs:,} directories to {args.dest}"
-          + (f"; {len(failures)} failed" if failures else ""))
-    return 1 if failures or problems else 0
+    written = sum(r.summary.written for r in results)
+    skipped = sum(r.summary.skipped for r in results)
+    size = sum(r.summary.bytes for r in results)
+    dirs = max([r.summary.dirs for r in results] or [0])  # every part walks every directory
+    complete = sum(r.complete for r in results)
+    tail = f"; {len(failures)} failed" if failures else ""
+    finished = complete == plan.tasks and stopped is None
+    if finished:
+        out = Dest.open(Path(args.dest))
+        try:
+            ledger = Ledger(out.out)
+            # Ledger entries never change once written: a manifest gathered from them stays right.
+            if not ledger.has_manifest() or not all(r.recorded for r in results):
+                ledger.write_manifest(plan, not args.no_fsync)
+            tail += f"; manifest {Path(args.dest) / MANIFEST}"
+        except WriteStopped as e:
+            stopped, finished = str(e), False
+        finally:
+            out.close()
+    if not finished:
+        tail += f"; {complete:,} of {plan.tasks:,} tasks complete (run again with --resume)"
+    print(f"exported {written + skipped:,} files ({written:,} written, {skipped:,} already complete, "
+          f"{size / 2**20:,.1f} MiB) and {dirs:,} directories to {args.dest}{tail}")
+    if stopped is not None:
+        print(f"unshardfs: export stopped: {stopped}", file=sys.stderr)
+    return 0 if finished and not failures and not problems else 1
 
 
 def run_tool(args: argparse.Namespace) -> int:

@@ -10,6 +10,12 @@ def walk_files(root: Path) -> dict[str, Path]:
     return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def exported_files(root: Path) -> dict[str, Path]:
+    """An export's files under their final names: its ledger directory and temporaries aside."""
+    return {rel: p for rel, p in walk_files(root).items()
+            if not rel.startswith(".unshardfs/") and ".unshardfs-tmp-" not in p.name}
+
+
 def unstamped(data: bytes) -> bytes:
     """`data` with a gzip member's MTIME zeroed: writers stamp the current time
     there, so two writes of the same chunk a second apart differ only in it."""
@@ -20,12 +26,13 @@ def unstamped(data: bytes) -> bytes:
 
 def assert_same_tree(mounted: Path, reference: Path, json_files: tuple[str, ...] = (),
                      ignore_gzip_mtime: bool = False) -> int:
-    """Same file names and same bytes; `json_files` are compared as parsed JSON.
+    """Same file names and same bytes; `json_files` are compared as parsed JSON. An export's own
+    records (its `.unshardfs` directory) are not part of the tree.
 
     Returns the number of files compared, so callers can check they compared
     something at all.
     """
-    got, want = walk_files(mounted), walk_files(reference)
+    got, want = exported_files(mounted), exported_files(reference)
     assert sorted(got) == sorted(want), (
         f"missing: {sorted(set(want) - set(got))[:10]} extra: {sorted(set(got) - set(want))[:10]}")
     for rel, path in want.items():

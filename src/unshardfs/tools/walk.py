@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
+import crc32c
 import trio
 
 from unshardfs.sources.base import name_problem
+from unshardfs.tools.atomic import Pending, WriteStopped, measure, remove_temporaries, stops, write_file
+from unshardfs.tools.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
 from unshardfs.util.errors import ConfigError, DataError
-from unshardfs.util.fdpath import Beneath, regular_file
+from unshardfs.util.fdpath import Beneath
 from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ class WalkSummary:
     bytes: int = 0
     dirs: int = 0
     failures: list[str] = field(default_factory=list)
+    stopped: str | None = None  # export: why DEST took no more (the run's one line), if it stopped
 
 
 def failure(rel: str, error: Exception) -> str:
@@ -79,21 +83,20 @@ class Dest:
     symlink followed (`fdpath.Beneath(links=False)`), never by a path rebuilt from strings."""
 
     out: Beneath
-    created: bool  # made by this run: nothing in it is complete yet
 
     @classmethod
     def open(cls, dest: Path) -> "Dest":
         """Open (creating it and its parents if missing) before anything runs: a DEST that cannot
-        be a directory is a one-line ConfigError."""
+        be a directory is a one-line ConfigError. DEST itself may be a symlink to a directory
+        (the user's own choice, as for `cp -r`); nothing below it is ever followed."""
         try:
-            os.makedirs(dest)
-            created = True
-        except FileExistsError:
-            created = False
+            os.makedirs(dest, exist_ok=True)
         except OSError as e:
+            if e.errno == errno.EEXIST or isinstance(e, FileExistsError):
+                raise ConfigError(f"DEST {dest} exists and is not a directory") from None
             raise ConfigError(f"DEST {dest}: cannot create it: {e.strerror}") from None
         try:
-            return cls(Beneath(str(dest), links=False), created)  # O_PATH: a FIFO there does not block
+            return cls(Beneath(str(dest), links=False))  # O_PATH: a FIFO there does not block
         except OSError as e:
             problem = "exists and is not a directory" if e.errno == errno.ENOTDIR else e.strerror
             raise ConfigError(f"DEST {dest} {problem}") from None
@@ -102,169 +105,190 @@ class Dest:
         self.out.close()
 
 
-def is_complete(out: Beneath, rel: str, node: FileNode) -> bool:
-    """A finished export of `node`: same size and the node's mtime.
-
-    The mtime is stamped only after the last byte is written, so a file cut
-    short by a killed export never passes this test.
-    """
-    try:
-        st = out.lstat(rel)
-    except OSError:
-        return False
-    return statmod.S_ISREG(st.st_mode) and st.st_size == node.size and st.st_mtime_ns == node.mtime_ns
-
-
-def _open_target(out: Beneath, rel: str) -> int:
-    """The file `rel` beneath DEST, open for writing and emptied.
-
-    No link is followed on the way or at the end (a symlink planted in DEST is
-    ELOOP); O_NONBLOCK so a FIFO planted where the file goes fails at once
-    (ENXIO, or refused after fstat when a reader holds it) instead of
-    blocking; a file with other hard links is never written through (the
-    other name may lie outside DEST).
-    """
-    fd = out.open(rel, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644)
-    st = regular_file(fd, rel)
-    if st.st_nlink > 1:
-        os.close(fd)
-        raise OSError(errno.EMLINK, "has other hard links (never written through)", rel)
-    if st.st_size:
-        os.ftruncate(fd, 0)
-    return fd
-
-
-def _write_at(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        done = os.pwrite(fd, view, offset)
-        view = view[done:]
-        offset += done
-
-
-def _finish(fd: int, size: int, mtime_ns: int) -> None:
-    """Size (holes left by skipped zero pieces included) then the mtime, which marks the file complete."""
-    try:
-        os.ftruncate(fd, size)
-        os.utime(fd, ns=(mtime_ns, mtime_ns))
-    finally:
-        os.close(fd)
-
-
-def _write_file(out: Beneath, rel: str, data: bytes, mtime_ns: int) -> None:
-    fd = _open_target(out, rel)
-    try:
-        _write_at(fd, data, 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    _finish(fd, len(data), mtime_ns)
-
-
 def _make_dir(out: Beneath, rel: str) -> bool:
     """Create the directory `rel` beneath DEST (False if it was there); refuse anything but a real directory."""
-    if out.mkdir(rel):
-        return True
+    try:
+        if out.mkdir(rel):
+            return True
+    except OSError as e:
+        if stops(e):
+            raise WriteStopped(rel, e) from None
+        raise
     if not statmod.S_ISDIR(out.lstat(rel).st_mode):
         raise DataError(rel, "exists and is not a directory (a symlink is never followed)")
     return False
 
 
+def _write_whole(out: Beneath, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> int:
+    """Write a file of one piece (temporary, then rename); its crc32c."""
+    write_file(out, rel, [data], mtime_ns, sync, task)
+    return crc32c.crc32c(data)
+
+
+def _write_piece(pending: Pending, piece: bytes, offset: int, crc: int) -> int:
+    """One piece of a streamed file: written unless all zero (left as a hole); the running crc32c."""
+    if piece.count(0) != len(piece):
+        pending.write_at(piece, offset)
+    return crc32c.crc32c(piece, crc)
+
+
+def _cannot_write(rel: str, error: OSError) -> str:
+    return f"{rel}: cannot write: {error.strerror or error}"
+
+
+class _Run:
+    """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
+
+    def __init__(self, out: Beneath, journal: Journal | None, sync: bool, summary: WalkSummary) -> None:
+        self.out = out
+        self.journal = journal
+        self.sync = sync
+        self.summary = summary
+        self.scope: trio.CancelScope | None = None
+        self.task = None if journal is None else journal.task
+        # A rerun task clears what a killed run of it left, once per directory it writes into.
+        self.swept: set[str] | None = set() if journal is not None and journal.rerun else None
+
+    async def sweep(self, rel: str) -> None:
+        parent = rel.rpartition("/")[0]
+        if self.swept is not None and parent not in self.swept:
+            self.swept.add(parent)
+            await trio.to_thread.run_sync(lambda: remove_temporaries(self.out, parent, self.task, deep=False))
+
+    def stop(self, error: WriteStopped) -> None:
+        """The first stop wins; later ones (the same full disk, seen by other writes) are dropped."""
+        if self.summary.stopped is None:
+            self.summary.stopped = str(error)
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def landed(self, rel: str, node: FileNode, crc: int) -> None:
+        """A file is in place: count it and journal it."""
+        if self.journal is not None:
+            source, offset, length = source_of(node.xattrs())
+            self.journal.add(FileRecord(rel, node.size, crc, node.mtime_ns, source, offset, length))
+        self.summary.written += 1
+        self.summary.bytes += node.size
+
+    async def already_there(self, rel: str, node: FileNode) -> bool:
+        """The file is journaled by an earlier run and what is in DEST still matches its record
+        (size and crc32c re-read): kept, never rewritten."""
+        record = None if self.journal is None else self.journal.known.get(rel)
+        if record is None or record.size != node.size or record.mtime_ns != node.mtime_ns:
+            return False
+        found = await trio.to_thread.run_sync(measure, self.out, rel)
+        if found.problem is not None or found.size != record.size or found.crc32c != record.crc32c:
+            return False
+        assert self.journal is not None
+        self.journal.keep(record)
+        return True
+
+
 async def export(root: DirNode, dest: Dest, jobs: int = 4,
-                 progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None) -> WalkSummary:
-    """Write the tree under `dest`; files already complete there are skipped.
+                 progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None,
+                 journal: Journal | None = None, sync: bool = True) -> WalkSummary:
+    """Write the tree under `dest`, every file under a temporary name renamed into place when whole.
 
     Reads happen on the event loop in listing order (sequential in the
     shards); up to `jobs` file writes run in worker threads meanwhile. Files
     of one piece are read whole and written by a worker; bigger ones are
     streamed piece by piece, so memory stays within about `jobs + 1` pieces
-    whatever the file sizes.
+    whatever the file sizes. Each file that lands is counted and appended to
+    `journal`; files the journal already holds and DEST still matches are
+    kept. The first error meaning DEST can take no more (`WriteStopped`)
+    ends the walk: `summary.stopped` says which file and why.
     """
-    out = dest.out
     summary = WalkSummary()
-    limiter = trio.CapacityLimiter(jobs)
-    # Directories this run created hold nothing complete yet: no need to stat
-    # their files (a stat per file is a large part of small-file exports).
-    fresh = {""} if dest.created else set()
-    skip: set[str] = set()  # directories that could not be made: nothing is written below them
+    run = _Run(dest.out, journal, sync, summary)
     async with trio.open_nursery() as nursery:
-        async for rel, node in walk(root):
-            if rel.rpartition("/")[0] in skip:
-                skip.add(rel)  # below a directory that could not be made (a planted link, say)
-                continue
-            if isinstance(node, DirNode):
-                try:
-                    if _make_dir(out, rel):
-                        fresh.add(rel)
-                except (DataError, OSError) as e:
-                    summary.failures.append(f"{rel}/: {e}")
-                    skip.add(rel)
-                    continue
-                summary.dirs += 1
-                continue
-            if select is not None and not select(rel, node):
-                continue
-            summary.files += 1
-            if rel.rpartition("/")[0] not in fresh and is_complete(out, rel, node):
-                summary.skipped += 1
-            elif node.size > PIECE:
-                if await _stream(out, rel, node, limiter, summary):
-                    summary.written += 1
-                    summary.bytes += node.size
-            else:
-                try:
-                    data = b"".join([piece async for piece in file_bytes(node, rel)])
-                except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
-                    summary.failures.append(failure(rel, e))
-                    continue
-                token = object()  # the write task, not this one, releases the slot
-                await limiter.acquire_on_behalf_of(token)
-                nursery.start_soon(_write_in_thread, limiter, token, out, rel, data, node.mtime_ns, summary)
-                summary.written += 1
-                summary.bytes += node.size
-            if progress is not None:
-                progress(summary)
+        run.scope = nursery.cancel_scope
+        try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
+            await _export_walk(run, root, nursery, trio.CapacityLimiter(jobs), progress, select)
+        except WriteStopped as e:
+            run.stop(e)
     return summary
 
 
-def _cannot_write(rel: str, error: OSError) -> str:
-    return f"{rel}: cannot write: {error.strerror}"
+async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter: trio.CapacityLimiter,
+                       progress: Callable[[WalkSummary], None] | None, select: Select | None) -> None:
+    out, summary = run.out, run.summary
+    skip: set[str] = set()  # directories that could not be made: nothing is written below them
+    async for rel, node in walk(root):
+        if summary.stopped is not None:
+            return
+        if rel.rpartition("/")[0] in skip:
+            skip.add(rel)  # below a directory that could not be made (a planted link, say)
+            continue
+        if reserved(rel):  # an earlier export's own records or temporaries (exporting an export): not data
+            skip.add(rel)
+            continue
+        if isinstance(node, DirNode):
+            try:
+                _make_dir(out, rel)
+            except (DataError, OSError) as e:
+                summary.failures.append(f"{rel}/: {e}")
+                skip.add(rel)
+                continue
+            summary.dirs += 1
+            continue
+        if select is not None and not select(rel, node):
+            continue
+        summary.files += 1
+        await run.sweep(rel)
+        if await run.already_there(rel, node):
+            summary.skipped += 1
+        elif node.size > PIECE:
+            await _stream(run, rel, node, limiter)
+        else:
+            try:
+                data = b"".join([piece async for piece in file_bytes(node, rel)])
+            except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
+                summary.failures.append(failure(rel, e))
+                continue
+            token = object()  # the write task, not this one, releases the slot
+            await limiter.acquire_on_behalf_of(token)
+            nursery.start_soon(_write_in_thread, run, limiter, token, rel, node, data)
+        if progress is not None:
+            progress(summary)
 
 
-async def _write_in_thread(limiter: trio.CapacityLimiter, token: object, out: Beneath, rel: str,
-                           data: bytes, mtime_ns: int, summary: WalkSummary) -> None:
+async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object, rel: str, node: FileNode,
+                           data: bytes) -> None:
     try:
-        await trio.to_thread.run_sync(_write_file, out, rel, data, mtime_ns, limiter=trio.CapacityLimiter(1))
-    except OSError as e:  # e.g. ELOOP: a symlink where the file goes
-        summary.failures.append(_cannot_write(rel, e))
+        crc = await trio.to_thread.run_sync(_write_whole, run.out, rel, data, node.mtime_ns, run.sync, run.task,
+                                            limiter=trio.CapacityLimiter(1))
+        run.landed(rel, node, crc)
+    except WriteStopped as e:
+        run.stop(e)
+    except OSError as e:  # e.g. ELOOP: a symlink where the file's directory goes
+        run.summary.failures.append(_cannot_write(rel, e))
     finally:
         limiter.release_on_behalf_of(token)
 
 
-async def _stream(out: Beneath, rel: str, node: FileNode, limiter: trio.CapacityLimiter,
-                  summary: WalkSummary) -> bool:
+async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLimiter) -> None:
     """Copy a file of several pieces: each piece read on the loop, then written by a worker before
     the next is read. All-zero pieces are skipped (left as holes), as `cp --sparse=auto` would."""
     async with limiter:
-        fd = -1
+        pending: Pending | None = None
         try:
-            fd = await trio.to_thread.run_sync(_open_target, out, rel)
-            offset = 0
+            pending = await trio.to_thread.run_sync(Pending, run.out, rel, run.task)
+            offset = crc = 0
             async for piece in file_bytes(node, rel):
-                if piece.count(0) != len(piece):
-                    await trio.to_thread.run_sync(_write_at, fd, piece, offset)
+                crc = await trio.to_thread.run_sync(_write_piece, pending, piece, offset, crc)
                 offset += len(piece)
-            fd, finishing = -1, fd  # _finish closes it
-            await trio.to_thread.run_sync(_finish, finishing, node.size, node.mtime_ns)
-            return True
+            await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
+            pending = None
+            run.landed(rel, node, crc)
+        except WriteStopped as e:
+            run.stop(e)
         except OSError as e:  # writing (reads fail with our own errors)
-            summary.failures.append(_cannot_write(rel, e))
+            run.summary.failures.append(_cannot_write(rel, e))
         except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
-            summary.failures.append(failure(rel, e))
+            run.summary.failures.append(failure(rel, e))
         finally:
-            if fd >= 0:
-                os.close(fd)
-        return False
+            if pending is not None:
+                pending.abort()
 
 
 async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None,

@@ -1,0 +1,354 @@
+"""What an export records beneath DEST: its plan, the ledger of finished tasks, the manifest.
+
+Everything lives in one reserved directory, `DEST/.unshardfs/` (inside DEST,
+so nothing is written outside it and the record travels with the copy):
+
+    plan.json              the source, its format options and the number of tasks, fixed
+                           by the first run; `--resume` refuses a different source
+    tasks/NNNNNN.journal   one JSON line per file of task NNNNNN renamed into place, appended
+                           as it happens (a killed task leaves it; `--resume` re-verifies
+                           each line's file and writes only the others)
+    tasks/NNNNNN.jsonl     the task's ledger entry: its file lines and a closing
+                           {"task": N, "files": F, "bytes": B} line, renamed into place
+                           once every file of the task is in place and flushed; its
+                           presence is what "task complete" means
+    manifest.jsonl         once every task is complete: a header line, then every file line
+                           of every task, in task order
+
+A file line: {"path", "size", "crc32c" (8 hex digits, the Castagnoli CRC of
+the file's bytes), "mtime_ns", "source" (the shard or source file it came
+from), "offset" and "length" (the stored byte range in that shard, absent
+for files copied whole)}.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat as statmod
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from unshardfs.tools.atomic import WriteStopped, is_temp, stops, write_file
+from unshardfs.util.errors import ConfigError, DataError
+from unshardfs.util.fdpath import Beneath, regular_file
+
+LEDGER_DIR = ".unshardfs"
+PLAN = f"{LEDGER_DIR}/plan.json"
+TASKS = f"{LEDGER_DIR}/tasks"
+MANIFEST = f"{LEDGER_DIR}/manifest.jsonl"
+MANIFEST_FORMAT = "unshardfs-manifest"
+PLAN_FORMAT = "unshardfs-export"
+VERSION = 1
+_TASK_FILE = re.compile(r"^(\d{6})\.jsonl$")
+# One ledger document (the plan, a line) read back is at most this big: the ledger is ours, but DEST
+# is writable by others too.
+_PLAN_LIMIT = 1 << 20
+_LINE_LIMIT = 1 << 16
+
+
+def reserved(rel: str) -> bool:
+    """Names export never takes from a source: the ledger's directory, and temporary names."""
+    return rel == LEDGER_DIR or rel.startswith(LEDGER_DIR + "/") or is_temp(rel.rpartition("/")[2])
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One exported file as the manifest states it."""
+
+    path: str
+    size: int
+    crc32c: int
+    mtime_ns: int
+    source: str = ""
+    offset: int | None = None
+    length: int | None = None
+
+    def line(self) -> str:
+        doc: dict[str, Any] = {"path": self.path, "size": self.size, "crc32c": f"{self.crc32c:08x}",
+                               "mtime_ns": self.mtime_ns, "source": self.source}
+        if self.offset is not None:
+            doc["offset"], doc["length"] = self.offset, self.length
+        return json.dumps(doc, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def parse(cls, doc: Any) -> "FileRecord":
+        """A record from a decoded line; ValueError for anything that is not one."""
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        path, size, crc, mtime = doc.get("path"), doc.get("size"), doc.get("crc32c"), doc.get("mtime_ns", 0)
+        if not isinstance(path, str) or not path or path.startswith("/") or \
+                any(part in ("", ".", "..") for part in path.split("/")) or "\0" in path:
+            raise ValueError(f"bad path {path!r:.200}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"{path}: bad size")
+        if not isinstance(crc, str) or not re.fullmatch(r"[0-9a-f]{8}", crc):
+            raise ValueError(f"{path}: bad crc32c")
+        if not isinstance(mtime, int) or isinstance(mtime, bool):
+            raise ValueError(f"{path}: bad mtime_ns")
+        offset, length = doc.get("offset"), doc.get("length")
+        source = doc.get("source", "")
+        return cls(path, size, int(crc, 16), mtime, source if isinstance(source, str) else "",
+                   offset if isinstance(offset, int) else None, length if isinstance(length, int) else None)
+
+
+def source_of(xattrs: dict[str, bytes]) -> tuple[str, int | None, int | None]:
+    """Where a file's bytes came from, from its extended attributes (shard and stored range)."""
+    source = xattrs.get("user.unshardfs.source", b"").decode(errors="replace")
+    offset, length = xattrs.get("user.unshardfs.offset"), xattrs.get("user.unshardfs.length")
+    if offset is None or length is None:
+        return source, None, None
+    return source, int(offset), int(length)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an export into one DEST is: fixed by its first run, checked by every `--resume`."""
+
+    source: str
+    formats: dict[str, Any]
+    tasks: int
+
+    def doc(self) -> dict[str, Any]:
+        return {"format": PLAN_FORMAT, "version": VERSION, "source": self.source, "formats": self.formats,
+                "tasks": self.tasks}
+
+
+def task_file(task: int, suffix: str = "jsonl") -> str:
+    return f"{TASKS}/{task:06d}.{suffix}"
+
+
+def _read_small(out: Beneath, rel: str, limit: int) -> bytes | None:
+    """A ledger file's bytes (None if absent); at most `limit` bytes, no link followed."""
+    try:
+        fd = out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError(f"{rel} in DEST cannot be read: {e.strerror}") from None
+    try:
+        regular_file(fd, rel)
+    except OSError:
+        raise ConfigError(f"{rel} in DEST is not a regular file") from None
+    try:
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ConfigError(f"{rel} in DEST is bigger than {limit:,} bytes: not ours")
+    return data
+
+
+def _lines(out: Beneath, rel: str) -> Iterator[bytes]:
+    """A ledger file's lines, streamed (tasks hold many files); nothing if it is absent."""
+    try:
+        fd = out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    try:
+        regular_file(fd, rel)
+    except OSError:
+        raise DataError(rel, "not a regular file") from None
+    with os.fdopen(fd, "rb") as f:
+        while True:
+            line = f.readline(_LINE_LIMIT)
+            if not line:
+                return
+            yield line
+
+
+@dataclass
+class Journal:
+    """The files of one task already in place: loaded from its journal, appended as files land."""
+
+    out: Beneath
+    task: int
+    known: dict[str, FileRecord] = field(default_factory=dict)
+    done: dict[str, FileRecord] = field(default_factory=dict)  # this run's, in the order they landed
+    fd: int = -1
+    rerun: bool = False  # the task ran before (its journal was there): it may have left temporaries
+
+    @classmethod
+    def open(cls, out: Beneath, task: int) -> "Journal":
+        journal = cls(out, task)
+        for raw in _lines(out, task_file(task, "journal")):
+            try:
+                record = FileRecord.parse(json.loads(raw))
+            except ValueError:
+                continue  # a line cut short by a kill: that file is simply written again
+            journal.known[record.path] = record
+        rel = task_file(task, "journal")
+        try:
+            try:
+                journal.fd = out.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NONBLOCK, 0o644)
+            except FileExistsError:
+                journal.rerun = True
+                journal.fd = out.open(rel, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+            regular_file(journal.fd, rel)
+        except OSError as e:
+            journal.fd = -1
+            if stops(e):
+                raise WriteStopped(rel, e) from None
+            raise DataError(rel, f"cannot open: {e.strerror}") from None
+        return journal
+
+    def add(self, record: FileRecord) -> None:
+        """Record a file renamed into place (one write: a kill cuts at most this line)."""
+        self.done[record.path] = record
+        line = record.line().encode()
+        try:
+            os.write(self.fd, line)
+        except OSError as e:
+            if stops(e):
+                raise WriteStopped(task_file(self.task, "journal"), e) from None
+            raise
+
+    def keep(self, record: FileRecord) -> None:
+        """A file found complete from an earlier run: part of this task's record, already journaled."""
+        self.done[record.path] = record
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Ledger:
+    """The plan, the finished tasks and the manifest of an export, beneath DEST."""
+
+    def __init__(self, out: Beneath) -> None:
+        self.out = out
+
+    def plan(self) -> Plan | None:
+        raw = _read_small(self.out, PLAN, _PLAN_LIMIT)
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != PLAN_FORMAT or doc.get("version") != VERSION:
+                raise ValueError("not an export plan of this version")
+            tasks, source, formats = doc["tasks"], doc["source"], doc["formats"]
+            if not (isinstance(tasks, int) and 0 < tasks < 10**6 and isinstance(source, str)
+                    and isinstance(formats, dict)):
+                raise ValueError("bad fields")
+        except (ValueError, KeyError, AttributeError) as e:
+            raise ConfigError(f"{PLAN} in DEST is not an unshardfs export plan ({e})") from None
+        return Plan(source, formats, tasks)
+
+    def start(self, plan: Plan) -> None:
+        """Make the ledger's directories and write the plan (before any task runs)."""
+        rel = LEDGER_DIR
+        try:
+            for rel in (LEDGER_DIR, TASKS):
+                if not self.out.mkdir(rel) and not statmod.S_ISDIR(self.out.lstat(rel).st_mode):
+                    raise OSError(errno.ENOTDIR, "exists and is not a directory (a symlink is never followed)")
+            rel = PLAN
+            write_file(self.out, PLAN, [json.dumps(plan.doc(), indent=1).encode() + b"\n"])
+        except WriteStopped:
+            raise
+        except OSError as e:
+            if stops(e):
+                raise WriteStopped(rel, e) from None
+            raise ConfigError(f"cannot write {rel} in DEST: {e.strerror}") from None
+
+    def complete(self) -> set[int]:
+        """The tasks whose ledger entry is in place."""
+        try:
+            fd = self.out.open(TASKS, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return set()
+        with os.scandir(fd) as entries:
+            found = {int(m.group(1)) for e in entries if (m := _TASK_FILE.match(e.name))}
+        os.close(fd)
+        return found
+
+    def finish(self, journal: Journal, sync: bool = True) -> None:
+        """Write the task's ledger entry (every file it holds, flushed first), then drop its journal."""
+        records = list(journal.done.values())
+        closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records)}
+        pieces = (r.line().encode() for r in records)
+        write_file(self.out, task_file(journal.task), [b"".join(pieces), json.dumps(closing).encode() + b"\n"],
+                   sync=sync, task=journal.task)
+        journal.close()
+        parent = self.out.open(TASKS, os.O_PATH | os.O_DIRECTORY)
+        try:
+            os.unlink(f"{journal.task:06d}.journal", dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(parent)
+
+    def task_totals(self, task: int) -> tuple[int, int]:
+        """(files, bytes) of a complete task, from its closing line (the file's tail, not all of it)."""
+        rel = task_file(task)
+        try:
+            fd = self.out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                size = regular_file(fd, rel).st_size
+                tail = os.pread(fd, _LINE_LIMIT, max(0, size - _LINE_LIMIT))
+            finally:
+                os.close(fd)
+            doc = json.loads(tail.rstrip(b"\n").rpartition(b"\n")[2])
+            return int(doc["files"]), int(doc["bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise DataError(rel, "ledger entry unreadable or without its closing line") from None
+
+    def records(self, task: int) -> Iterator[FileRecord]:
+        for raw in _lines(self.out, task_file(task)):
+            doc = json.loads(raw)
+            if "path" in doc:
+                yield FileRecord.parse(doc)
+
+    def has_manifest(self) -> bool:
+        try:
+            return statmod.S_ISREG(self.out.lstat(MANIFEST).st_mode)
+        except OSError:
+            return False
+
+    def write_manifest(self, plan: Plan, sync: bool = True) -> tuple[int, int]:
+        """Gather every task's file lines into the manifest (streamed); (files, bytes)."""
+        files = size = 0
+        for task in range(plan.tasks):
+            f, b = self.task_totals(task)
+            files, size = files + f, size + b
+        header = {"format": MANIFEST_FORMAT, "version": VERSION, "source": plan.source, "files": files,
+                  "bytes": size, "checksum": "crc32c"}
+
+        def pieces() -> Iterator[bytes]:
+            yield json.dumps(header).encode() + b"\n"
+            for task in range(plan.tasks):
+                batch: list[bytes] = []
+                for record in self.records(task):
+                    batch.append(record.line().encode())
+                    if len(batch) >= 4096:
+                        yield b"".join(batch)
+                        batch = []
+                yield b"".join(batch)
+        write_file(self.out, MANIFEST, pieces(), sync=sync)
+        return files, size
+
+
+def read_manifest(path: str) -> tuple[dict[str, Any], Iterator[FileRecord]]:
+    """A manifest's header and its file lines (streamed); ConfigError for a file that is not one."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ConfigError(f"manifest {path}: {e.strerror}") from None
+    try:
+        header = json.loads(f.readline(_LINE_LIMIT))
+        if not isinstance(header, dict) or header.get("format") != MANIFEST_FORMAT:
+            raise ValueError("no manifest header")
+    except ValueError as e:
+        f.close()
+        raise ConfigError(f"manifest {path} is not an unshardfs manifest ({e})") from None
+
+    def records() -> Iterator[FileRecord]:
+        with f:
+            for number, raw in enumerate(iter(lambda: f.readline(_LINE_LIMIT), b""), start=2):
+                try:
+                    yield FileRecord.parse(json.loads(raw))
+                except ValueError as e:
+                    raise ConfigError(f"manifest {path} line {number}: {e}") from None
+    return header, records()
