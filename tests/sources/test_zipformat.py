@@ -7,12 +7,13 @@ from __future__ import annotations
 import io
 import struct
 import zipfile
-from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.zips import Member, build, deflate
-from unshardfs.sources.zipformat import (COLUMNS, EOCD64, LOCAL, CentralDirectory, Expected, decode,
+from unshardfs.sources.zipformat import (COLUMNS, EOCD64, LOCAL, CentralDirectory, Entries, Expected, decode,
                                          entry_name_problem, local_header_size, read_end, root_prefix)
 from unshardfs.util.errors import ConfigError, DataError
 
@@ -20,19 +21,22 @@ MEMBERS = [Member(b"a/x.bin", b"x" * 300), Member(b"a/", b""), Member(b"b", b"be
            Member(b"c64", b"q" * 5, zip64=True)]
 
 
-def _parse(blob: bytes, window: int, root: str = "") -> tuple[CentralDirectory, list[tuple[object, str]]]:
+def _parse(blob: bytes, window: int, root: str = "") -> tuple[Entries, list[tuple[object, str]], CentralDirectory]:
     end = read_end(blob, 0, "t.zip")
     skipped: list[tuple[object, str]] = []
     parser = CentralDirectory("t.zip", root, end.cd_offset, lambda name, why: skipped.append((name, why)))
     cd = blob[end.cd_offset:end.cd_offset + end.cd_size]
     for at in range(0, len(cd), window):
         parser.feed(cd[at:at + window])
-    parser.finish()
-    return parser, skipped
+    return parser.finish(), skipped, parser
 
 
-def _rows(parser: CentralDirectory) -> list[tuple[bytes, ...]]:
-    return [(name, *(parser.columns[k][i] for k in COLUMNS)) for i, name in enumerate(parser.names)]
+def _names(entries: Entries) -> list[bytes]:
+    return [entries.name(i) for i in range(len(entries))]
+
+
+def _rows(entries: Entries) -> list[tuple[object, ...]]:
+    return [(entries.name(i), *(int(entries.columns[k][i]) for k in COLUMNS)) for i in range(len(entries))]
 
 
 def test_end_record_plain_and_zip64():
@@ -84,17 +88,17 @@ def test_comment_holding_end_records():
 @pytest.mark.parametrize("window", [1, 7, 46, 1 << 20])
 def test_central_directory_in_any_windows(window):
     blob = build(MEMBERS)
-    parser, skipped = _parse(blob, window)
+    entries, skipped, parser = _parse(blob, window)
     assert skipped == [] and parser.seen == 4 and parser.zip64
     with zipfile.ZipFile(io.BytesIO(blob)) as z:
         want = [(i.filename.encode(), i.header_offset, i.compress_size, i.file_size, i.compress_type, i.CRC,
                  len(i.extra)) for i in z.infolist()]
-    assert _rows(parser) == want
+    assert _rows(entries) == want
 
 
 def test_central_directory_under_a_root():
-    parser, _ = _parse(build(MEMBERS), 1 << 20, root_prefix("/a/"))
-    assert parser.names == [b"x.bin"]
+    entries, _, _ = _parse(build(MEMBERS), 1 << 20, root_prefix("/a/"))
+    assert _names(entries) == [b"x.bin"]
     with pytest.raises(ConfigError, match="not a file name"):
         root_prefix("a/../b")
 
@@ -104,16 +108,16 @@ def test_central_directory_skips_what_never_becomes_a_path():
                Member(b"lie", b"55", usize=9)]
     blob = bytearray(build(members))
     # An encrypted entry, and one of an unknown method (the central directory's flags and method).
-    entries = [i for i in range(len(blob)) if blob.startswith(b"PK\x01\x02", i)]
-    parser, skipped = _parse(bytes(blob), 1 << 20)
-    assert parser.names == [b"ok"]
+    records = [i for i in range(len(blob)) if blob.startswith(b"PK\x01\x02", i)]
+    entries, skipped, _ = _parse(bytes(blob), 1 << 20)
+    assert _names(entries) == [b"ok"]
     assert [why for _, why in skipped] == ["name '..' is not a file name", "the name is absolute",
                                            "the name contains a backslash", "stored with 2 bytes but 9 uncompressed"]
-    blob[entries[3] + 8:entries[3] + 10] = (0x801).to_bytes(2, "little")
-    blob[entries[0] + 10:entries[0] + 12] = (99).to_bytes(2, "little")
-    blob[entries[0] + 46:entries[0] + 48] = b"up"  # a safe name now, of method 99
-    parser, skipped = _parse(bytes(blob), 1 << 20)
-    assert parser.names == []
+    blob[records[3] + 8:records[3] + 10] = (0x801).to_bytes(2, "little")
+    blob[records[0] + 10:records[0] + 12] = (99).to_bytes(2, "little")
+    blob[records[0] + 46:records[0] + 48] = b"up"  # a safe name now, of method 99
+    entries, skipped, _ = _parse(bytes(blob), 1 << 20)
+    assert _names(entries) == []
     assert ("ok", "it is encrypted") in skipped and ("up/up", "compression method 99 is not supported") in skipped
 
 
@@ -177,5 +181,36 @@ def test_decode_exact_sizes():
 
 
 def test_columns_are_compact():
-    parser, _ = _parse(build(MEMBERS), 1 << 20)
-    assert all(isinstance(parser.columns[k], array) and parser.columns[k].itemsize == 8 for k in COLUMNS)
+    entries, _, _ = _parse(build(MEMBERS), 1 << 20)
+    assert sum(entries.columns[k].itemsize for k in COLUMNS) == 32
+
+
+def _one_by_one(blob: bytes, root: str) -> tuple[list[bytes], list[tuple[object, str]]]:
+    """The reference: every record through `CentralDirectory.entry`, the field-by-field path."""
+    end = read_end(blob, 0, "t.zip")
+    skipped: list[tuple[object, str]] = []
+    parser = CentralDirectory("t.zip", root, end.cd_offset, lambda name, why: skipped.append((name, why)))
+    names, pos = [], end.cd_offset
+    while pos < end.cd_offset + end.cd_size:
+        fields = struct.unpack_from("<4s4B4HL2L5H2L", blob, pos)
+        n, m, k = fields[12], fields[13], fields[14]
+        got = parser.entry(fields, blob[pos + 46:pos + 46 + n], blob[pos + 46 + n:pos + 46 + n + m])
+        if got is not None:
+            names.append(got[0])
+        pos += 46 + n + m + k
+    return names, skipped
+
+
+odd_names = st.lists(st.sampled_from([b"a", b"..", b".", b"", b"b\\c", b"n\0l", b"\xff", b"\xc3\xa9", b"d.e", b"-"]),
+                     min_size=1, max_size=4).map(b"/".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(st.tuples(odd_names, st.booleans(), st.booleans()), min_size=1, max_size=30),
+       root=st.sampled_from(["", "a/"]), window=st.integers(1, 400))
+def test_records_at_once_equal_one_by_one(names, root, window):
+    """Plain records decoded a window at a time keep and refuse exactly what `entry` does, in order."""
+    members = [Member(n + b"/" if d else n, b"", zip64=z) for n, d, z in names]
+    blob = build(members)
+    entries, skipped, _ = _parse(blob, window, root)
+    assert (_names(entries), skipped) == _one_by_one(blob, root)

@@ -26,7 +26,6 @@ directory is read only up to `DataLimits.index_bytes` (`--max-index-size`).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import zlib
 from dataclasses import dataclass
@@ -176,8 +175,7 @@ class ZipSource:
             await trio.lowlevel.checkpoint()
             parser.feed(window)
             pos += n
-        parser.finish()
-        index = build_index(parser.names, parser.columns, cd_offset, self._skip)
+        index = build_index(parser.finish(), cd_offset, self._skip)
         if parser.seen != end.entries:
             log_once(log, f"zip:{where}:count", "%s: the end record claims %s entries, the central directory holds "
                      "%s", where, f"{end.entries:,}", f"{parser.seen:,}")
@@ -245,27 +243,10 @@ class ZipSource:
         if current is None:
             return
         index, st = current
-        prefix = path.encode() + b"/" if path else b""
-        names = index.names
-        i = bisect.bisect_left(names, prefix)
         directory = ObjectStat(0, st.mtime_ns, True, ())
-        while i < len(names):
-            name = names[i]
-            if not name.startswith(prefix):
-                break
-            rest = name[len(prefix):]
-            child, slash, _ = rest.partition(b"/")
-            if not rest:  # the directory's own entry
-                i += 1
-            elif slash:
-                if child:
-                    yield child.decode(), directory
-                # Past every name under prefix/child/ ('0' follows '/').
-                i = bisect.bisect_left(names, prefix + child + b"0", i + 1)
-            else:
-                yield child.decode(), self._member_stat(index, st, i)
-                i += 1
-            if i % 4096 == 0:
+        for k, (child, i) in enumerate(index.children(path.encode() + b"/" if path else b"")):
+            yield child.decode(), directory if i < 0 else self._member_stat(index, st, i)
+            if k % 4096 == 4095:
                 await trio.lowlevel.checkpoint()
 
     async def _member(self, path: str, version: tuple | None) -> tuple[ZipIndex, ObjectStat, int]:
@@ -294,7 +275,7 @@ class ZipSource:
         if offset >= 0:
             return offset, b""
         header = int(index.header[i])
-        full = self.root.encode() + index.names[i]
+        full = self.root.encode() + index.name(i)
         raw = await self._read(header, LOCAL.size + len(full) + along, st.version)
         self.counters["local_headers"] += 1
         expected = Expected(full, int(index.method[i]), int(index.crc[i]), int(index.csize[i]), int(index.usize[i]))

@@ -31,6 +31,8 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+import numpy as np
+
 from unshardfs.sources.base import name_problem
 from unshardfs.util.decompress import STEP, unzstd
 from unshardfs.util.errors import ConfigError, DataError
@@ -58,7 +60,7 @@ UTF8_FLAG = 0x800
 ENCRYPTED_FLAG = 0x1
 DESCRIPTOR_FLAG = 0x8
 U32, U16 = 0xFFFFFFFF, 0xFFFF
-# The per-entry columns a central directory yields (`CentralDirectory.columns`).
+# The per-entry columns a central directory yields (`Entries.columns`).
 COLUMNS = ("header", "csize", "usize", "method", "crc", "extra")
 
 # Told about every entry that never becomes a path: (its name as found, why).
@@ -190,12 +192,44 @@ def zip64_extra(extra: bytes, usize: bool, csize: bool, header: bool, disk: bool
     return None
 
 
+# The fixed part of a central directory record as numpy reads it (APPNOTE 4.3.12; zipfile's
+# structCentralDir, field by field), and the part of it that walks from one record to the next.
+_RECORD = np.dtype({"names": ["sig", "flags", "method", "crc", "csize", "usize", "n", "m", "k", "disk", "header"],
+                    "formats": ["<u4", "<u2", "<u2", "<u4", "<u4", "<u4", "<u2", "<u2", "<u2", "<u2", "<u4"],
+                    "offsets": [0, 8, 10, 16, 20, 24, 28, 30, 32, 34, 42], "itemsize": CENTRAL.size})
+_STEP = struct.Struct("<I24x3H")  # signature, then the name, extra and comment lengths
+_SIG_CENTRAL = int.from_bytes(SIG_CENTRAL, "little")
+_SLASH, _DOT = ord("/"), ord(".")
+_KNOWN_METHODS = np.array(sorted(METHODS), dtype=np.uint16)
+
+
+@dataclass
+class Entries:
+    """The kept entries of a central directory, in its order: names (UTF-8, the pipeline's root
+    removed) as one byte array with `starts` (n + 1 offsets), and one numpy column per field.
+    `unshardfs.sources.zipindex.build_index` consumes it (releasing each array when done)."""
+
+    names: np.ndarray  # uint8
+    starts: np.ndarray  # int64, n + 1
+    columns: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def name(self, i: int) -> bytes:
+        return self.names[self.starts[i]:self.starts[i + 1]].tobytes()
+
+
 class CentralDirectory:
     """A push parser of central directory records, fed in windows of any size.
 
     Keeps the entries under `root` (a '/'-terminated prefix, or ''), with the
-    prefix removed, as `names` and the compact `columns` (8 bytes per value,
-    no object per entry); every entry rejected is reported to `skip`.
+    prefix removed; every entry rejected is reported to `skip`. Records are
+    decoded a window at a time with numpy: an entry with a plain name (ASCII
+    without NUL or backslash, no empty, `.` or `..` segment) and plain fields
+    costs no Python object; any other (ZIP64 values, other names, anything to
+    refuse) goes through `entry`, one at a time. Kept per entry: its name's
+    bytes and 32 bytes of columns.
     """
 
     def __init__(self, where: str, root: str, cd_start: int, skip: Skip) -> None:
@@ -206,45 +240,116 @@ class CentralDirectory:
         self.pending = b""
         self.seen = 0
         self.zip64 = False
-        self.names: list[bytes] = []
-        self.columns = {k: array("Q") for k in COLUMNS}
+        self._names: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self._columns: dict[str, list[np.ndarray]] = {k: [] for k in COLUMNS}
 
     def feed(self, data: bytes) -> None:
-        buf = self.pending + data if self.pending else data
-        pos = 0
-        while len(buf) - pos >= CENTRAL.size:
-            fields = CENTRAL.unpack_from(buf, pos)
-            if fields[0] != SIG_CENTRAL:
-                raise ConfigError(f"{self.where}: central directory entry {self.seen} is damaged (bad signature)")
-            n, m, k = fields[12], fields[13], fields[14]
-            end = pos + CENTRAL.size + n + m + k
-            if end > len(buf):
-                break
-            name = bytes(buf[pos + CENTRAL.size:pos + CENTRAL.size + n])
-            extra = buf[pos + CENTRAL.size + n:pos + CENTRAL.size + n + m]
-            self.entry(fields, name, extra)
-            self.seen += 1
-            pos = end
-        self.pending = bytes(buf[pos:])
+        buf = self.pending + data if self.pending else bytes(data)
+        at, pos = _chain(buf)
+        if at is None:  # a signature inside a name or field, or damage: walk record by record
+            steps = array("q")
+            pos, size, step = 0, len(buf), _STEP.unpack_from
+            while size - pos >= CENTRAL.size:
+                sig, n, m, k = step(buf, pos)
+                if sig != _SIG_CENTRAL:
+                    raise ConfigError(f"{self.where}: central directory entry {self.seen + len(steps)} is "
+                                      f"damaged (bad signature)")
+                end = pos + CENTRAL.size + n + m + k
+                if end > size:
+                    break
+                steps.append(pos)
+                pos = end
+            at = np.frombuffer(steps, dtype=np.int64)
+        self.pending = buf[pos:]
+        if len(at):
+            self._records(buf, at)
+            self.seen += len(at)
 
-    def finish(self) -> None:
-        """Check that the last window ended on an entry's end."""
+    def finish(self) -> Entries:
+        """The kept entries; ConfigError if the last window did not end on an entry's end."""
         if self.pending:
             raise ConfigError(f"{self.where}: central directory ends inside an entry (truncated or damaged)")
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.uint32)
+        starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        names = np.concatenate(self._names) if self._names else np.zeros(0, np.uint8)
+        self._names, self._lengths = [], []
+        columns = {}
+        for key in COLUMNS:
+            parts = self._columns[key]
+            columns[key] = np.concatenate(parts) if parts else np.zeros(0, _DTYPES[key])
+            parts.clear()
+        return Entries(names, starts, columns)
 
-    def entry(self, fields: tuple, raw: bytes, extra: bytes) -> None:
+    def _records(self, buf: bytes, at: np.ndarray) -> None:
+        """The records of `buf` starting at offsets `at` (each complete)."""
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        rec = raw[at[:, None] + np.arange(CENTRAL.size)].view(_RECORD)[:, 0]
+        n = rec["n"].astype(np.int64)
+        flags, method, csize, usize = rec["flags"], rec["method"], rec["csize"], rec["usize"]
+        header = rec["header"].astype(np.uint64)
+        first = at + CENTRAL.size  # each name's offset in buf
+        flat = gather(raw, first, n)  # every name's bytes, one after another
+        row = np.repeat(np.arange(len(at)), n)  # the record of each byte of `flat`
+        is_dir = (n > 0) & (raw[np.maximum(first + n - 1, 0)] == _SLASH)
+        odd = np.zeros(len(at), dtype=bool)
+        odd[row[(flat >= 0x80) | (flat == 0) | (flat == ord("\\"))]] = True
+        odd[_bad_segments(flat, n, is_dir)] = True
+        odd |= (csize == U32) | (usize == U32) | (rec["header"] == U32) | (rec["disk"] == U16)
+        refused = ~is_dir & ((flags & ENCRYPTED_FLAG != 0) | ~np.isin(method, _KNOWN_METHODS)
+                             | ((method == STORED) & (csize != usize))
+                             | (header + np.uint64(LOCAL.size) + n.astype(np.uint64) + csize > self.cd_start))
+        odd |= refused
+        # Plain entries under the root are kept as they are, the root removed.
+        r = len(self.root)
+        inside = n > r
+        if r:
+            heads = raw[np.minimum(first[:, None] + np.arange(r), len(raw) - 1)]  # n > r where it matters
+            inside &= (heads == np.frombuffer(self.root, dtype=np.uint8)).all(axis=1)
+        keep = ~odd & inside
+        values = {"header": header, "csize": csize.astype(np.uint64), "usize": usize.astype(np.uint64),
+                  "method": method, "crc": rec["crc"], "extra": rec["m"]}
+        if not odd.any():
+            lengths = (n[keep] - r).astype(np.uint32)
+            self._names.append(gather(raw, first[keep] + r, lengths))
+        else:
+            # In the directory's order, the plain entries and those `entry` keeps.
+            names: list[bytes] = []
+            for i in range(len(at)):
+                if odd[i]:
+                    name_at, extra_at = int(first[i]), int(first[i] + n[i])
+                    got = self.entry(CENTRAL.unpack_from(buf, int(at[i])), buf[name_at:extra_at],
+                                     buf[extra_at:extra_at + int(rec["m"][i])])
+                    if got is not None:
+                        keep[i] = True
+                        names.append(got[0])
+                        for key, value in zip(COLUMNS, got[1:]):
+                            values[key][i] = value
+                elif keep[i]:
+                    o = int(first[i])
+                    names.append(buf[o + r:o + int(n[i])])
+            lengths = np.fromiter((len(x) for x in names), dtype=np.uint32, count=len(names))
+            self._names.append(np.frombuffer(b"".join(names), dtype=np.uint8))
+        self._lengths.append(lengths)
+        for key in COLUMNS:
+            self._columns[key].append(values[key][keep].astype(_DTYPES[key]))
+
+    def entry(self, fields: tuple, raw: bytes, extra: bytes) -> tuple[bytes, int, int, int, int, int, int] | None:
+        """One entry, checked field by field: (its name under the root, its column values), or None
+        when it is not kept (outside the root, or refused and told to `skip`)."""
         flags, method, crc = fields[5], fields[6], fields[9]
         csize, usize, disk, header = fields[10], fields[11], fields[15], fields[18]
         try:
             name = raw.decode("utf-8") if flags & UTF8_FLAG else raw.decode("cp437")
         except UnicodeDecodeError:
             self.skip(raw, "the name is not UTF-8")
-            return
+            return None
         if U32 in (csize, usize, header) or disk == U16:
             got = zip64_extra(extra, usize == U32, csize == U32, header == U32, disk == U16)
             if got is None:
                 self.skip(name, "its ZIP64 extra field is missing or too short")
-                return
+                return None
             self.zip64 = True
             usize = got[0] if usize == U32 else usize
             csize = got[1] if csize == U32 else csize
@@ -252,28 +357,83 @@ class CentralDirectory:
         problem = entry_name_problem(name)
         if problem is not None:
             self.skip(name, problem)
-            return
+            return None
         encoded = name.encode()
         if not encoded.startswith(self.root) or encoded == self.root:
-            return  # outside the path the pipeline names: not part of this source
+            return None  # outside the path the pipeline names: not part of this source
         encoded = encoded[len(self.root):]
-        is_dir = encoded.endswith(b"/")
-        if not is_dir:
+        if not encoded.endswith(b"/"):
             if flags & ENCRYPTED_FLAG:
                 self.skip(name, "it is encrypted")
-                return
+                return None
             if method not in METHODS:
                 self.skip(name, f"compression method {method} is not supported")
-                return
+                return None
             if method == zipfile.ZIP_STORED and csize != usize:
                 self.skip(name, f"stored with {csize:,} bytes but {usize:,} uncompressed")
-                return
+                return None
             if header + LOCAL.size + len(raw) + csize > self.cd_start:
                 self.skip(name, "its data would run into the central directory")
-                return
-        self.names.append(encoded)
-        for key, value in zip(COLUMNS, (header, csize, usize, method, crc, len(extra))):
-            self.columns[key].append(value)
+                return None
+        return encoded, header, csize, usize, method, crc, len(extra)
+
+
+_DTYPES = {"header": np.uint64, "csize": np.uint64, "usize": np.uint64, "method": np.uint16, "crc": np.uint32,
+           "extra": np.uint16}
+
+
+def _chain(buf: bytes) -> tuple[np.ndarray | None, int]:
+    """(the offsets of the complete records `buf` starts with, where the rest begins), found at once
+    when every central directory signature in `buf` starts a record and each record leads to the
+    next; (None, 0) otherwise (the caller walks the records one by one)."""
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if len(raw) < CENTRAL.size:
+        return np.zeros(0, dtype=np.int64), 0
+    sig = np.frombuffer(SIG_CENTRAL, dtype=np.uint8)
+    at = np.flatnonzero((raw[:-3] == sig[0]) & (raw[1:-2] == sig[1]) & (raw[2:-1] == sig[2]) & (raw[3:] == sig[3]))
+    at = at[at + CENTRAL.size <= len(raw)]  # the lengths of each are in `buf`
+    if not len(at) or at[0] != 0:
+        return None, 0
+    fields = raw[at[:, None] + np.arange(28, 34)].view("<u2").astype(np.int64)
+    ends = at + CENTRAL.size + fields.sum(axis=1)
+    if not np.array_equal(ends[:-1], at[1:]):
+        return None, 0
+    complete = ends <= len(raw)
+    if not complete[:-1].all() or (len(raw) - ends[-1] >= CENTRAL.size and complete[-1]):
+        return None, 0  # a record after the last signature (damage), or one cut before its end
+    if complete[-1]:
+        return at, int(ends[-1])
+    return at[:-1], int(at[-1])
+
+
+def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The byte ranges `data[starts[i]:starts[i] + lengths[i]]`, one after another, in one array."""
+    lengths = lengths.astype(np.int64)
+    out_at = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=out_at[1:])
+    total = int(out_at[-1] + lengths[-1]) if len(lengths) else 0
+    return data[np.repeat(starts.astype(np.int64) - out_at, lengths) + np.arange(total)]
+
+
+def _bad_segments(flat: np.ndarray, n: np.ndarray, is_dir: np.ndarray) -> np.ndarray:
+    """Rows whose name (row r's bytes are the next n[r] of `flat`) has an empty, `.` or `..` segment
+    or is absolute: in '\0/' + name (+ '/' for a file) that is '//', '/./' or '/../'."""
+    rows = len(n)
+    width = n + 2 + ~is_dir
+    at = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(width, out=at[1:])
+    ext = np.zeros(int(at[-1]), dtype=np.uint8)
+    ext[at[:-1] + 1] = _SLASH
+    name_at = np.zeros(rows, dtype=np.int64)
+    np.cumsum(n[:-1], out=name_at[1:])
+    ext[np.repeat(at[:-1] + 2 - name_at, n) + np.arange(len(flat))] = flat
+    files = np.flatnonzero(~is_dir)
+    ext[at[:-1][files] + 2 + n[files]] = _SLASH
+    slash, dot = ext == _SLASH, ext == _DOT
+    hits = [np.flatnonzero(slash[:-1] & slash[1:]),
+            np.flatnonzero(slash[:-2] & dot[1:-1] & slash[2:]),
+            np.flatnonzero(slash[:-3] & dot[1:-2] & dot[2:-1] & slash[3:])]
+    return np.searchsorted(at, np.concatenate(hits), side="right") - 1
 
 
 # -- local headers and member data ---------------------------------------------------------
