@@ -343,6 +343,16 @@ class Bridge:
         if fresh is None or fresh.is_dir != node.is_dir or fresh.ident != node.ident:
             raise FsError(errno.ESTALE)
         if fresh is not node:
+            if (self.invalidate is not None and isinstance(node, FileNode) and isinstance(fresh, FileNode)
+                    and (fresh.size, fresh.mtime_ns) != (node.size, node.mtime_ns) and self._may_hold(ino)):
+                # Once its attributes expired the kernel asks for them before every read: a reader
+                # part way through the old content would go on with new bytes. It gets EIO instead,
+                # and so does every read until the kernel has dropped the old pages; the next
+                # request for the attributes gets the new ones.
+                self.inodes.replace(ino, fresh)
+                self._drop_pages(ino)
+                self.counters["eio"] += 1
+                raise FsError(errno.EIO)
             self._note_changed(ino, fresh)
             self.inodes.replace(ino, fresh)
         return fresh

@@ -44,6 +44,7 @@ from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleErro
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
+from unshardfs.util.memory import give_back_freed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,6 +60,7 @@ DECODED_CACHE = 64 << 20
 WHOLE = 64 << 10
 WHOLE_MAX = 4 << 20
 EXTRA_SLACK = 128
+TRIM_AFTER = 100_000  # entries: an index this large is built from temporaries worth returning to the OS
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,8 @@ class ZipSource:
                                   end.comment)
         self._index, self._stat, self._dirty = index, st, False
         self._decoded.clear()
+        if len(index) >= TRIM_AFTER:
+            give_back_freed()  # the build's temporaries, not the index, are what RSS would keep
 
     def _skip(self, name: object, reason: str) -> None:
         """An entry that never becomes a path: counted, and logged once per archive and reason."""
