@@ -92,16 +92,16 @@ def test_a_million_members(volumes, tmp_path):
     try:
         _mount_slowly(volumes[10], small, tmp_path / "small.log")
         _mount_slowly(volumes[SIDE], large, tmp_path / "large.log")
-        for mnt, side in ((small, 10), (large, SIDE)):
+        for mnt in (small, large):
             assert sorted(os.listdir(mnt)) == ["info", "s"]
         base, pid = _daemon(small), _daemon(large)
         listed_small = subprocess.run(["ls", "-f", str(small / "s")], capture_output=True, timeout=60, check=True)
-        assert len(listed_small.stdout.split()) == 10 ** 3 + 2
+        assert len(set(listed_small.stdout.split()) - {b".", b".."}) == 10 ** 3
         before_listing = _status(pid, "VmHWM")
         listed = subprocess.run(["ls", "-f", str(large / "s")], capture_output=True, timeout=600, check=True)
-        got = listed.stdout.decode().split("\n")[:-1]
-        assert len(got) == entries + 1  # . and .., no info
-        assert set(got) - {".", ".."} == {_chunk(x, y, z)[0] for x in range(SIDE) for y in range(SIDE)
+        got = [name for name in listed.stdout.decode().split("\n")[:-1] if name not in (".", "..")]
+        assert len(got) == entries - 1  # no info, each chunk once
+        assert set(got) == {_chunk(x, y, z)[0] for x in range(SIDE) for y in range(SIDE)
                                           for z in range(SIDE)}
         del got, listed
         rng = np.random.default_rng(7)
@@ -245,9 +245,6 @@ def test_archive_changed_while_mounted(tmp_path, mount: MountFn, change):
     assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
 
 
-@pytest.mark.xfail(strict=False, reason="known gap: the daemon answers the stale read EIO and has the kernel drop "
-                   "its pages, but the kernel retries the read and, once they are gone, gets the new bytes; the "
-                   "reader already holds the old head (no-open gives the daemon no per-open identity to refuse)")
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_file_read_across_a_change_is_never_a_mix(tmp_path, mount: MountFn, change):
     """Deterministic: the head of a large member read (the kernel keeps its pages), the archive
