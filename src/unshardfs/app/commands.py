@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from unshardfs.app.cluster import close_client
 from unshardfs.app.opened import OpenedSource
+from unshardfs.app.pipeline import archive_lines
 from unshardfs.app.options import format_options
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.tools.atomic import WriteStopped, remove_temporaries
@@ -57,7 +58,7 @@ async def _inspect(args: argparse.Namespace) -> int:
             bar.set_description(part.path or ".")
             reports.append(await part.report(bar.update))
     archive = session.archive
-    lines = archive.lines() if archive else []
+    lines = archive_lines(archive) if archive else []
     versioned = session.versioned
     if versioned is not None and not args.json:
         try:

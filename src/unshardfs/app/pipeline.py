@@ -24,15 +24,19 @@ naming the part.
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from unshardfs.sources.base import ByteSource
 from unshardfs.sources.icechunk.source import IcechunkOptions
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.limits import DataLimits
+
+if TYPE_CHECKING:
+    from unshardfs.sources.zip import ZipSummary
 
 # Neuroglancer's format names -> our format plug-ins (Zarr v2 stores are shown by the zarr plug-in as stored).
 FORMATS = {"neuroglancer-precomputed": "precomputed", "precomputed": "precomputed", "zarr3": "zarr",
@@ -256,3 +260,25 @@ async def _open_archive(spec: SourceSpec, open_base: Callable[[str], ByteSource]
     except BaseException:
         await inner.aclose()
         raise
+
+
+def ome_comment(comment: bytes) -> dict[str, Any] | None:
+    """The `ome` object of an RFC-9 (Zipped OME-Zarr) archive comment, or None when the comment is not one."""
+    text = comment.decode("utf-8", "replace")
+    try:
+        value = json.loads(text) if text.lstrip().startswith("{") else None
+    except ValueError:
+        return None
+    ome = value.get("ome") if isinstance(value, dict) else None
+    return ome if isinstance(ome, dict) else None
+
+
+def archive_lines(summary: "ZipSummary") -> list[str]:
+    """`inspect`'s lines on the archive a source reads through, its comment read the RFC-9 way."""
+    out = summary.lines()
+    ome = ome_comment(summary.comment)
+    if ome is not None:
+        out.append(f"  RFC-9 comment {json.dumps({'ome': ome})}")
+    elif summary.comment:
+        out.append(f"  comment       {summary.comment.decode('utf-8', 'replace')[:200]!r}")
+    return out

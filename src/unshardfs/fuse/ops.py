@@ -102,6 +102,9 @@ class InodeTable:
         self.slots: dict[str, int] = {}
         self.slot_dirs: list[DirNode | None] = [None]
         self.recent = RecentNodes(recent_nodes)
+        # Tabled inodes whose content changed under a reader: their name now leads to a new inode,
+        # and every read of them fails until the kernel forgets them.
+        self.superseded: set[int] = set()
         self.outstanding = 0
         self._last_slot: tuple[Node | None, int] = (None, 0)  # `slot_of`'s last directory node and its slot
 
@@ -178,9 +181,22 @@ class InodeTable:
             return
         self.counts.pop(ino, None)
         self.nodes.pop(ino, None)
+        self.superseded.discard(ino)
         key = self.names.pop(ino, None)
-        if key is not None:
-            self.by_name.pop(key, None)
+        if key is not None and self.by_name.get(key) == ino:
+            del self.by_name[key]
+
+    def supersede(self, ino: int) -> bool:
+        """Retire tabled inode `ino`: the next lookup of its name gets a new number, and `ino`
+        keeps its old node until the kernel forgets it. False for a computed inode (its number
+        is its id: it cannot be replaced)."""
+        if ino == ROOT or self.computed(ino):
+            return False
+        key = self.names.get(ino)
+        if key is not None and self.by_name.get(key) == ino:
+            del self.by_name[key]
+        self.superseded.add(ino)
+        return True
 
     def drop_if_unreferenced(self, ino: int) -> None:
         if self.counts.get(ino) == 0:
@@ -336,16 +352,35 @@ class Bridge:
         replaced shard's new size and mtime reach the kernel (which then drops
         the old pages itself, with AUTO_INVAL_DATA)."""
         node = await self.inodes.get(ino)
-        if node.is_dir or ino == ROOT:
-            return node
+        if node.is_dir or ino == ROOT or ino in self.inodes.superseded:
+            return node  # a retired inode keeps its old attributes (its reads fail)
         parent, name = self.inodes.locate(ino)
         fresh = await parent.lookup(name) if parent is not None and name else None
         if fresh is None or fresh.is_dir != node.is_dir or fresh.ident != node.ident:
             raise FsError(errno.ESTALE)
         if fresh is not node:
+            if (self.invalidate is not None and isinstance(node, FileNode) and isinstance(fresh, FileNode)
+                    and (fresh.size, fresh.mtime_ns) != (node.size, node.mtime_ns) and self._may_hold(ino)):
+                # Once its attributes expired the kernel asks for them before every read: a reader
+                # part way through the old content would go on with new bytes.
+                self._changed_under_reader(ino, fresh)
+                raise FsError(errno.EIO)
             self._note_changed(ino, fresh)
             self.inodes.replace(ino, fresh)
         return fresh
+
+    def _changed_under_reader(self, ino: int, fresh: Node) -> None:
+        """`ino`'s content changed while the kernel may hold its old pages, and a reader may be part
+        way through them: no read of `ino` may give new bytes. A tabled inode is retired (every read
+        of it fails from now on; the name is looked up afresh and gets a new inode with the new
+        content); a computed one fails its reads until the kernel has dropped its pages."""
+        self.counters["eio"] += 1
+        if self.inodes.supersede(ino):
+            assert self.invalidate is not None
+            self.invalidate(ino, _nothing)  # its pages, and its name's entry
+        else:
+            self.inodes.replace(ino, fresh)
+            self._drop_pages(ino)
 
     def _note_changed(self, ino: int, node: Node) -> None:
         """Forget that the kernel holds pages of `ino` once it learns new attributes."""
@@ -548,7 +583,7 @@ class Bridge:
             node = await self.file(ino)
         if offset >= node.size or size <= 0:
             return node, b""
-        if ino in self.dropping:
+        if ino in self.dropping or ino in self.inodes.superseded:
             self.counters["eio"] += 1
             raise FsError(errno.EIO)
         try:
@@ -558,14 +593,12 @@ class Bridge:
                 self.invalidate(ino, _nothing)  # its size changed: the kernel must ask for attributes again
             raise
         if served is not node:
+            if self.invalidate is not None and self._may_hold(ino):
+                self._changed_under_reader(ino, served)
+                raise FsError(errno.EIO)
             self.inodes.replace(ino, served)
             if self.invalidate is not None:
-                if not self._may_hold(ino):
-                    self.invalidate(ino, _nothing)
-                else:
-                    self._drop_pages(ino)
-                    self.counters["eio"] += 1
-                    raise FsError(errno.EIO)
+                self.invalidate(ino, _nothing)
         self._served(ino, len(data))
         return served, data
 

@@ -83,9 +83,13 @@ class Pyfuse3Operations(pyfuse3.Operations):
         `done`."""
         self.counters["invalidations"] += 1
 
+        located = self.ops.inodes.parent_of(ino)
+
         async def later() -> None:
             try:
                 await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino)
+                if located is not None:  # a retired inode's name must be looked up again
+                    await trio.to_thread.run_sync(pyfuse3.invalidate_entry, located[0], located[1])
             except (OSError, RuntimeError) as e:  # the kernel forgot it meanwhile: nothing cached
                 log.debug("invalidating inode %d: %s", ino, e)
             finally:

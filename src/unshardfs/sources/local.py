@@ -233,10 +233,13 @@ class LocalSource:
         try:
             if self._nowait and size <= NOWAIT_MAX:
                 data = self._cached_bytes(fd, offset, size)  # the usual case: one call
-                if data is not None:
-                    return bytes(data)
-                return await self._read_nowait(fd, offset, size)
-            return _pread_all(fd, offset, size)
+                got = bytes(data) if data is not None else await self._read_nowait(fd, offset, size)
+            else:
+                got = _pread_all(fd, offset, size)
+            if version is not None and _version(os.fstat(fd)) != version:
+                # Rewritten in place while it was read: the bytes may be part old, part new.
+                raise StaleError(path, "file was modified in place while it was read")
+            return got
         except OSError as e:
             self._drop_fd(path)
             raise SourceError(f"read {self.os_path(path)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e

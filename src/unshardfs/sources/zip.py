@@ -10,372 +10,78 @@ coalescing, read-ahead all work on it unchanged); a DEFLATE (or bzip2, zstd)
 member is decoded whole, capped by `DataLimits.payload_bytes`, verified (size,
 CRC-32) and kept in a small byte-bounded cache.
 
-Why not `zipfile.ZipFile`: it wants a seekable file (a remote archive would
-need a file-like wrapper turning every seek+read into a request), builds one
-`ZipInfo` object per entry (hundreds of bytes each: 10^7 entries would cost
-gigabytes) and trusts the entry count the end record claims. We use its
-struct formats and signatures (`zipfile.structCentralDir`, ...) but parse
-the central directory ourselves into a compact index: one bytes blob of
-sorted names and numpy columns, nothing per entry.
+What the bytes mean is decided by `unshardfs.sources.zipformat` (the records,
+tested on bytes alone) and kept by `unshardfs.sources.zipindex` (the compact
+per-member table); this module does the reading, the caching and the
+following of an archive that changes. It interprets no archive comment:
+`ZipSummary.comment` is the raw bytes, for the layers that know what a
+comment may mean (an `.ozx`'s RFC-9 comment).
 
-Hostile archives: names that are absolute, contain `\\`, NUL or a `.`/`..`
-segment, are not decodable, or occur twice (also a file that is also a
-directory) never become paths (logged once, skipped); entries whose data
-would overlap another's local header or the central directory, that share a
-local header, are encrypted or use an unknown method are skipped the same
-way; a local header that disagrees with the central directory (signature,
-name, method, sizes, position) makes that member's reads fail. The central
-directory is read only up to `DataLimits.index_bytes` (`--max-index-size`), and
-memory grows with the entries actually present, never with a count an end
-record claims.
+Hostile archives: unsafe or ambiguous entries never become paths (logged
+once per archive and reason); a local header that disagrees with the
+central directory, or member data that would overlap the next member or
+the central directory, makes that member's reads fail. The central
+directory is read only up to `DataLimits.index_bytes` (`--max-index-size`).
 """
 
 from __future__ import annotations
 
-import bisect
-import bz2
-import json
 import logging
-import struct
-import zipfile
 import zlib
-from array import array
-from collections import Counter
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import numpy as np
 import trio
 from cachetools import LRUCache
 
-from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, name_problem, stat_and_tail
-from unshardfs.util.decompress import STEP, off_loop, unzstd
+from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, stat_and_tail
+from unshardfs.sources.zipformat import (EOCD64, LOCAL, METHODS, STORED, CentralDirectory, Expected, decode,
+                                         local_header_size, read_end, root_prefix)
+from unshardfs.sources.zipindex import ZipIndex, build_index
+from unshardfs.util.decompress import off_loop
 from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
+from unshardfs.util.memory import give_back_freed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 U = TypeVar("U")
 
-# zipfile's record layouts and signatures (the struct formats fit; the reading around them does
-# not, see above). They are module-level names of zipfile that typeshed's stubs do not declare.
-_zipfile: Any = zipfile
-EOCD = struct.Struct(_zipfile.structEndArchive)
-EOCD64 = struct.Struct(_zipfile.structEndArchive64)
-LOCATOR64 = struct.Struct(_zipfile.structEndArchive64Locator)
-CENTRAL = struct.Struct(_zipfile.structCentralDir)
-LOCAL = struct.Struct(_zipfile.structFileHeader)
-SIG_EOCD: bytes = _zipfile.stringEndArchive
-SIG_EOCD64: bytes = _zipfile.stringEndArchive64
-SIG_LOCATOR64: bytes = _zipfile.stringEndArchive64Locator
-SIG_CENTRAL: bytes = _zipfile.stringCentralDir
-SIG_LOCAL: bytes = _zipfile.stringFileHeader
-EXTRA = struct.Struct("<HH")
-ZIP64_EXTRA = 0x0001
 # The end record is within the last 22 + 65,535 bytes; with the ZIP64 locator and
 # record before it, and room for a small central directory, one tail read does.
 TAIL = 1 << 17
 WINDOW = 1 << 20  # central directory read per request
-ZSTD = 93  # APPNOTE 4.4.5: Zstandard (zipfile knows no constant for it)
-METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
-           ZSTD: "zstd"}
-UTF8_FLAG = 0x800
-ENCRYPTED_FLAG = 0x1
-DESCRIPTOR_FLAG = 0x8
-U32, U16 = 0xFFFFFFFF, 0xFFFF
 DECODED_CACHE = 64 << 20
 # Members this small (or read whole, up to WHOLE_MAX) are read with their local header in one request;
 # EXTRA_SLACK covers a local extra field (timestamps, ZIP64) longer than none.
 WHOLE = 64 << 10
 WHOLE_MAX = 4 << 20
 EXTRA_SLACK = 128
+TRIM_AFTER = 100_000  # entries: an index this large is built from temporaries worth returning to the OS
 
 
 @dataclass(frozen=True)
 class ZipSummary:
-    """What `inspect` says about the archive it reads through."""
+    """What the archive a source reads through holds, for `inspect`."""
 
     archive: str
     entries: int  # members shown (files)
     skipped: int  # entries that never became paths
     methods: dict[str, int]  # members per compression method
     zip64: bool
-    comment: str
-    ome: dict | None  # the RFC-9 archive comment's "ome" object
+    comment: bytes  # the archive comment, raw
 
     def lines(self) -> list[str]:
+        """The archive's part of `inspect`'s report (the comment is described by the caller)."""
         methods = ", ".join(f"{n:,} {m}" for m, n in sorted(self.methods.items())) or "none"
         out = [f"  through zip   {self.archive}",
                f"  members       {self.entries:,} ({methods})" + (", ZIP64" if self.zip64 else "")]
         if self.skipped:
             out.append(f"  skipped       {self.skipped:,} entries (unsafe names, duplicates, overlaps; see the log)")
-        if self.ome is not None:
-            out.append(f"  RFC-9 comment {json.dumps({'ome': self.ome})}")
-        elif self.comment:
-            out.append(f"  comment       {self.comment[:200]!r}")
         return out
-
-
-class _Names:
-    """The sorted names as a sequence of bytes, for `bisect` (no object per entry kept)."""
-
-    __slots__ = ("blob", "starts")
-
-    def __init__(self, blob: bytes, starts: np.ndarray) -> None:
-        self.blob = blob
-        self.starts = array("Q")  # indexing an array gives ints faster than numpy scalars
-        self.starts.frombytes(starts.astype(np.uint64).tobytes())
-
-    def __len__(self) -> int:
-        return len(self.starts) - 1
-
-    def __getitem__(self, i: int) -> bytes:
-        return self.blob[self.starts[i]:self.starts[i + 1]]
-
-
-class ZipIndex:
-    """The usable entries of one central directory, sorted by name (UTF-8 bytes).
-
-    Directory entries keep their trailing '/', so a directory's children are
-    exactly the names under its prefix and listings are a walk over one
-    contiguous range. Columns are numpy arrays; the local header's data offset
-    is filled in on a member's first read (-1 until then).
-    """
-
-    def __init__(self, names: list[bytes], columns: dict[str, np.ndarray], cd_start: int) -> None:
-        order = sorted(range(len(names)), key=names.__getitem__)
-        lengths = np.fromiter((len(names[i]) for i in order), dtype=np.uint64, count=len(order))
-        self.names = _Names(b"".join(names[i] for i in order), np.concatenate([[0], np.cumsum(lengths)]))
-        pick = np.asarray(order, dtype=np.int64)
-        self.header = np.asarray(columns["header"], dtype=np.uint64)[pick]
-        self.csize = np.asarray(columns["csize"], dtype=np.uint64)[pick]
-        self.usize = np.asarray(columns["usize"], dtype=np.uint64)[pick]
-        self.method = np.asarray(columns["method"], dtype=np.uint16)[pick]
-        self.crc = np.asarray(columns["crc"], dtype=np.uint32)[pick]
-        # The central extra field's length: the local one is usually the same, so the data offset can be
-        # guessed before the local header has been read.
-        self.extra = np.asarray(columns["extra"], dtype=np.uint16)[pick]
-        self.isdir = np.fromiter((names[i].endswith(b"/") for i in order), dtype=bool, count=len(order))
-        self.data = np.full(len(order), -1, dtype=np.int64)
-        # Where the next member's local header (or the central directory) starts:
-        # a member's data must end there.
-        self.limit = np.full(len(order), cd_start, dtype=np.uint64)
-        if len(order):
-            by_offset = np.argsort(self.header, kind="stable")
-            self.limit[by_offset[:-1]] = self.header[by_offset[1:]]
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def find(self, name: bytes) -> int:
-        i = bisect.bisect_left(self.names, name)
-        return i if i < len(self.names) and self.names[i] == name else -1
-
-    def is_dir(self, prefix: bytes) -> bool:
-        """Whether any entry lies under `prefix` (a directory name ending in '/')."""
-        i = bisect.bisect_left(self.names, prefix)
-        return i < len(self.names) and self.names[i].startswith(prefix)
-
-
-class CentralDirectory:
-    """Parses central directory records fed in windows into a `ZipIndex`.
-
-    Only entries under `root` (a '/'-terminated prefix, or '') are kept, with
-    the prefix removed; everything rejected is counted and logged once per
-    archive and reason.
-    """
-
-    def __init__(self, where: str, root: str, cd_start: int) -> None:
-        self.where = where
-        self.root = root.encode()
-        self.cd_start = cd_start
-        self.pending = b""
-        self.seen = 0
-        self.skipped = 0
-        self.zip64 = False
-        self.names: list[bytes] = []
-        # Compact columns (8 bytes per value), not an object per entry.
-        self.columns = {k: array("Q") for k in ("header", "csize", "usize", "method", "crc", "extra")}
-
-    def skip(self, name: object, reason: str) -> None:
-        self.skipped += 1
-        log_once(log, f"zip:{self.where}:{reason}", "%s: skipping entry %r: %s (further entries like it are "
-                 "skipped silently)", self.where, name, reason)
-
-    def feed(self, data: bytes) -> None:
-        buf = self.pending + data if self.pending else data
-        pos = 0
-        while len(buf) - pos >= CENTRAL.size:
-            fields = CENTRAL.unpack_from(buf, pos)
-            if fields[0] != SIG_CENTRAL:
-                raise ConfigError(f"{self.where}: central directory entry {self.seen} is damaged (bad signature)")
-            n, m, k = fields[12], fields[13], fields[14]
-            end = pos + CENTRAL.size + n + m + k
-            if end > len(buf):
-                break
-            name = bytes(buf[pos + CENTRAL.size:pos + CENTRAL.size + n])
-            extra = buf[pos + CENTRAL.size + n:pos + CENTRAL.size + n + m]
-            self.entry(fields, name, extra)
-            self.seen += 1
-            pos = end
-        self.pending = bytes(buf[pos:])
-
-    def finish(self) -> ZipIndex:
-        if self.pending:
-            raise ConfigError(f"{self.where}: central directory ends inside an entry (truncated or damaged)")
-        names, header = self.names, self.columns["header"]
-        counts = Counter(names)
-        # Every directory some entry implies (its parents, and directory entries themselves).
-        dirs: set[bytes] = set()
-        for name in names:
-            parent = name[:-1] if name.endswith(b"/") else name.rpartition(b"/")[0]
-            while parent and parent not in dirs:
-                dirs.add(parent)
-                parent = parent.rpartition(b"/")[0]
-        shared = Counter(header[i] for i, name in enumerate(names) if not name.endswith(b"/"))
-        keep: list[int] = []
-        listed: set[bytes] = set()
-        for i, name in enumerate(names):
-            if name.endswith(b"/"):
-                if name not in listed:  # a repeated directory entry is harmless: shown once
-                    listed.add(name)
-                    keep.append(i)
-                continue
-            # Ambiguous names are never paths: which of two members would a reader get?
-            reason = ("the name occurs more than once" if counts[name] > 1 else
-                      "the name is also a directory" if name in dirs else
-                      "its local header is shared with another entry (overlapping members)" if shared[header[i]] > 1
-                      else None)
-            if reason is None:
-                keep.append(i)
-            else:
-                self.skip(name.decode(), reason)
-        pick = np.asarray(keep, dtype=np.int64)
-        return ZipIndex([names[i] for i in keep],
-                        {k: np.asarray(v, dtype=np.uint64)[pick] for k, v in self.columns.items()}, self.cd_start)
-
-    def entry(self, fields: tuple, raw: bytes, extra: bytes) -> None:
-        flags, method, crc = fields[5], fields[6], fields[9]
-        csize, usize, disk, header = fields[10], fields[11], fields[15], fields[18]
-        try:
-            name = raw.decode("utf-8") if flags & UTF8_FLAG else raw.decode("cp437")
-        except UnicodeDecodeError:
-            self.skip(raw, "the name is not UTF-8")
-            return
-        if U32 in (csize, usize, header) or disk == U16:
-            got = _zip64(extra, usize == U32, csize == U32, header == U32, disk == U16)
-            if got is None:
-                self.skip(name, "its ZIP64 extra field is missing or too short")
-                return
-            self.zip64 = True
-            usize = got[0] if usize == U32 else usize
-            csize = got[1] if csize == U32 else csize
-            header = got[2] if header == U32 else header
-        problem = _name_problem(name)
-        if problem is not None:
-            self.skip(name, problem)
-            return
-        encoded = name.encode()
-        if not encoded.startswith(self.root) or encoded == self.root:
-            return  # outside the path the pipeline names: not part of this source
-        encoded = encoded[len(self.root):]
-        is_dir = encoded.endswith(b"/")
-        if not is_dir:
-            if flags & ENCRYPTED_FLAG:
-                self.skip(name, "it is encrypted")
-                return
-            if method not in METHODS:
-                self.skip(name, f"compression method {method} is not supported")
-                return
-            if method == zipfile.ZIP_STORED and csize != usize:
-                self.skip(name, f"stored with {csize:,} bytes but {usize:,} uncompressed")
-                return
-            if header + LOCAL.size + len(raw) + csize > self.cd_start:
-                self.skip(name, "its data would run into the central directory")
-                return
-        self.names.append(encoded)
-        for key, value in (("header", header), ("csize", csize), ("usize", usize), ("method", method),
-                           ("crc", crc), ("extra", len(extra))):
-            self.columns[key].append(value)
-
-
-def _zip64(extra: bytes, usize: bool, csize: bool, header: bool, disk: bool) -> tuple[int, int, int] | None:
-    """The ZIP64 extended information of an extra field (only the values marked 0xFFFFFFFF are present)."""
-    pos = 0
-    while pos + EXTRA.size <= len(extra):
-        kind, size = EXTRA.unpack_from(extra, pos)
-        body = extra[pos + EXTRA.size:pos + EXTRA.size + size]
-        pos += EXTRA.size + size
-        if kind != ZIP64_EXTRA:
-            continue
-        want = usize + csize + header
-        if len(body) < 8 * want + 4 * disk:
-            return None
-        values = struct.unpack_from(f"<{want}Q", body)
-        it = iter(values)
-        return (next(it) if usize else 0, next(it) if csize else 0, next(it) if header else 0)
-    return None
-
-
-def _name_problem(name: str) -> str | None:
-    """Why an entry name can never be a path (a directory entry ends in '/')."""
-    if "\0" in name:
-        return "the name contains NUL"
-    if "\\" in name:
-        return "the name contains a backslash"
-    if name.startswith("/"):
-        return "the name is absolute"
-    for segment in name.removesuffix("/").split("/"):
-        problem = name_problem(segment)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _root_prefix(path: str) -> str:
-    """The pipeline's `zip:PATH` as a member-name prefix ('' or 'a/b/')."""
-    path = path.strip("/")
-    if not path:
-        return ""
-    problem = _name_problem(path)
-    if problem is not None:
-        raise ConfigError(f"zip:{path}: {problem}")
-    return path + "/"
-
-
-def _decode(method: int, data: bytes, size: int, where: str) -> bytes:
-    """A compressed member, exactly `size` bytes (never more are produced)."""
-    if method == ZSTD:
-        out = unzstd(data, size, where)
-    else:
-        decoder: Any = zlib.decompressobj(-15) if method == zipfile.ZIP_DEFLATED else bz2.BZ2Decompressor()
-        parts: list[bytes] = []
-        produced = 0
-        pending: bytes = data
-        try:
-            while True:
-                if method == zipfile.ZIP_DEFLATED:
-                    chunk = decoder.decompress(pending, min(size - produced + 1, STEP))
-                    pending = decoder.unconsumed_tail
-                    done = decoder.eof or (not chunk and not pending)
-                else:
-                    chunk = decoder.decompress(pending, min(size - produced + 1, STEP))
-                    pending = b""
-                    done = decoder.eof or (not chunk and decoder.needs_input)
-                produced += len(chunk)
-                if produced > size:
-                    raise DataError(where, f"decodes to more than the {size:,} bytes the central directory gives")
-                parts.append(chunk)
-                if done:
-                    break
-        except (zlib.error, OSError, EOFError, ValueError) as e:
-            raise DataError(where, f"bad {METHODS[method]} data: {e}") from None
-        out = b"".join(parts)
-    if len(out) != size:
-        raise DataError(where, f"decodes to {len(out):,} bytes, the central directory gives {size:,}")
-    return out
 
 
 class ZipSource:
@@ -391,7 +97,7 @@ class ZipSource:
                  url: str | None = None) -> None:
         self.inner = inner
         self.archive = archive
-        self.root = _root_prefix(root)
+        self.root = root_prefix(root)
         self.limits = limits or DataLimits()
         self.remote = inner.remote
         self.index_cache: IndexCache | None = inner.index_cache
@@ -404,6 +110,7 @@ class ZipSource:
         self._flights = Flights()
         self._decoded: LRUCache = LRUCache(DECODED_CACHE, getsizeof=len)
         self.summary: ZipSummary | None = None
+        self._skipped = 0
         self.counters = {"archive_reads": 0, "archive_bytes": 0, "local_headers": 0, "decoded_members": 0,
                          "decoded_bytes": 0}
 
@@ -443,6 +150,7 @@ class ZipSource:
     async def _load(self, st: ObjectStat, given: bytes | None = None) -> None:
         """Read the directory of the archive `st` describes; `given`: its tail, if it came with `st`."""
         where = self.description
+        self._skipped = 0
         size = st.size
         tail_at = max(0, size - TAIL)
         if given is not None and len(given) == size - tail_at:
@@ -451,38 +159,12 @@ class ZipSource:
             tail = await self._read(tail_at, size - tail_at, st.version, index=True)
         if len(tail) != size - tail_at:
             raise ConfigError(f"{where}: archive shorter than its size ({size:,} bytes)")
-        end = _find_end(tail)
-        if end is None:
-            raise ConfigError(f"{where}: not a zip archive (no end of central directory record; truncated?)")
-        fields = EOCD.unpack_from(tail, end)
-        disk, cd_disk, entries, cd_size, cd_offset = fields[1], fields[2], fields[4], fields[5], fields[6]
-        comment = tail[end + EOCD.size:end + EOCD.size + fields[7]]
-        record_at = tail_at + end  # where the central directory must end
-        zip64 = False
-        loc = end - LOCATOR64.size
-        if loc >= 0 and tail[loc:loc + 4] == SIG_LOCATOR64:
-            _, _, eocd64_at, _ = LOCATOR64.unpack_from(tail, loc)
-            if eocd64_at + EOCD64.size > tail_at + loc:
-                raise ConfigError(f"{where}: ZIP64 end record lies after its locator")
-            if eocd64_at >= tail_at:
-                raw = tail[eocd64_at - tail_at:eocd64_at - tail_at + EOCD64.size]
-            else:
-                raw = await self._read(eocd64_at, EOCD64.size, st.version, index=True)
-            if len(raw) != EOCD64.size or raw[:4] != SIG_EOCD64:
-                raise ConfigError(f"{where}: ZIP64 end of central directory record is damaged")
-            f64 = EOCD64.unpack(raw)
-            disk, cd_disk, entries, cd_size, cd_offset = f64[4], f64[5], f64[7], f64[8], f64[9]
-            record_at, zip64 = eocd64_at, True
-        if disk != 0 or cd_disk != 0:
-            raise ConfigError(f"{where}: multi-disk (split) archives are not supported")
-        if cd_offset + cd_size > record_at:
-            raise ConfigError(f"{where}: central directory ({cd_size:,} bytes at {cd_offset:,}) lies beyond the end "
-                              f"record at {record_at:,} (truncated or damaged archive)")
-        # The index lives in memory: bound what a hostile end record can make us read.
-        if cd_size > self.limits.index_bytes:
-            raise ConfigError(f"{where}: central directory of {cd_size:,} bytes exceeds the "
-                              f"{self.limits.index_bytes >> 20} MiB limit (--max-index-size)")
-        parser = CentralDirectory(where, self.root, cd_offset)
+        end = read_end(tail, tail_at, where)
+        if end.zip64_at is not None:
+            end = end.with_zip64(await self._read(end.zip64_at, EOCD64.size, st.version, index=True), where)
+        end.check(where, self.limits.index_bytes)
+        cd_offset, cd_size = end.cd_offset, end.cd_size
+        parser = CentralDirectory(where, self.root, cd_offset, self._skip)
         pos = cd_offset
         while pos < cd_offset + cd_size:
             n = min(WINDOW, cd_offset + cd_size - pos)
@@ -495,20 +177,27 @@ class ZipSource:
             await trio.lowlevel.checkpoint()
             parser.feed(window)
             pos += n
-        index = parser.finish()
-        if parser.seen != entries:
+        index = build_index(parser.finish(), cd_offset, self._skip)
+        if parser.seen != end.entries:
             log_once(log, f"zip:{where}:count", "%s: the end record claims %s entries, the central directory holds "
-                     "%s", where, f"{entries:,}", f"{parser.seen:,}")
+                     "%s", where, f"{end.entries:,}", f"{parser.seen:,}")
         if self.root and not len(index):
             raise ConfigError(f"{where}: no member under {self.root}")
         files = index.method[~index.isdir]
         methods = {METHODS.get(int(code), str(code)): int(count)
                    for code, count in zip(*np.unique(files, return_counts=True))}
-        text = comment.decode("utf-8", "replace")
-        self.summary = ZipSummary(where, len(files), parser.skipped, methods, zip64 or parser.zip64, text,
-                                  _ome_comment(text))
+        self.summary = ZipSummary(where, len(files), self._skipped, methods, end.zip64 or parser.zip64,
+                                  end.comment)
         self._index, self._stat, self._dirty = index, st, False
         self._decoded.clear()
+        if len(index) >= TRIM_AFTER:
+            give_back_freed()  # the build's temporaries, not the index, are what RSS would keep
+
+    def _skip(self, name: object, reason: str) -> None:
+        """An entry that never becomes a path: counted, and logged once per archive and reason."""
+        self._skipped += 1
+        log_once(log, f"zip:{self.description}:{reason}", "%s: skipping entry %r: %s (further entries like it "
+                 "are skipped silently)", self.description, name, reason)
 
     def _stale(self, st: ObjectStat) -> bool:
         return self._index is None or self._stat is None or self._dirty or st.version != self._stat.version
@@ -558,27 +247,10 @@ class ZipSource:
         if current is None:
             return
         index, st = current
-        prefix = path.encode() + b"/" if path else b""
-        names = index.names
-        i = bisect.bisect_left(names, prefix)
         directory = ObjectStat(0, st.mtime_ns, True, ())
-        while i < len(names):
-            name = names[i]
-            if not name.startswith(prefix):
-                break
-            rest = name[len(prefix):]
-            child, slash, _ = rest.partition(b"/")
-            if not rest:  # the directory's own entry
-                i += 1
-            elif slash:
-                if child:
-                    yield child.decode(), directory
-                # Past every name under prefix/child/ ('0' follows '/').
-                i = bisect.bisect_left(names, prefix + child + b"0", i + 1)
-            else:
-                yield child.decode(), self._member_stat(index, st, i)
-                i += 1
-            if i % 4096 == 0:
+        for k, (child, i) in enumerate(index.children(path.encode() + b"/" if path else b"")):
+            yield child.decode(), directory if i < 0 else self._member_stat(index, st, i)
+            if k % 4096 == 4095:
                 await trio.lowlevel.checkpoint()
 
     async def _member(self, path: str, version: tuple | None) -> tuple[ZipIndex, ObjectStat, int]:
@@ -607,31 +279,17 @@ class ZipSource:
         if offset >= 0:
             return offset, b""
         header = int(index.header[i])
-        name = index.names[i]
-        full = self.root.encode() + name
+        full = self.root.encode() + index.name(i)
         raw = await self._read(header, LOCAL.size + len(full) + along, st.version)
         self.counters["local_headers"] += 1
-        where = f"{self.description}!{path}"
-        if len(raw) < LOCAL.size or raw[:4] != SIG_LOCAL:
-            raise DataError(where, f"no local header at offset {header:,}")
-        fields = LOCAL.unpack_from(raw)
-        flags, method, crc, csize, usize, n, m = (fields[3], fields[4], fields[7], fields[8], fields[9],
-                                                  fields[10], fields[11])
-        if method != int(index.method[i]):
-            raise DataError(where, f"local header says method {method}, the central directory {index.method[i]}")
-        if raw[LOCAL.size:LOCAL.size + n] != full:
-            raise DataError(where, "local header names another file")
-        if not flags & DESCRIPTOR_FLAG:
-            for label, local, central in (("CRC-32", crc, index.crc[i]), ("compressed size", csize, index.csize[i]),
-                                          ("size", usize, index.usize[i])):
-                if local != int(central) and local != U32:
-                    raise DataError(where, f"local header {label} {local:,} disagrees with the central directory "
-                                           f"({int(central):,})")
-        offset = header + LOCAL.size + n + m
+        expected = Expected(full, int(index.method[i]), int(index.crc[i]), int(index.csize[i]), int(index.usize[i]))
+        length = local_header_size(raw, header, expected, f"{self.description}!{path}")
+        offset = header + length
         if offset + int(index.csize[i]) > int(index.limit[i]):
-            raise DataError(where, "member data overlaps the next member or the central directory")
+            raise DataError(f"{self.description}!{path}", "member data overlaps the next member or the central "
+                                                          "directory")
         index.data[i] = offset
-        return offset, raw[LOCAL.size + n + m:]
+        return offset, raw[length:]
 
     async def _read_member(self, path: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
         index, st, i = await self._member(path, version)
@@ -640,7 +298,7 @@ class ZipSource:
             return b""
         size = min(size, total - offset)
         method = int(index.method[i])
-        if method != zipfile.ZIP_STORED and total > self.limits.payload_bytes:
+        if method != STORED and total > self.limits.payload_bytes:
             # Before any read: a bomb's claimed size alone refuses it.
             raise DataError(f"{self.description}!{path}", f"{METHODS[method]} member of {total:,} bytes exceeds the "
                                                          f"{self.limits.payload_bytes >> 20} MiB limit "
@@ -651,7 +309,7 @@ class ZipSource:
         whole = csize <= WHOLE or (offset == 0 and size == total and csize <= WHOLE_MAX)
         guessed: bytes | Exception | None = None
         guessed_at = -1
-        if int(index.data[i]) < 0 and not whole and method == zipfile.ZIP_STORED and self.remote:
+        if int(index.data[i]) < 0 and not whole and method == STORED and self.remote:
             # A part of a large member, first time: read the local header and the range at the offset the
             # central directory suggests at once (one round trip, not two); re-read if the guess was wrong.
             guessed_at = int(index.header[i]) + LOCAL.size + len(self.root.encode()) + len(index.names[i]) + int(
@@ -662,7 +320,7 @@ class ZipSource:
         else:
             start, came = await self._data_offset(index, st, i, path, EXTRA_SLACK + csize if whole else 0)
         came = came[:csize] if len(came) >= csize else b""
-        if method != zipfile.ZIP_STORED:
+        if method != STORED:
             data = await self._decoded_member(index, st, i, start, path, came or None)
             return data[offset:offset + size]
         if came:
@@ -696,8 +354,8 @@ class ZipSource:
             data = raw if raw is not None else await self._read(start, csize, st.version)
             if len(data) != csize:
                 raise SourceError(f"{where}: archive ends inside the member (truncated)")
-            decode: Callable[[], bytes] = lambda: _decode(method, data, size, where)
-            decoded = await off_loop(decode, csize)
+            decoded_now: Callable[[], bytes] = lambda: decode(method, data, size, where)
+            decoded = await off_loop(decoded_now, csize)
             if zlib.crc32(decoded) != crc:
                 raise DataError(where, "CRC-32 mismatch")
             self.counters["decoded_members"] += 1
@@ -731,6 +389,8 @@ class ZipSource:
         return {**self.inner.stats(), "zip": dict(self.counters)}
 
 
+
+
 async def _together(first: Callable[[], Awaitable[T]], second: Callable[[], Awaitable[U]]
                     ) -> tuple[T, U | Exception]:
     """Both at once: `first`'s result (its error raised as is, never wrapped in a group) and `second`'s
@@ -749,27 +409,3 @@ async def _together(first: Callable[[], Awaitable[T]], second: Callable[[], Awai
     if isinstance(results[0], Exception):
         raise results[0]
     return results[0], results[1]
-
-
-def _find_end(tail: bytes) -> int | None:
-    """Offset of the end of central directory record in `tail`: the last signature whose
-    comment length reaches exactly the end (a comment may itself contain the signature)."""
-    pos = len(tail)
-    while True:
-        pos = tail.rfind(SIG_EOCD, 0, pos)
-        if pos < 0 or len(tail) - pos < EOCD.size:
-            if pos < 0:
-                return None
-            continue
-        if pos + EOCD.size + EOCD.unpack_from(tail, pos)[7] == len(tail):
-            return pos
-
-
-def _ome_comment(text: str) -> dict | None:
-    """The RFC-9 archive comment's `ome` object, if the comment is one."""
-    try:
-        value = json.loads(text) if text.lstrip().startswith("{") else None
-    except ValueError:
-        return None
-    ome = value.get("ome") if isinstance(value, dict) else None
-    return ome if isinstance(ome, dict) else None

@@ -29,7 +29,14 @@ LIST_BATCH = 1024
 
 
 class PassthroughFile(FileNode):
-    """A source object shown as it is; over a local source, a `WholeLocalFile`."""
+    """A source object shown as it is; over a local source, a `WholeLocalFile`.
+
+    Reads carry the version the object had when this node was made, so a
+    file never serves part of one version and part of another: once the
+    object changed (a local file rewritten, an object replaced on a server,
+    a zip archive rewritten around its members) a read fails with
+    StaleError and the front end resolves the name again.
+    """
 
     __slots__ = ("source", "path", "version")
 
@@ -47,7 +54,7 @@ class PassthroughFile(FileNode):
 
     async def read(self, offset: int, size: int) -> bytes:
         try:
-            return await self.source.read(self.path, offset, size)
+            return await self.source.read(self.path, offset, size, self.version or None)
         except SourceError as e:
             raise DataError(self.path, str(e)) from e
 
