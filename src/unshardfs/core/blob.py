@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from unshardfs.util.errors import DataError, SourceError
+from unshardfs.util.maps import BoundedMap
 
 if TYPE_CHECKING:  # annotations only: `caches` imports this module, and `sources` imports `caches`
     from unshardfs.sources.base import ByteSource, FdRange, ObjectStat
@@ -125,19 +126,17 @@ class RecentBlobs:
 
     One per session (its `Caches` owns it): paths are those of one source, and sessions in one
     process (Dask workers, tests) neither see nor evict each other's. At most `size` entries,
-    all dropped when full (each is rebuilt by its next lookup)."""
+    the one set longest ago dropped first (rebuilt by its next lookup)."""
 
     def __init__(self, size: int = RECENT_BLOBS) -> None:
         self.size = size
-        self._recent: dict[str, tuple[ObjectStat, Blob]] = {}
+        self._recent: BoundedMap[str, tuple[ObjectStat, Blob]] = BoundedMap(size, lru=False, counted=False)
 
     def of(self, path: str, st: ObjectStat) -> Blob:
         recent = self._recent.get(path)
         if recent is not None and recent[0] is st:
             return recent[1]
         blob = Blob.of(path, st)
-        if len(self._recent) >= self.size:
-            self._recent.clear()
         self._recent[path] = (st, blob)
         return blob
 

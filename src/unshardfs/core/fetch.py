@@ -23,7 +23,7 @@ from unshardfs.sources.base import ByteSource, FdRange
 from unshardfs.util.errors import DataError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import CountedLRU
+from unshardfs.util.maps import BoundedMap, payload_size
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +88,14 @@ class FetchCounters:
         return dict(self.__dict__)
 
 
-class PrefetchCache(CountedLRU):
-    """Prefetched payloads waiting for their reader; what leaves unread was wasted."""
+def prefetch_cache(budget: int, counters: FetchCounters) -> BoundedMap[ExtentKey, bytes]:
+    """Prefetched payloads waiting for their reader, within `budget` bytes; what the bound
+    evicts unread was wasted."""
 
-    def __init__(self, maxsize: int, counters: FetchCounters) -> None:
-        super().__init__(maxsize)
-        self.counters = counters
+    def wasted(_key: ExtentKey, value: bytes) -> None:
+        counters.prefetch_wasted_bytes += len(value)
 
-    def popitem(self) -> tuple[Hashable, bytes]:
-        key, value = super().popitem()
-        self.counters.prefetch_wasted_bytes += len(value)
-        return key, value
+    return BoundedMap(budget, getsizeof=payload_size, on_evict=wasted)
 
 
 @dataclass(eq=False)
@@ -176,12 +173,11 @@ class Fetcher:
         # cold chunk's read is one call, as cheap as the source allows).
         self.direct = not source.remote and source.index_cache is None
         self.counters = FetchCounters()
-        self.prefetched = PrefetchCache(self.policy.prefetch_bytes, self.counters)
+        self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters)
         self.flights = Flights()
         self._in_flight: dict[Ident, list[_Run]] = {}  # runs being read, by blob
         self._prefetch_in_flight = 0  # bytes
-        self._seeded: dict[ExtentKey, bytes] = {}  # `seed`
-        self._seeded_bytes = 0
+        self._seeded: BoundedMap[ExtentKey, bytes] = BoundedMap(SEEDED_BYTES, lru=False, getsizeof=len)  # `seed`
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
         # Prefetches queue behind their own limiter, so a backlog of them
@@ -252,20 +248,12 @@ class Fetcher:
         SEEDED_BYTES (beyond, the oldest are dropped: their reads go to the source)."""
         if len(data) != ext.length or ext.length > SEED_MAX:
             return
-        seeded = self._seeded
-        old = seeded.pop(ext.key, None)
-        if old is not None:
-            self._seeded_bytes -= len(old)
-        while seeded and self._seeded_bytes + ext.length > SEEDED_BYTES:
-            self._seeded_bytes -= len(seeded.pop(next(iter(seeded))))
-        seeded[ext.key] = data
-        self._seeded_bytes += ext.length
+        self._seeded[ext.key] = data
         self.counters.seeded += 1
 
     def _take_seeded(self, ext: Extent) -> bytes | None:
         data = self._seeded.pop(ext.key, None)
         if data is not None:
-            self._seeded_bytes -= len(data)
             self.counters.seeded_hits += 1
         return data
 
@@ -549,7 +537,7 @@ class Fetcher:
         """Put what prefetches wanted of a run that has been read into the prefetch cache."""
         wanted = (run.extents if run.prefetch else []) + run.adopted
         for ext in wanted:
-            self.prefetched.put(ext.key, _slice(run, ext))
+            self.prefetched[ext.key] = _slice(run, ext)
             if ext.key not in self.prefetched:  # larger than the whole cache
                 self.counters.prefetch_wasted_bytes += ext.length
         if run.prefetch:

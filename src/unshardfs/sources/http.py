@@ -30,7 +30,7 @@ import logging
 import random
 import re
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, cast
 from urllib.parse import quote, urljoin
 
 import httpx
@@ -41,7 +41,7 @@ from unshardfs.sources.base import ObjectStat, name_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import ExpiringMap
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class HttpSource:
             raise ConfigError(f"invalid URL {base_url!r}: {e}") from None
         self._pool: h1.Pool | None = None
         self._limiter: trio.CapacityLimiter | None = None
-        self._stats = ExpiringMap(maxsize=200_000, ttl=self.options.stat_ttl)
+        self._stats: BoundedMap[str, ObjectStat | None] = BoundedMap(200_000, lru=False, ttl=self.options.stat_ttl)
         self._no_suffix = False  # the server ignores Range: `stat_tail` is a HEAD
         self._stat_flights = Flights()  # HEADs in flight, joined by stats of the same path
 
@@ -351,7 +351,7 @@ class HttpSource:
         # stat is asked for at every lookup of one of its chunks.
         cached = self._stats.get(path, _MISSING)
         if cached is not _MISSING:
-            return cached
+            return cast("ObjectStat | None", cached)
         if not path:
             return ObjectStat(0, 0, True)
         problem = path_problem(path)

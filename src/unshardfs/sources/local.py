@@ -6,7 +6,7 @@ import errno
 import logging
 import os
 import stat as statmod
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import trio
 
@@ -14,24 +14,19 @@ from unshardfs.sources.base import FdRange, ObjectStat, join_path, name_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.fdpath import Beneath, regular_file
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import QuickLRU
+from unshardfs.util.maps import BoundedMap
 from unshardfs.util.mountinfo import OwnMount, fd_path
 from unshardfs.util.pagecache import page_cache
 
 log = logging.getLogger(__name__)
 
 
-class _FdCache(QuickLRU):
-    """Open descriptors of recently read files; evicted ones are closed.
+# An open descriptor of a recently read file and the (st_dev, st_ino) it was opened as.
+_OpenFile = tuple[int, tuple[int, int]]
 
-    Keeping descriptors open turns a chunk read into a single pread instead of
-    open+pread+close, which matters when thousands of small chunks are read.
-    """
 
-    def popitem(self) -> tuple[Any, tuple[int, Any]]:
-        key, (fd, _ident) = super().popitem()
-        os.close(fd)
-        return key, (fd, _ident)
+def _close_evicted(_path: str, entry: _OpenFile) -> None:
+    os.close(entry[0])
 
 
 # Reads up to this size try the page cache first without waiting (`LocalSource._read_nowait`);
@@ -97,7 +92,9 @@ class LocalSource:
             raise ConfigError(f"source {root}: {e.strerror}") from None
         self.root = self._beneath.path
         self.description = self.root
-        self._fds = _FdCache(maxsize=max_open_files)
+        # Open descriptors of recently read files (evicted ones closed): a chunk read is one
+        # pread instead of open+pread+close, which matters when thousands of small chunks are read.
+        self._fds: BoundedMap[str, _OpenFile] = BoundedMap(max_open_files, on_evict=_close_evicted)
         self._known: dict[str, ObjectStat] = {}  # regular files as last resolved, for `_object_stat`
         self._nowait = bool(_RWF_NOWAIT) and hasattr(os, "preadv")
         self._probe = bytearray(1)  # `_readable_now`'s buffer

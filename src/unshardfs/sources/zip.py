@@ -46,7 +46,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import numpy as np
 import trio
-from cachetools import LRUCache
 
 from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, name_problem, stat_and_tail
 from unshardfs.util.decompress import STEP, off_loop, unzstd
@@ -54,6 +53,7 @@ from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleErro
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -402,7 +402,7 @@ class ZipSource:
         self._dirty = False
         self._lock = trio.Lock()
         self._flights = Flights()
-        self._decoded: LRUCache = LRUCache(DECODED_CACHE, getsizeof=len)
+        self._decoded: BoundedMap[tuple[tuple[object, ...], int], bytes] = BoundedMap(DECODED_CACHE, getsizeof=len)
         self.summary: ZipSummary | None = None
         self.counters = {"archive_reads": 0, "archive_bytes": 0, "local_headers": 0, "decoded_members": 0,
                          "decoded_bytes": 0}
