@@ -1,6 +1,6 @@
 """The kernel engine served in this process, the kernel's side played by the other end of a
 SOCK_SEQPACKET pair (message boundaries kept, like /dev/fuse): tests that count what a request
-costs (tasks, thread hops, objects, splices) without a mount."""
+costs (tasks, thread hops, objects, splices, Python calls) without a mount."""
 
 from __future__ import annotations
 
