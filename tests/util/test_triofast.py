@@ -9,6 +9,7 @@ import socket
 
 import pytest
 import trio
+import trio.testing
 
 from unshardfs.util import logonce, triofast
 from unshardfs.util.triofast import TrioProbe, resume, start
@@ -73,6 +74,23 @@ def test_internals_not_as_known_turn_the_fast_path_off_and_say_so_once(monkeypat
 
     monkeypatch.setattr(triofast, "_internals", lambda: ([], os))  # no epoll where one is known
     assert not triofast.fast_path_active()
+
+
+def test_a_tls_stream_whose_buffer_moved_is_said_to_hold_bytes_and_that_is_logged_once(caplog):
+    import ssl
+
+    left, _ = trio.testing.memory_stream_pair()
+    stream = trio.SSLStream(left, ssl.create_default_context(), server_hostname="localhost")
+    assert triofast.tls_holds_bytes(stream) is False  # nothing received yet
+    stream._incoming.write(b"a record")  # received, not decrypted: readability of the socket misses it
+    assert triofast.tls_holds_bytes(stream) is True
+    moved = trio.SSLStream(left, ssl.create_default_context(), server_hostname="localhost")
+    del moved._incoming  # as if a trio renamed it
+    with logonce.collect_problems():
+        with caplog.at_level(logging.ERROR, logger="unshardfs.util.triofast"):
+            assert triofast.tls_holds_bytes(moved) and triofast.tls_holds_bytes(moved)
+    lines = [r.getMessage() for r in caplog.records if r.name == "unshardfs.util.triofast"]
+    assert len(lines) == 1 and "not reused" in lines[0]
 
 
 async def _answer(waits: int) -> int:

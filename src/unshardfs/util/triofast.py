@@ -1,6 +1,7 @@
 """Trio's fast path: everything the daemon does beside trio's public API, in one place.
 
-Two tricks keep a request that needs no waiting from costing a trip through trio's scheduler:
+Three things here read trio's internals or step coroutines by hand; two keep a request that
+needs no waiting from costing a trip through trio's scheduler:
 
 - `TrioProbe`: the run queue (tasks ready to run) and the epoll descriptor of the current trio
   run, read from trio's internals. The kernel engine's quick wait (`fuse.server`) spins briefly
@@ -14,6 +15,9 @@ Two tricks keep a request that needs no waiting from costing a trip through trio
   the task had awaited the coroutine from the start. This is the coroutine protocol itself
   (`send`, `throw`, `close`), which every trio keeps: only what the trap is belongs to trio.
 
+The third lets the HTTP client reuse a TLS connection: `tls_holds_bytes` looks into a trio
+`SSLStream`'s buffer of records read but not decrypted, which trio does not expose.
+
 The probe is checked once per run (`TrioProbe.of_current_run`): where trio's internals are not
 what is known (another trio, another I/O backend), it answers None, the quick wait is off, and
 that is logged once. pyproject.toml pins trio to the versions this was checked against, and a
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import select
+import ssl
 import types
 from dataclasses import dataclass
 from typing import Any, Coroutine, Generator, Sized, TypeVar
@@ -75,13 +80,36 @@ def _fell_back(why: str) -> None:
              "wait is off, every idle request waits through trio's scheduler", trio.__version__, why)
 
 
+def tls_holds_bytes(stream: trio.SSLStream[Any]) -> bool:
+    """Whether `stream` holds bytes received but not yet read by its caller: records read from
+    the socket but not decrypted (its incoming buffer, trio's internal `_incoming`), or decrypted
+    bytes (`pending`). True where the buffer is not where it is known (logged once): a caller
+    that reuses a connection only when nothing is held then never reuses a TLS one (slower,
+    never wrong)."""
+    incoming = getattr(stream, "_incoming", None)
+    if not isinstance(incoming, ssl.MemoryBIO):
+        _fell_back_tls(type(incoming).__name__)
+        return True
+    return incoming.pending > 0 or stream.pending() > 0
+
+
+def _fell_back_tls(found: str) -> None:
+    log_once(log, "triofast:tls", "trio %s's SSLStream keeps no incoming buffer where known (found %s): TLS "
+             "connections to servers are not reused", trio.__version__, found)
+
+
 def fast_path_active() -> bool:
-    """Whether `TrioProbe` works with the installed trio (runs a trio run of its own)."""
+    """Whether the fast path works with the installed trio: the probe of a trio run (checked in
+    one of its own) and the incoming buffer of a TLS stream."""
 
     async def probe() -> bool:
         return TrioProbe.of_current_run() is not None
 
-    return trio.run(probe)
+    import trio.testing  # (a test's question: not imported by the daemon)
+
+    left, _ = trio.testing.memory_stream_pair()
+    stream = trio.SSLStream(left, ssl.create_default_context(), server_hostname="localhost")
+    return trio.run(probe) and isinstance(getattr(stream, "_incoming", None), ssl.MemoryBIO)
 
 
 # -- hand-stepped coroutines ----------------------------------------------------------------
