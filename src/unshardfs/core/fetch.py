@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, c
 import trio
 
 from unshardfs.core.blob import Blob, Ident
-from unshardfs.sources.base import ByteSource, FdRange
+from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ReadNow
 from unshardfs.util.errors import DataError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -172,6 +172,9 @@ class Fetcher:
         # reads skip the batch machinery (no tracking, limiter or nursery: a
         # cold chunk's read is one call, as cheap as the source allows).
         self.direct = not source.remote and source.index_cache is None
+        # The source's optional capabilities, decided once (a page-cached READ asks every time).
+        self._reads_now = source if isinstance(source, ReadNow) else None
+        self._cached_ranges = source if isinstance(source, CachedRange) else None
         self.counters = FetchCounters()
         self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters)
         self.flights = Flights()
@@ -226,12 +229,14 @@ class Fetcher:
     def read_now(self, blob: Blob, start: int, length: int) -> bytes | bytearray | None:
         """`read_direct`'s bytes if the source has them at once (see `Blob.read_now`); counted
         like the read it replaces. None: `read_direct` reads them."""
-        return self._counted(blob.read_now(self.source, start, length))
+        source = self._reads_now
+        return None if source is None else self._counted(blob.read_now(source, start, length))
 
     def cached_direct(self, blob: Blob, start: int, length: int) -> FdRange | None:
         """`read_direct`'s bytes as a page-cached descriptor range, if the source can give one
         (see `Blob.cached_range`); counted like the read it replaces."""
-        return self._counted(blob.cached_range(self.source, start, length))
+        source = self._cached_ranges
+        return None if source is None else self._counted(blob.cached_range(source, start, length))
 
     def _counted(self, found: T) -> T:
         """`found` (None: nothing), counted like a `read_direct` if it is something."""

@@ -20,11 +20,11 @@ import os
 import stat
 import sys
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Protocol
+from typing import AsyncIterator, Callable, Protocol, TypeGuard, runtime_checkable
 
 from unshardfs.fuse.abi import FsError
 from unshardfs.tree.edge import read_current
-from unshardfs.tree.nodes import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FdRange, FileNode, Node
+from unshardfs.tree.nodes import CHILD_ID_BITS, Batch, Closable, DirNode, EntryBatch, FdRange, FileNode, Node
 from unshardfs.util.errors import DataError, StaleError
 from unshardfs.util.maps import BoundedMap
 
@@ -96,8 +96,10 @@ class InodeTable:
         return ino >> CHILD_ID_BITS != 0
 
     def _slot(self, parent: Node | None) -> int:
-        key = getattr(parent, "stable_key", None)
-        if key is None or not isinstance(parent, DirNode):
+        if not isinstance(parent, DirNode):
+            return 0
+        key = parent.stable_key
+        if key is None:
             return 0
         slot = self.slots.get(key)
         if slot is None:
@@ -225,6 +227,7 @@ class EntrySink(Protocol):
     def add(self, name: bytes, ino: int, node: Node | None, size: int, mtime_ns: int, next_cookie: int) -> bool: ...
 
 
+@runtime_checkable
 class FileEntrySink(EntrySink, Protocol):
     """A sink that can also take many plain file entries at once (optional, see `Bridge.fill`):
     `add_files(names, idents, start, slot_bits, next_cookie)` takes entries `names[start:]`
@@ -233,6 +236,19 @@ class FileEntrySink(EntrySink, Protocol):
 
     def add_files(self, names: list[str], idents: list[int | None], start: int, slot_bits: int,
                   next_cookie: int) -> int | None: ...
+
+
+_PACKING: dict[type, bool] = {}  # sink class -> whether it is a FileEntrySink (asked once per class)
+
+
+def _packs_files(sink: EntrySink) -> TypeGuard[FileEntrySink]:
+    """Whether `sink` takes many plain file entries at once; decided once per class (every
+    READDIR asks, and an isinstance against a runtime-checkable Protocol costs microseconds)."""
+    kind = type(sink)
+    packs = _PACKING.get(kind)
+    if packs is None:
+        packs = _PACKING[kind] = isinstance(sink, FileEntrySink)
+    return packs
 
 
 @dataclass
@@ -448,7 +464,7 @@ class Bridge:
         add = sink.add
         i = listing.index
         position = listing.position
-        add_files = getattr(sink, "add_files", None) if slot and not plus else None
+        add_files = sink.add_files if slot and not plus and _packs_files(sink) else None
         while add_files is not None and i < len(names):
             # Plain entries of computed inodes: the sink packs them a reply at a time.
             taken = add_files(names, idents, i, slot_bits, position + 1)
@@ -489,10 +505,9 @@ class Bridge:
     async def _discard(self, listing: Listing) -> None:
         listing.batch, listing.index = [], 0
         if listing.iterator is not None:
-            aclose = getattr(listing.iterator, "aclose", None)
-            listing.iterator = None
-            if aclose is not None:
-                await aclose()
+            iterator, listing.iterator = listing.iterator, None
+            if isinstance(iterator, Closable):
+                await iterator.aclose()
 
     async def releasedir(self, fh: int) -> None:
         listing = self.listings.pop(fh, None)

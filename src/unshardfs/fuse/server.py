@@ -32,7 +32,7 @@ import struct
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, Protocol, Union
+from typing import Any, Callable, Coroutine, Protocol, Union, runtime_checkable
 
 import trio
 
@@ -78,6 +78,14 @@ class Dispatcher(Protocol):
     def failed(self, request: Request, error: BaseException) -> int:
         """The errno to answer for an unexpected exception (and log it); a handler answers an
         errno of its own choosing by raising `abi.FsError`."""
+
+
+@runtime_checkable
+class CountedDispatcher(Dispatcher, Protocol):
+    """A dispatcher that counts what it answered by kind (shown by `unshardfs stats`): the
+    connection adds the requests the kernel interrupted, which the dispatcher never sees end."""
+
+    counters: dict[str, int]
 
 
 @dataclass
@@ -627,8 +635,8 @@ class Connection:
             self.error(request.unique, self.dispatcher.failed(request, error))
 
     def on_interrupted(self, request: Request) -> None:
-        counters = getattr(self.dispatcher, "counters", None)
-        if counters is not None:
+        if isinstance(self.dispatcher, CountedDispatcher):  # (only an INTERRUPT asks)
+            counters = self.dispatcher.counters
             counters["interrupted"] = counters.get("interrupted", 0) + 1
 
     # -- INIT ----------------------------------------------------------------------------

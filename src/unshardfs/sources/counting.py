@@ -28,7 +28,6 @@ class CountingSource(SourceLayer):
     def __init__(self, inner: ByteSource) -> None:
         super().__init__(inner)
         self.counters = SourceCounters()
-        self._read_now = getattr(inner, "read_now", None)
 
     def stat(self, path: str) -> Coroutine[Any, Any, ObjectStat | None]:
         self.counters.stats += 1
@@ -47,7 +46,7 @@ class CountingSource(SourceLayer):
         return data
 
     def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
-        below = self._read_now  # (bound once: every small page-cached READ asks)
+        below = self._read_now_below  # (decided once: every small page-cached READ asks)
         data = below(path, offset, size, version) if below is not None else None
         if data is not None:  # counted as the read it replaces
             self.counters.reads += 1

@@ -164,6 +164,17 @@ class DirNode(Node):
         raise KeyError(ident)
 
 
+@runtime_checkable
+class Closable(Protocol):
+    """An iterator of `DirNode.entries` that holds something until it is closed (an async
+    generator its frame and what that has open, a remote listing its connection). A listing
+    abandoned part way (a directory handle released early) is closed through `aclose`; an
+    iterator without one is just dropped."""
+
+    async def aclose(self) -> None:
+        """Release what the iteration holds; it yields nothing after."""
+
+
 class BytesFile(FileNode):
     """A small file held in memory (rewritten metadata such as `info`)."""
 
