@@ -13,7 +13,7 @@ import trio
 from tqdm import tqdm
 
 from unshardfs.app.opened import OpenedSource
-from unshardfs.app.options import format_options
+from unshardfs.app.options import open_options
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.tools.inspect import format_report
 from unshardfs.tools.walk import Dest, WalkSummary, check, export
@@ -36,7 +36,7 @@ def _progress(bar: tqdm):
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    session = await OpenedSource.open(args.source, format_options(args))
+    session = await OpenedSource.open(args.source, open_options(args))
     reports = []
     with _bar(args, "chunk") as bar:
         async for part in session.dataset.inventory():
@@ -52,7 +52,7 @@ async def _inspect(args: argparse.Namespace) -> int:
 async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
     """The whole check/export in this process, with a progress bar per file."""
     out = None if dest is None else Dest.open(dest)  # first: a bad DEST is a one-line error
-    session = await OpenedSource.open(args.source, format_options(args))
+    session = await OpenedSource.open(args.source, open_options(args))
     try:
         with collect_problems() as problems, _bar(args, "file") as bar:
             async with session.running():
@@ -68,7 +68,7 @@ async def _one_part(args: argparse.Namespace, dest: Path | None) -> PartResult:
 
 
 def _jobs(args: argparse.Namespace, parts: int, dest: Path | None) -> list[Part]:
-    return [Part(args.source, format_options(args), i, parts, None if dest is None else str(dest),
+    return [Part(args.source, open_options(args), i, parts, None if dest is None else str(dest),
                  args.jobs if dest is not None else 1) for i in range(parts)]
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import trio
 
-from unshardfs.app.opened import OpenedSource
+from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.tools.walk import Dest, Select, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
 
@@ -29,7 +29,7 @@ CHUNK_XATTR = "user.unshardfs.chunk_id"
 @dataclass(frozen=True)
 class Part:
     source: str
-    formats: dict
+    options: OpenOptions
     part: int
     parts: int
     dest: str | None = None  # export: where every worker writes (a shared file system)
@@ -63,7 +63,7 @@ def selector(part: int, parts: int) -> Select | None:
 
 async def _run(job: Part) -> PartResult:
     out = None if job.dest is None else Dest.open(Path(job.dest))
-    session = await OpenedSource.open(job.source, job.formats)
+    session = await OpenedSource.open(job.source, job.options)
     if job.parts > 1:
         session.runtime.shard_filter = shard_filter(job.part, job.parts)
     try:

@@ -43,7 +43,7 @@ def byte_cache(budget: int) -> BoundedMap[Any, Any]:
 SHARD_INDEX = IndexLevel("shard_index", "--shard-index-cache", 32 * MiB, "shard index cache")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CacheSizes:
     """Defaults keep a fully warm daemon under ~250 MB RSS (issue #8's bound)."""
 

@@ -12,6 +12,7 @@ byte-bounded cache, which counts what was used and what was wasted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, cast
@@ -55,7 +56,7 @@ class Extent:
         return (self.blob.ident, self.start, self.length)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FetchPolicy:
     max_gap: int = 4 << 10  # join extents separated by at most this many bytes
     max_span: int = 16 << 20  # one read covers at most this many bytes
@@ -161,11 +162,12 @@ class Fetcher:
 
     def __init__(self, source: ByteSource, policy: FetchPolicy | None = None) -> None:
         self.source = source
-        self.policy = policy or FetchPolicy()
+        policy = policy or FetchPolicy()
         if not source.remote:
             # Local reads are syscalls, not round trips: nothing to hide by
             # reading ahead, and prefetched copies would only cost memory.
-            self.policy.read_ahead = False
+            policy = dataclasses.replace(policy, read_ahead=False)
+        self.policy = policy
         # A source that is not remote answers each read with a syscall and
         # never waits on anything: no read of it is ever in flight for another
         # to join, nothing is prefetched, and there is nothing to bound. Its

@@ -38,7 +38,7 @@ FS_ENCODING = sys.getfilesystemencoding()
 SERVED_MAX = 1 << 16  # inodes remembered as served (`Bridge.served`), least recently served forgotten
 
 
-@dataclass
+@dataclass(frozen=True)
 class MountOptions:
     entry_timeout: float = 3600.0
     attr_timeout: float = 3600.0

@@ -88,7 +88,7 @@ class CountedDispatcher(Dispatcher, Protocol):
     counters: dict[str, int]
 
 
-@dataclass
+@dataclass(frozen=True)
 class InitConfig:
     """What we ask of the kernel at INIT; each wish is granted only if the kernel offers it."""
 

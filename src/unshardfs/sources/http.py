@@ -57,7 +57,7 @@ ERROR_BODY_LIMIT = 64 << 10
 MAX_OBJECT_SIZE = (1 << 63) - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class HttpOptions:
     concurrency: int = 32  # requests in flight (and pooled connections)
     timeout: float = 30.0  # seconds, per request attempt
