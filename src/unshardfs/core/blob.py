@@ -9,15 +9,10 @@ with new bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
+from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ObjectStat, ReadNow, Version
 from unshardfs.util.errors import DataError, SourceError
 from unshardfs.util.maps import BoundedMap
 
-if TYPE_CHECKING:  # annotations only: `caches` imports this module, and `sources` imports `caches`
-    from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ObjectStat, ReadNow
-
-Version = tuple[object, ...]  # an object version, as its source gives it (`ObjectStat.version`)
 Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)
 
 

@@ -20,6 +20,10 @@ class FdRange(NamedTuple):
     size: int
 
 
+Version = tuple[object, ...]  # what changes whenever an object's content may have (`ObjectStat.version`)
+IndexKey = tuple[object, ...]  # what identifies index bytes: (object, version, offset, length)
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectStat:
     """What a format needs to know about a backing object.
@@ -32,15 +36,15 @@ class ObjectStat:
     size: int
     mtime_ns: int
     is_dir: bool
-    version: tuple = ()
+    version: Version = ()
 
 
 class IndexCache(Protocol):
     """Index bytes kept across mounts, by what identifies them (object, version, offset, length)."""
 
-    def get(self, ident: tuple) -> bytes | None: ...
+    def get(self, ident: IndexKey) -> bytes | None: ...
 
-    def put(self, ident: tuple, data: bytes) -> None: ...
+    def put(self, ident: IndexKey, data: bytes) -> None: ...
 
 
 class ByteSource(Protocol):
@@ -63,7 +67,7 @@ class ByteSource(Protocol):
     async def stat(self, path: str) -> ObjectStat | None:
         """None when the object does not exist."""
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         """Up to `size` bytes at `offset`; shorter only at end of object.
 
         With `version` (from an earlier `stat`), raise `StaleError` rather
@@ -76,7 +80,7 @@ class ByteSource(Protocol):
     async def stat_dir(self, path: str) -> ObjectStat | None:
         """A directory (object-store prefix) at `path`, or None when there is none or it cannot be known."""
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         """`read`, for index structures: a disk cache may keep these across mounts."""
 
     async def aclose(self) -> None:
@@ -98,7 +102,7 @@ class ReadNow(Protocol):
     """A source that may have bytes at once, without waiting (a local file's page-cached bytes):
     a small READ is then answered where its request was read, with no task and no thread."""
 
-    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
+    def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes | bytearray | None:
         """Bytes [offset, offset+size) if they can be had without waiting, else None (`read`
         them). With `version`, StaleError as `read` raises it."""
 
@@ -108,7 +112,7 @@ class CachedRange(Protocol):
     """A source whose bytes lie in files it holds open (a local source): a READ may be answered
     by moving page-cached bytes of that file to the kernel without copying them (splice)."""
 
-    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+    def cached_range(self, path: str, offset: int, size: int, version: Version | None = None) -> FdRange | None:
         """Where bytes [offset, offset+size) lie in an open descriptor, if known without I/O and
         all in the page cache; else None."""
 
@@ -138,7 +142,7 @@ class BackingFiles(Protocol):
     """A source whose objects are local files, stored byte for byte (a capability; `LocalSource`
     and the layers over it): an engine may hand such a file to the kernel to read itself."""
 
-    def open_backing(self, path: str, version: tuple) -> int | None:
+    def open_backing(self, path: str, version: Version) -> int | None:
         """A new O_RDONLY descriptor of the object at `path`, if it is the regular file `version`
         (from `stat`) describes, unchanged; None otherwise (replaced, changed, gone, or not a
         plain local file). The caller closes it."""
@@ -163,10 +167,10 @@ class SourceLayer:
     async def stat(self, path: str) -> ObjectStat | None:
         return await self.inner.stat(path)
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.inner.read(path, offset, size, version)
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.inner.read_index(path, offset, size, version)
 
     def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
@@ -175,18 +179,18 @@ class SourceLayer:
     async def stat_dir(self, path: str) -> ObjectStat | None:
         return await self.inner.stat_dir(path)
 
-    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+    def cached_range(self, path: str, offset: int, size: int, version: Version | None = None) -> FdRange | None:
         """The `CachedRange` of the source below, through (None where it has none)."""
         below = self._cached_range_below
         return below(path, offset, size, version) if below is not None else None
 
-    def open_backing(self, path: str, version: tuple) -> int | None:
+    def open_backing(self, path: str, version: Version) -> int | None:
         """The optional `open_backing` of a local source (`BackingFiles`), through: every layer
         here leaves an object's bytes as they are."""
         below = self.inner
         return below.open_backing(path, version) if isinstance(below, BackingFiles) else None
 
-    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
+    def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes | bytearray | None:
         """The `ReadNow` of the source below, through (None where it has none)."""
         below = self._read_now_below
         return below(path, offset, size, version) if below is not None else None

@@ -37,7 +37,7 @@ import httpx
 import trio
 
 from unshardfs.sources import h1
-from unshardfs.sources.base import ObjectStat, name_problem
+from unshardfs.sources.base import ObjectStat, Version, name_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -85,7 +85,7 @@ class HttpCounters:
     whole_object_fallbacks: int = 0
     status: dict[int, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {"requests": self.requests, "retries": self.retries, "failures": self.failures,
                 "bytes": self.bytes, "whole_object_fallbacks": self.whole_object_fallbacks,
                 "status": {str(k): v for k, v in sorted(self.status.items())}}
@@ -417,13 +417,14 @@ class HttpSource:
     def is_absent(self, status: int) -> bool:
         return status in ABSENT_STATUS
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         if size <= 0:
             return b""
         url = self.object_url(path)
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
-        if version and version[0] and version[0].startswith(('"', 'W/"')):
-            headers["If-Match"] = version[0]
+        tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
+        if isinstance(tag, str) and tag.startswith(('"', 'W/"')):
+            headers["If-Match"] = tag
         # A 200 is the whole object (the server ignored Range): only the bytes asked for are kept,
         # the ones before them dropped as they arrive, the connection dropped after them.
         whole = slice(offset, offset + size) if offset + size <= self.options.whole_object_limit else 0
@@ -450,7 +451,7 @@ class HttpSource:
             raise StaleError(path, f"object changed on the server (HTTP {status})")
         raise SourceError(f"GET {url}: HTTP {status}")
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:

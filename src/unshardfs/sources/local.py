@@ -10,7 +10,7 @@ from typing import AsyncIterator
 
 import trio
 
-from unshardfs.sources.base import FdRange, ObjectStat, join_path, name_problem
+from unshardfs.sources.base import FdRange, ObjectStat, Version, join_path, name_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.fdpath import Beneath, regular_file
 from unshardfs.util.logonce import log_once
@@ -54,7 +54,7 @@ def _pread_all(fd: int, offset: int, size: int) -> bytes:
     return data
 
 
-def _version(st: os.stat_result) -> tuple:
+def _version(st: os.stat_result) -> Version:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -187,7 +187,7 @@ class LocalSource:
         if cached is not None:
             os.close(cached[0])
 
-    def _fd(self, path: str, version: tuple | None) -> int:
+    def _fd(self, path: str, version: Version | None) -> int:
         cached = self._fds.get(path)
         if cached is not None:
             fd, ident = cached
@@ -223,7 +223,7 @@ class LocalSource:
         self._fds[path] = (fd, (st.st_dev, st.st_ino))
         return fd
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         if size <= 0:
             return b""
         fd = self._fd(path, version)
@@ -238,7 +238,7 @@ class LocalSource:
             self._drop_fd(path)
             raise SourceError(f"read {self.os_path(path)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
 
-    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytearray | None:
+    def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytearray | None:
         """What `read(path, offset, size, version)` returns, if all of it is in the page cache: one
         preadv that does not wait, its buffer handed over as it is (no copy). None otherwise, or
         if the file changed or failed: `read` then reads it (on a worker thread if the disk must
@@ -264,7 +264,7 @@ class LocalSource:
             pass
         return None
 
-    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+    def cached_range(self, path: str, offset: int, size: int, version: Version | None = None) -> FdRange | None:
         """Where `read(path, offset, size, version)` would read, if all those bytes are in the
         page cache (None otherwise, or if the file changed: `read` then says why).
 
@@ -387,10 +387,10 @@ class LocalSource:
         st = await self.stat(path)
         return st if st is not None and st.is_dir else None
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
-    def open_backing(self, path: str, version: tuple) -> int | None:
+    def open_backing(self, path: str, version: Version) -> int | None:
         """A new descriptor of the regular file at `path` if it is still the one `version`
         describes (`BackingFiles`); resolved beneath the root like every open, None otherwise."""
         try:

@@ -47,7 +47,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import numpy as np
 import trio
 
-from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, name_problem, stat_and_tail
+from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, Version, name_problem, stat_and_tail
 from unshardfs.util.decompress import STEP, off_loop, unzstd
 from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
@@ -103,7 +103,7 @@ class ZipSummary:
     methods: dict[str, int]  # members per compression method
     zip64: bool
     comment: str
-    ome: dict | None  # the RFC-9 archive comment's "ome" object
+    ome: dict[str, Any] | None  # the RFC-9 archive comment's "ome" object
 
     def lines(self) -> list[str]:
         methods = ", ".join(f"{n:,} {m}" for m, n in sorted(self.methods.items())) or "none"
@@ -256,7 +256,7 @@ class CentralDirectory:
         return ZipIndex([names[i] for i in keep],
                         {k: np.asarray(v, dtype=np.uint64)[pick] for k, v in self.columns.items()}, self.cd_start)
 
-    def entry(self, fields: tuple, raw: bytes, extra: bytes) -> None:
+    def entry(self, fields: tuple[int, ...], raw: bytes, extra: bytes) -> None:
         flags, method, crc = fields[5], fields[6], fields[9]
         csize, usize, disk, header = fields[10], fields[11], fields[15], fields[18]
         try:
@@ -429,7 +429,7 @@ class ZipSource:
             return None
         return st
 
-    async def _read(self, offset: int, size: int, version: tuple, index: bool = False) -> bytes:
+    async def _read(self, offset: int, size: int, version: Version, index: bool = False) -> bytes:
         read = self.inner.read_index if index else self.inner.read
         data = await read(self.archive, offset, size, version)
         return self._counted(data)
@@ -581,7 +581,7 @@ class ZipSource:
             if i % 4096 == 0:
                 await trio.lowlevel.checkpoint()
 
-    async def _member(self, path: str, version: tuple | None) -> tuple[ZipIndex, ObjectStat, int]:
+    async def _member(self, path: str, version: Version | None) -> tuple[ZipIndex, ObjectStat, int]:
         current: tuple[ZipIndex, ObjectStat] | None
         if version is not None:
             if self._index is None or self._stat is None or version[1] != self._stat.version:
@@ -633,7 +633,7 @@ class ZipSource:
         index.data[i] = offset
         return offset, raw[LOCAL.size + n + m:]
 
-    async def _read_member(self, path: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
+    async def _read_member(self, path: str, offset: int, size: int, version: Version | None, idx: bool) -> bytes:
         index, st, i = await self._member(path, version)
         total = int(index.usize[i])
         if size <= 0 or offset >= total:
@@ -708,7 +708,7 @@ class ZipSource:
 
         return await self._flights.run(ident, work)
 
-    async def _guarded_read(self, path: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
+    async def _guarded_read(self, path: str, offset: int, size: int, version: Version | None, idx: bool) -> bytes:
         try:
             return await self._read_member(path, offset, size, version, idx)
         except StaleError:
@@ -717,10 +717,10 @@ class ZipSource:
                 raise
         return await self._read_member(path, offset, size, None, idx)
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self._guarded_read(path, offset, size, version, False)
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self._guarded_read(path, offset, size, version, True)
 
     async def aclose(self) -> None:
@@ -735,7 +735,7 @@ async def _together(first: Callable[[], Awaitable[T]], second: Callable[[], Awai
                     ) -> tuple[T, U | Exception]:
     """Both at once: `first`'s result (its error raised as is, never wrapped in a group) and `second`'s
     result or error (the caller decides whether it matters)."""
-    results: list = [None, None]
+    results: list[Any] = [None, None]
 
     async def run(k: int, work: Callable[[], Awaitable[object]]) -> None:
         try:
@@ -765,7 +765,7 @@ def _find_end(tail: bytes) -> int | None:
             return pos
 
 
-def _ome_comment(text: str) -> dict | None:
+def _ome_comment(text: str) -> dict[str, Any] | None:
     """The RFC-9 archive comment's `ome` object, if the comment is one."""
     try:
         value = json.loads(text) if text.lstrip().startswith("{") else None

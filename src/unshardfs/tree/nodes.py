@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import AsyncIterator, Iterator, Protocol, Union, runtime_checkable
 
-from unshardfs.sources.base import FdRange
+from unshardfs.sources.base import FdRange as FdRange  # part of the node API (`FileNode.cached_range`)
 
 
 class Node:

@@ -140,9 +140,9 @@ def resume(coroutine: Coroutine[Any, Any, T], trap: Any) -> Generator[Any, Any, 
             try:
                 trap = coroutine.throw(e)
             except StopIteration as done:
-                return done.value
+                return done.value  # type: ignore[no-any-return]  # the coroutine's own T
         else:
             try:
                 trap = coroutine.send(value)
             except StopIteration as done:
-                return done.value
+                return done.value  # type: ignore[no-any-return]  # the coroutine's own T
