@@ -68,18 +68,21 @@ class Reference:
         return next((i for i, e in enumerate(self.entries) if e[0] == key), None)
 
     def _live(self, key: int, now: float) -> int | None:
+        """Where `key`'s live entry is (an expired one is dropped), counted as a hit or a miss."""
         i = self._find(key)
         if i is not None and self.ttl is not None and self.entries[i][2] <= now:
             del self.entries[i]  # read when expired: dropped
-            return None
+            i = None
+        if i is None:
+            self.misses += 1
+        else:
+            self.hits += 1
         return i
 
     def get(self, key: int, now: float) -> object:
         i = self._live(key, now)
         if i is None:
-            self.misses += 1
             return "default"
-        self.hits += 1
         entry = self.entries[i]
         if self.lru:
             self.entries.append(self.entries.pop(i))
@@ -87,11 +90,7 @@ class Reference:
 
     def pop(self, key: int, now: float) -> object:
         i = self._live(key, now)
-        if i is None:
-            self.misses += 1
-            return "default"
-        self.hits += 1
-        return self.entries.pop(i)[1]
+        return "default" if i is None else self.entries.pop(i)[1]
 
     def contains(self, key: int, now: float) -> bool:
         i = self._find(key)
