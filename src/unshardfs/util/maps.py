@@ -90,9 +90,11 @@ class BoundedMap(Generic[K, V]):
         self._deadlines: dict[K, float] | None = {} if ttl is not None else None
         self._clock = clock
         self._on_evict = on_evict
-        # `get` is chosen once here, not decided per call; the implementations answer what
-        # `_Get` says (the dict's overloads and `object` returns are spelled differently).
-        if lru and ttl is None and counted:  # the caches of indexes, chunks and metadata
+        # `get` is chosen once here, not decided per call: `_lru_get` is `_counted_get` without the
+        # checks a counted LRU map without a ttl never needs (the caches of indexes, chunks and
+        # metadata, asked several times per read). Each answers what `_Get` says (the dict's
+        # overloads and the `object` returns are spelled differently, hence the ignores).
+        if lru and ttl is None and counted:
             self.get = self._lru_get  # type: ignore[assignment]
         elif lru or ttl is not None or counted:
             self.get = self._counted_get if counted else self._uncounted_get  # type: ignore[assignment]
@@ -176,13 +178,13 @@ class BoundedMap(Generic[K, V]):
     def __setitem__(self, key: K, value: V) -> None:
         """Set `key` (now the newest entry), dropping the oldest while over the bound."""
         data = self._data
-        sizes = self._sizes
-        if sizes is None:
+        sizes, getsizeof = self._sizes, self._getsizeof
+        if sizes is None or getsizeof is None:  # (both or neither)
             if key in data:
                 data.move_to_end(key)
             data[key] = value
         else:
-            size = self._getsizeof(value)  # type: ignore[misc]  # set with `_sizes`
+            size = getsizeof(value)
             old = sizes.pop(key, None)
             if old is not None:
                 del data[key]
