@@ -216,7 +216,7 @@ def test_a_prefetched_payload_is_taken_without_a_flight_or_batch(monkeypatch):
 
     from unshardfs.core.chunks import ChunkContext
     from unshardfs.util import flight
-    from unshardfs.util.maps import CountedLRU
+    from unshardfs.core.caches import byte_cache
 
     f, source = fetcher()
     wanted = [ext(0, 100), ext(4096, 100)]
@@ -229,7 +229,7 @@ def test_a_prefetched_payload_is_taken_without_a_flight_or_batch(monkeypatch):
     calls = []
     monkeypatch.setattr(flight.Flights, "run", lambda *args: calls.append(args))
     monkeypatch.setattr(Fetcher, "read_many", lambda *args, **kw: calls.append(args))
-    ctx = SimpleNamespace(fetcher=f, caches=SimpleNamespace(encoded_chunk=CountedLRU(1 << 20)))
+    ctx = SimpleNamespace(fetcher=f, caches=SimpleNamespace(encoded_chunk=byte_cache(1 << 20)))
     for e in wanted:
         assert trio.run(ChunkContext.payload_of, ctx, e) == expect(e)
         assert ctx.caches.encoded_chunk.get(e.key) == expect(e)

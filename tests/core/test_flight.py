@@ -10,7 +10,7 @@ import trio.testing
 
 from unshardfs.util.errors import DataError
 from unshardfs.util.flight import Flights
-from unshardfs.util.maps import CountedLRU
+from unshardfs.util.maps import BoundedMap, payload_size
 
 
 def test_concurrent_askers_join_one_run():
@@ -110,7 +110,7 @@ def test_a_cancelled_runner_hands_the_work_to_a_waiting_asker():
 
 def test_cached_computes_once_and_counts_hits():
     flights = Flights()
-    cache = CountedLRU(1 << 20)
+    cache: BoundedMap[str, bytes] = BoundedMap(1 << 20, getsizeof=payload_size)
     calls = []
 
     async def work() -> bytes:

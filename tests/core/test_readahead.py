@@ -347,7 +347,7 @@ def test_the_tables_a_scan_reaches_are_read_ahead_of_it_once_each():
 
     trio.run(main)
     assert sorted(located) == ["a", "b", "c", "d"]  # each read once (c and d together)
-    assert scope.ready == {"a", "b", "c", "d"} and not scope.opening
+    assert set(scope.ready) == {"a", "b", "c", "d"} and not scope.opening
     keys = [int(t.ids[t.starts.tolist().index(e.start)]) for e in target.fetcher.prefetched
             for t in tables if t.blob.label == e.blob.label]
     assert keys == list(range(3, 40))  # after the two reads that confirm the scan: every chunk, once

@@ -258,7 +258,7 @@ def test_an_inode_forgotten_by_the_served_record_still_may_hold_pages(versions, 
     async def main() -> tuple[int, bool]:
         async with _served_chunk(versions, tmp_path) as (ops, ino, _, asked, src):
             for other in range(SERVED_MAX):  # as after READs of as many other files
-                ops._mark_served((1 << 62) + other)
+                ops.served[(1 << 62) + other] = True
             assert ino not in ops.served
             replace_shards(src, new["sharded"])
             try:

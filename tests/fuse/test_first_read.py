@@ -12,19 +12,16 @@ cost more than the request itself when every request had its own task).
 from __future__ import annotations
 
 import os
-import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import trio
 
-import unshardfs
 from unshardfs.fuse.ops import ROOT
+from unshardfs.testing.kernel import served
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
 from ..core.test_hot_path import Scheduling as Spawns
-from .inprocess import served
 
 KEY = "1_1_1"
 
@@ -104,79 +101,26 @@ def test_reads_that_must_wait_on_the_disk_go_to_a_thread_and_the_session_reads_o
     assert spawns.spawned == chunks + 2 * shards
 
 
-# Python calls of the daemon's own code (session, engine, operations, core, format, source) per
-# first read (LOOKUP + READ) of a chunk whose indexes are cached: 100 on main (b531e1d), 79 since
-# the name tables, cache probes and fewer coroutines of branch firstread2, 77 since branch
-# firstread3 (a page-cached READ answered with no coroutine, calls inlined on the lookup's way).
-# Each is ~0.3-1 us of a daemon that is one Python thread: first reads against ratarmount move
-# with this number. Here every request finds the connection empty (the kernel's side, in this
-# very thread, sends the next one only after the answer), and 10 of these calls per chunk are the
-# session's waiting for it (`_read`, `_quick_wait`, and `serve` and `_reader` resumed), which a
-# serial reader on a mount, whose next request is queued or comes within the quick wait, mostly
-# does not cost: WAITING counts them, CALLS_PER_CHUNK - WAITING is the requests' own work (79 - 8
-# on firstread2, which had no `_quick_wait`: 71 -> 67).
-CALLS_PER_CHUNK = 77
-WAITING = {"OpenedSource._read": 4, "OpenedSource._quick_wait": 2, "OpenedSource.serve": 2, "OpenedSource._reader": 2}
-
-
-def test_a_cached_index_first_read_costs_few_python_calls(volume):
-    """The daemon's Python work per chunk, counted (a timing would not be deterministic): every
-    call of a function of the unshardfs package (a coroutine resumed counts as a call) while
-    the chunks are looked up and read once more, their indexes cached by a first pass."""
-    names = sorted(os.listdir(volume["plain"] / KEY))
-    package = os.path.dirname(unshardfs.__file__)
-    calls: Counter = Counter()
-
-    def profile(frame, event, arg) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(package):
-            calls[frame.f_code.co_qualname] += 1
-
-    async def main() -> None:
-        async with served(volume["sharded"]) as (kernel, _):
-            directory = await kernel.lookup(ROOT, KEY)
-            for name in names:  # reads every index (and every chunk) once
-                await kernel.read(await kernel.lookup(directory, name), 1 << 14)
-            sys.setprofile(profile)
-            try:
-                for name in names:
-                    await kernel.read(await kernel.lookup(directory, name), 1 << 14)
-            finally:
-                sys.setprofile(None)
-
-    trio.run(main)
-    per_chunk = sum(calls.values()) / len(names)
-    assert per_chunk <= CALLS_PER_CHUNK, (per_chunk, calls.most_common(20))
-    assert {name: calls[name] / len(names) for name in WAITING} == WAITING
-    # A READ of page-cached bytes is read and answered where the request was read: no coroutine.
-    assert calls["Bridge.read_now"] == len(names)
-    assert calls["KernelHandlers._read"] == calls["Bridge.read"] == calls["ChunkFile.read"] == 0
-    # The lookup's name is parsed once, through the per-axis tables, and its size found from the
-    # cell the parse kept; nothing of the regular-expression path runs.
-    assert calls["ChunkGrid.parse_id"] == len(names)
-    assert calls["ChunkGrid.parse_chunk_name"] == 0 and calls["MortonCoder.decode"] == 0
-    assert calls["ShardedStore.describe"] == 0  # a chunk is named only in messages
-
-
 def test_a_scanned_shard_has_its_minishard_indexes_read_together(volume, monkeypatch):
     """Each minishard index read and decoded alone cost ~100 us of the daemon's Python (a dozen
     numpy calls, a batch, a flight): an eighth of a first read's work on the benchmark's shards.
     On local shards the first lookup that needs one of a shard's minishard indexes reads that one
     alone (a lookup here and there stays one index read); the second reads the rest of the
     shard's with it, decoded together. Every index is still read exactly once."""
-    from unshardfs.formats.precomputed.shards import PrecomputedStore
+    from unshardfs.core.fetch import Fetcher
 
-    loads: list[list[int]] = []
-    real = PrecomputedStore._load
+    batches: list[int] = []  # extents per batch of index reads
+    real = Fetcher.read_many
 
-    async def counted(self, blob, index, numbers, gap=None):
-        loads.append(list(numbers))
-        return await real(self, blob, index, numbers, gap)
+    async def counted(self, extents, index=False, max_gap=None):
+        if index:
+            batches.append(len(extents))
+        return await real(self, extents, index, max_gap)
 
-    monkeypatch.setattr(PrecomputedStore, "_load", counted)
+    monkeypatch.setattr(Fetcher, "read_many", counted)
     _, _, matched = first_reads(volume, monkeypatch)
     assert matched == sum(p.stat().st_size for p in (volume["plain"] / KEY).iterdir())
     shards, minishards = 4, 4  # of each shard, every one holding chunks
-    # Per shard: one alone, then the other three together.
-    assert sorted(len(numbers) for numbers in loads) == [1] * shards + [minishards - 1] * shards
-    read = [m for numbers in loads for m in numbers]
-    assert len(read) == shards * minishards  # each minishard index of each shard once
+    # Per shard: one alone, then the other three together; each minishard index of each shard once.
+    assert sorted(batches) == [1] * shards + [minishards - 1] * shards
+    assert sum(batches) == shards * minishards

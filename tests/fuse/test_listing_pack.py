@@ -13,9 +13,9 @@ from unshardfs.core.chunks import ChunkContext
 from unshardfs.fuse import abi
 from unshardfs.fuse.kernel import DirentBuffer
 from unshardfs.fuse.ops import ROOT
+from unshardfs.testing.kernel import served
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
-from .inprocess import served
 
 KEY = "1_1_1"
 

@@ -18,10 +18,10 @@ from unshardfs.fuse.kernel import SPLICE_MIN, KernelHandlers
 from unshardfs.fuse.ops import ROOT
 from unshardfs.fuse.server import Connection
 from unshardfs.sources.local import LocalSource
+from unshardfs.testing.kernel import served
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.util.pagecache import page_cache
 
-from .inprocess import served
 
 KEY = "1_1_1"
 CHUNK = 2 << 20

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Callable
 
 from ..context import Context
-from . import decode, engines, http, listing, local, remote, scaleout, sequential, serve, zipped
+from . import calls, decode, engines, http, listing, local, remote, scaleout, sequential, serve, zipped
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "local": local.run,  # small-file reads: warm, first, parallel, backing reads
+    "calls": calls.run,  # the daemon's Python calls per first read (a tracked count, no timing)
     "listing": listing.run,  # ls -f / find / ls -l of 10^6 chunks, memory, mount time
     "sequential": sequential.run,  # 2 MiB raw chunks
     "decode": decode.run,  # DVID label blocks

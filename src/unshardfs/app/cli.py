@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from unshardfs import __version__
 from unshardfs.app.daemon import MountRequest, detach, serve, unmount
-from unshardfs.app.options import add_cache_options, add_source_options, format_options, make_caches
+from unshardfs.app.options import add_cache_options, add_source_options, make_caches, open_options
 from unshardfs.fuse.engines import ENGINES, TRANSPORTS, require
 from unshardfs.fuse.ops import STATS_XATTR, MountOptions
 from unshardfs.http.server import ServerLimits
@@ -196,7 +196,7 @@ def default_log_file(mountpoint: str) -> str:
 def _mount(args: argparse.Namespace, argv: list[str]) -> int:
     require(args.fuse_engine)  # a missing engine is reported here, not in a detached daemon's log
     if not args.foreground:
-        format_options(args)  # a bad file argument (--info) is refused here, before detaching
+        open_options(args)  # a bad file argument (--info) is refused here, before detaching
         return detach([a for a in argv if a not in ("-f", "--foreground")] + ["--foreground"],
                       args.log_file or default_log_file(args.mountpoint), default_log=not args.log_file)
 
@@ -225,7 +225,7 @@ def _mount(args: argparse.Namespace, argv: list[str]) -> int:
                              passthrough=args.fuse_passthrough, transport=args.fuse_transport),
         engine=args.fuse_engine,
     )
-    return serve(request, lambda: OpenedSource.open(args.source, format_options(args), caches), ready)
+    return serve(request, lambda: OpenedSource.open(args.source, open_options(args), caches), ready)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -240,7 +240,7 @@ def _serve(args: argparse.Namespace) -> int:
                     buffer_bytes=args.response_buffer << 20)
     request = ServeRequest(args.bind, args.port, ServeOptions("" if args.no_cors else args.cors_origin,
                                                               args.access_log), limits)
-    return run(args.source, lambda: OpenedSource.open(args.source, format_options(args), caches), request)
+    return run(args.source, lambda: OpenedSource.open(args.source, open_options(args), caches), request)
 
 
 def _positive(kind: type) -> Callable[[str], Any]:

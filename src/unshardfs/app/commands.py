@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,9 @@ import trio
 from tqdm import tqdm
 
 from unshardfs.app.cluster import close_client
-from unshardfs.app.opened import OpenedSource
+from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.pipeline import archive_lines
-from unshardfs.app.options import format_options
+from unshardfs.app.options import open_options
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.tools.atomic import WriteStopped, remove_temporaries
 from unshardfs.tools.inspect import format_report, version_lines
@@ -29,10 +30,10 @@ from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.logonce import collect_problems
 
 
-def _one_version(args: argparse.Namespace) -> dict:
+def _one_version(args: argparse.Namespace) -> OpenOptions:
     """The options of a tool's source: the version the SOURCE names only (a versioned store's other
     versions are directories of a mount to browse, not part of what is checked or exported)."""
-    return {**format_options(args), "versions": False}
+    return replace(open_options(args), versions=False)
 
 
 def _bar(args: argparse.Namespace, unit: str) -> tqdm:
@@ -102,7 +103,7 @@ def _identity(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     source = args.source
     if "://" not in source and "|" not in source:
         source = os.path.abspath(source)
-    formats = json.loads(json.dumps(format_options(args)["formats"], default=str, sort_keys=True))
+    formats = json.loads(json.dumps(open_options(args).formats, default=str, sort_keys=True))
     return source, formats
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
 
 import trio
 
@@ -22,9 +22,25 @@ from unshardfs.core.runtime import Runtime
 from unshardfs.core.versions import VersionsRoot
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource
+from unshardfs.sources.icechunk import IcechunkOptions
 from unshardfs.sources.zip import ZipSource, ZipSummary
 from unshardfs.tree.nodes import DirNode
 from unshardfs.util.limits import DataLimits
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    """How `OpenedSource.open` reads a SOURCE and shows it: what a command line says
+    (`options.open_options`), picklable for the workers of a split check or export."""
+
+    remote: RemoteOptions = field(default_factory=RemoteOptions)  # http(s)://, gs://, s3:// and --cache-dir
+    policy: FetchPolicy = field(default_factory=FetchPolicy)  # the read path: coalescing, prefetch
+    limits: DataLimits = field(default_factory=DataLimits)  # bounds on untrusted data
+    # Per format (by plug-in name), the options its plug-in made from the command line; only
+    # formats given any. (Each plug-in's own keys: the formats' extension API.)
+    formats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    icechunk: IcechunkOptions = field(default_factory=IcechunkOptions)  # which virtual references may be read
+    versions: bool = True  # a versioned store's other versions shown as `@NAME/` directories (`core.versions`)
 
 
 @dataclass
@@ -42,38 +58,34 @@ class OpenedSource:
         return self.runtime.caches
 
     @classmethod
-    async def open(cls, url: str, options: dict | None = None, caches: Caches | None = None) -> "OpenedSource":
-        """Open `url` with the options `options.format_options` made from a command line; `"versions": False`
-        leaves out the `@NAME/` directories of a versioned store's other versions (`core.versions`)."""
-        options = options or {}
+    async def open(cls, url: str, options: OpenOptions | None = None, caches: Caches | None = None) -> "OpenedSource":
+        """Open `url` with `options` (the defaults without)."""
+        options = options or OpenOptions()
         spec = parse_source(url)
-        remote, limits = options.get("remote") or RemoteOptions(), options.get("limits") or DataLimits()
-        source = await open_spec(spec, lambda base: open_source(base, remote), limits, options.get("icechunk"))
+        source = await open_spec(spec, lambda base: open_source(base, options.remote), options.limits, options.icechunk)
         return await cls.over(source, spec.format, options, caches)
 
     @classmethod
-    async def over(cls, source: ByteSource, named: str | None = None, options: dict | None = None,
+    async def over(cls, source: ByteSource, named: str | None = None, options: OpenOptions | None = None,
                    caches: Caches | None = None) -> "OpenedSource":
         """The dataset in `source` (a byte source made elsewhere: a test's in-memory store), as
         `open` serves it; `named` is a format plug-in's name (None: detect). `source` is closed
         with the result, or at once when no dataset opens."""
-        options = options or {}
+        options = options or OpenOptions()
         counted = CountingSource(source)
-        runtime = Runtime(counted, caches or Caches(levels=index_levels()), options.get("limits") or DataLimits(),
-                          options.get("policy") or FetchPolicy())
-        formats = options.get("formats") or {}
+        runtime = Runtime(counted, caches or Caches(levels=index_levels()), options.limits, options.policy)
         try:
-            dataset = await open_dataset(runtime, named, formats)
+            dataset = await open_dataset(runtime, named, options.formats)
         except BaseException:
             await counted.aclose()
             raise
-        if isinstance(source, VersionedSource) and not source.pinned and options.get("versions", True):
+        if isinstance(source, VersionedSource) and not source.pinned and options.versions:
             chosen = named or dataset.format
 
             async def open_tree(version: ByteSource) -> DirNode:
                 other = Runtime(version, runtime.caches, runtime.limits, runtime.policy)
                 other.fetcher.follow(runtime.fetcher)  # prefetch and read-ahead while the mount's run
-                return (await open_dataset(other, chosen, formats)).tree
+                return (await open_dataset(other, chosen, options.formats)).tree
 
             dataset = Dataset(VersionsRoot(dataset.tree, source, open_tree), dataset.inventory, dataset.format)
         return cls(counted, runtime, dataset)

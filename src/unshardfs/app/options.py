@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from unshardfs.app.opened import OpenOptions
 from unshardfs.core.caches import Caches, CacheSizes
 from unshardfs.core.fetch import FetchPolicy
 from unshardfs.core.registry import add_format_options, given_options, index_levels
@@ -91,8 +92,8 @@ def make_caches(args: argparse.Namespace) -> Caches:
     return Caches(sizes, levels)
 
 
-def format_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments of `OpenedSource.open` from the command line (picklable, for workers)."""
+def open_options(args: argparse.Namespace) -> OpenOptions:
+    """How `OpenedSource.open` reads and shows the SOURCE, from the command line."""
     http = HttpOptions(concurrency=max(1, args.concurrency), timeout=args.timeout, retries=max(0, args.retries),
                        backoff=max(0.0, args.backoff), stat_ttl=args.stat_ttl, deadline=args.request_deadline)
     remote = RemoteOptions(http, args.s3_endpoint, args.gcs_endpoint,
@@ -104,4 +105,4 @@ def format_options(args: argparse.Namespace) -> dict:
                     metadata_bytes=max(1, args.max_metadata_size) * MiB,
                     metadata_values=max(1, args.max_metadata_values))
     icechunk = IcechunkOptions(tuple(getattr(args, "icechunk_virtual", None) or ()))
-    return {"remote": remote, "policy": policy, "limits": limits, "formats": given_options(args), "icechunk": icechunk}
+    return OpenOptions(remote, policy, limits, given_options(args), icechunk)

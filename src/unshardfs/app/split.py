@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from unshardfs.app.opened import OpenedSource
+from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.tools.atomic import WriteStopped, sync_dir
 from unshardfs.tools.ledger import Journal, Ledger
 from unshardfs.tools.walk import Dest, Select, WalkSummary, check, export
@@ -37,7 +37,7 @@ class Part:
     """One task: part `part` of `parts` of a check, or of an export into `dest`."""
 
     source: str
-    formats: dict[str, Any]
+    options: OpenOptions
     part: int
     parts: int
     dest: str | None = None  # export: where every worker writes (a shared file system)
@@ -77,7 +77,7 @@ def selector(part: int, parts: int) -> Select | None:
 async def _opened(job: Part) -> AsyncIterator[tuple[OpenedSource, list[str]]]:
     """The part's own opened SOURCE, listing only the part's shards, running; and the problems
     logged meanwhile."""
-    session = await OpenedSource.open(job.source, job.formats)
+    session = await OpenedSource.open(job.source, job.options)
     if job.parts > 1:
         session.runtime.shard_filter = shard_filter(job.part, job.parts)
     try:

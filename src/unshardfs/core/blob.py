@@ -9,14 +9,10 @@ with new bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
+from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ObjectStat, ReadNow, Version
 from unshardfs.util.errors import DataError, SourceError
+from unshardfs.util.maps import BoundedMap
 
-if TYPE_CHECKING:  # annotations only: `caches` imports this module, and `sources` imports `caches`
-    from unshardfs.sources.base import ByteSource, FdRange, ObjectStat
-
-Version = tuple[object, ...]  # an object version, as its source gives it (`ObjectStat.version`)
 Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)
 
 
@@ -58,29 +54,21 @@ class Blob:
         """Whether every part has a version (without one, a copy kept across mounts could be stale)."""
         return all(version for _, _, version in self.parts)
 
-    def cached_range(self, source: ByteSource, offset: int, size: int) -> FdRange | None:
+    def cached_range(self, source: CachedRange, offset: int, size: int) -> FdRange | None:
         """Where bytes [offset, offset+size) of a one-object blob lie in an open descriptor, if
         the source can tell without I/O and they are page-cached (a local source); else None."""
-        found: FdRange | None = self._ask_one(source, "cached_range", offset, size)
-        return found
-
-    def read_now(self, source: ByteSource, offset: int, size: int) -> bytes | bytearray | None:
-        """Bytes [offset, offset+size) of a one-object blob if the source has them at once,
-        without waiting (a local source, page-cached bytes); else None (`read` reads them)."""
-        data: bytes | bytearray | None = self._ask_one(source, "read_now", offset, size)
-        return data
-
-    def _ask_one(self, source: ByteSource, method: str, offset: int, size: int) -> Any:
-        """`source.<method>(path, offset, size, version)` of the one object of a one-object blob,
-        for a range inside it, if the source has that optional method (sources whose bytes are
-        files); else None."""
         if len(self.parts) != 1 or offset < 0 or offset + size > self.size:
             return None
-        ask = getattr(source, method, None)
-        if ask is None:
+        path, _, version = self.parts[0]
+        return source.cached_range(path, offset, size, version)
+
+    def read_now(self, source: ReadNow, offset: int, size: int) -> bytes | bytearray | None:
+        """Bytes [offset, offset+size) of a one-object blob if the source has them at once,
+        without waiting (a local source, page-cached bytes); else None (`read` reads them)."""
+        if len(self.parts) != 1 or offset < 0 or offset + size > self.size:
             return None
         path, _, version = self.parts[0]
-        return ask(path, offset, size, version)
+        return source.read_now(path, offset, size, version)
 
     async def read(self, source: ByteSource, offset: int, size: int, index: bool = False) -> bytes:
         """Bytes [offset, offset+size) exactly, or DataError.
@@ -125,19 +113,17 @@ class RecentBlobs:
 
     One per session (its `Caches` owns it): paths are those of one source, and sessions in one
     process (Dask workers, tests) neither see nor evict each other's. At most `size` entries,
-    all dropped when full (each is rebuilt by its next lookup)."""
+    the one set longest ago dropped first (rebuilt by its next lookup)."""
 
     def __init__(self, size: int = RECENT_BLOBS) -> None:
         self.size = size
-        self._recent: dict[str, tuple[ObjectStat, Blob]] = {}
+        self._recent: BoundedMap[str, tuple[ObjectStat, Blob]] = BoundedMap(size, lru=False, counted=False)
 
     def of(self, path: str, st: ObjectStat) -> Blob:
         recent = self._recent.get(path)
         if recent is not None and recent[0] is st:
             return recent[1]
         blob = Blob.of(path, st)
-        if len(self._recent) >= self.size:
-            self._recent.clear()
         self._recent[path] = (st, blob)
         return blob
 

@@ -8,10 +8,10 @@ bounded by configuration, not by the number of scales or shards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from unshardfs.core.blob import RecentBlobs
-from unshardfs.util.maps import CountedLRU, MiB
+from unshardfs.util.maps import BoundedMap, MiB, payload_size
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,15 @@ class IndexLevel:
         return self.option.lstrip("-").replace("-", "_")
 
 
+def byte_cache(budget: int) -> BoundedMap[Any, Any]:
+    """An LRU cache of decoded data within `budget` bytes (each value's `payload_size`)."""
+    return BoundedMap(budget, getsizeof=payload_size)
+
+
 SHARD_INDEX = IndexLevel("shard_index", "--shard-index-cache", 32 * MiB, "shard index cache")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CacheSizes:
     """Defaults keep a fully warm daemon under ~250 MB RSS (issue #8's bound)."""
 
@@ -60,19 +65,19 @@ class Caches:
     levels: Sequence[IndexLevel] = ()
 
     def __post_init__(self) -> None:
-        self._index: dict[str, CountedLRU] = {}
+        self._index: dict[str, BoundedMap[Any, Any]] = {}
         for level in self.levels:
             self.index(level)
-        self.decoded_chunk = CountedLRU(self.sizes.decoded_chunk_bytes)
-        self.encoded_chunk = CountedLRU(self.sizes.encoded_chunk_bytes)
-        self.metadata = CountedLRU(self.sizes.metadata_bytes)
+        self.decoded_chunk: BoundedMap[Any, Any] = byte_cache(self.sizes.decoded_chunk_bytes)
+        self.encoded_chunk: BoundedMap[Any, Any] = byte_cache(self.sizes.encoded_chunk_bytes)
+        self.metadata: BoundedMap[Any, Any] = byte_cache(self.sizes.metadata_bytes)
         self.blobs = RecentBlobs()
 
-    def index(self, level: IndexLevel) -> CountedLRU:
+    def index(self, level: IndexLevel) -> BoundedMap[Any, Any]:
         """The cache of one index level (made on first use, from its declaration)."""
         cache = self._index.get(level.name)
         if cache is None:
-            cache = self._index[level.name] = CountedLRU(self.sizes.index_bytes.get(level.name, level.default))
+            cache = self._index[level.name] = byte_cache(self.sizes.index_bytes.get(level.name, level.default))
         return cache
 
     def usage(self) -> dict[str, dict[str, int]]:

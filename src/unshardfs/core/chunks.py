@@ -212,7 +212,7 @@ class ChunkContext:
         # batch machinery (a fifth of its cost), on the hot path of every prefetched read.
         hit = self.fetcher.take_prefetched(ext)
         if hit is not None:
-            self.caches.encoded_chunk.put(ext.key, hit)
+            self.caches.encoded_chunk[ext.key] = hit
             return hit
         return await self.fetcher.flights.cached(self.caches.encoded_chunk, ext.key, lambda: self.fetcher.read(ext))
 
@@ -228,7 +228,7 @@ class ChunkContext:
         except DataError:
             return
         for ext, payload in zip(extents, payloads):
-            self.caches.encoded_chunk.put(ext.key, payload)
+            self.caches.encoded_chunk[ext.key] = payload
 
     async def content(self, f: ChunkFile) -> bytes:
         """The file's whole content (small files: manifests, metadata records)."""

@@ -12,6 +12,7 @@ byte-bounded cache, which counts what was used and what was wasted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, cast
@@ -19,11 +20,11 @@ from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, c
 import trio
 
 from unshardfs.core.blob import Blob, Ident
-from unshardfs.sources.base import ByteSource, FdRange
+from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ReadNow
 from unshardfs.util.errors import DataError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import CountedLRU
+from unshardfs.util.maps import BoundedMap, payload_size
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class Extent:
         return (self.blob.ident, self.start, self.length)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FetchPolicy:
     max_gap: int = 4 << 10  # join extents separated by at most this many bytes
     max_span: int = 16 << 20  # one read covers at most this many bytes
@@ -88,17 +89,14 @@ class FetchCounters:
         return dict(self.__dict__)
 
 
-class PrefetchCache(CountedLRU):
-    """Prefetched payloads waiting for their reader; what leaves unread was wasted."""
+def prefetch_cache(budget: int, counters: FetchCounters) -> BoundedMap[ExtentKey, bytes]:
+    """Prefetched payloads waiting for their reader, within `budget` bytes; what the bound
+    evicts unread was wasted."""
 
-    def __init__(self, maxsize: int, counters: FetchCounters) -> None:
-        super().__init__(maxsize)
-        self.counters = counters
+    def wasted(_key: ExtentKey, value: bytes) -> None:
+        counters.prefetch_wasted_bytes += len(value)
 
-    def popitem(self) -> tuple[Hashable, bytes]:
-        key, value = super().popitem()
-        self.counters.prefetch_wasted_bytes += len(value)
-        return key, value
+    return BoundedMap(budget, getsizeof=payload_size, on_evict=wasted)
 
 
 @dataclass(eq=False)
@@ -164,24 +162,27 @@ class Fetcher:
 
     def __init__(self, source: ByteSource, policy: FetchPolicy | None = None) -> None:
         self.source = source
-        self.policy = policy or FetchPolicy()
+        policy = policy or FetchPolicy()
         if not source.remote:
             # Local reads are syscalls, not round trips: nothing to hide by
             # reading ahead, and prefetched copies would only cost memory.
-            self.policy.read_ahead = False
+            policy = dataclasses.replace(policy, read_ahead=False)
+        self.policy = policy
         # A source that is not remote answers each read with a syscall and
         # never waits on anything: no read of it is ever in flight for another
         # to join, nothing is prefetched, and there is nothing to bound. Its
         # reads skip the batch machinery (no tracking, limiter or nursery: a
         # cold chunk's read is one call, as cheap as the source allows).
         self.direct = not source.remote and source.index_cache is None
+        # The source's optional capabilities, decided once (a page-cached READ asks every time).
+        self._reads_now = source if isinstance(source, ReadNow) else None
+        self._cached_ranges = source if isinstance(source, CachedRange) else None
         self.counters = FetchCounters()
-        self.prefetched = PrefetchCache(self.policy.prefetch_bytes, self.counters)
+        self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters)
         self.flights = Flights()
         self._in_flight: dict[Ident, list[_Run]] = {}  # runs being read, by blob
         self._prefetch_in_flight = 0  # bytes
-        self._seeded: dict[ExtentKey, bytes] = {}  # `seed`
-        self._seeded_bytes = 0
+        self._seeded: BoundedMap[ExtentKey, bytes] = BoundedMap(SEEDED_BYTES, lru=False, getsizeof=len)  # `seed`
         self._nursery: trio.Nursery | None = None
         self._leader: Fetcher | None = None
         self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
@@ -241,12 +242,14 @@ class Fetcher:
     def read_now(self, blob: Blob, start: int, length: int) -> bytes | bytearray | None:
         """`read_direct`'s bytes if the source has them at once (see `Blob.read_now`); counted
         like the read it replaces. None: `read_direct` reads them."""
-        return self._counted(blob.read_now(self.source, start, length))
+        source = self._reads_now
+        return None if source is None else self._counted(blob.read_now(source, start, length))
 
     def cached_direct(self, blob: Blob, start: int, length: int) -> FdRange | None:
         """`read_direct`'s bytes as a page-cached descriptor range, if the source can give one
         (see `Blob.cached_range`); counted like the read it replaces."""
-        return self._counted(blob.cached_range(self.source, start, length))
+        source = self._cached_ranges
+        return None if source is None else self._counted(blob.cached_range(source, start, length))
 
     def _counted(self, found: T) -> T:
         """`found` (None: nothing), counted like a `read_direct` if it is something."""
@@ -263,20 +266,12 @@ class Fetcher:
         SEEDED_BYTES (beyond, the oldest are dropped: their reads go to the source)."""
         if len(data) != ext.length or ext.length > SEED_MAX:
             return
-        seeded = self._seeded
-        old = seeded.pop(ext.key, None)
-        if old is not None:
-            self._seeded_bytes -= len(old)
-        while seeded and self._seeded_bytes + ext.length > SEEDED_BYTES:
-            self._seeded_bytes -= len(seeded.pop(next(iter(seeded))))
-        seeded[ext.key] = data
-        self._seeded_bytes += ext.length
+        self._seeded[ext.key] = data
         self.counters.seeded += 1
 
     def _take_seeded(self, ext: Extent) -> bytes | None:
         data = self._seeded.pop(ext.key, None)
         if data is not None:
-            self._seeded_bytes -= len(data)
             self.counters.seeded_hits += 1
         return data
 
@@ -560,7 +555,7 @@ class Fetcher:
         """Put what prefetches wanted of a run that has been read into the prefetch cache."""
         wanted = (run.extents if run.prefetch else []) + run.adopted
         for ext in wanted:
-            self.prefetched.put(ext.key, _slice(run, ext))
+            self.prefetched[ext.key] = _slice(run, ext)
             if ext.key not in self.prefetched:  # larger than the whole cache
                 self.counters.prefetch_wasted_bytes += ext.length
         if run.prefetch:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Callable, TypeVar, cast
+from typing import Any, Callable, TypeVar, cast
 
 from unshardfs.sources.base import ByteSource, ObjectStat
 from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.util.fields import DEFAULT_LIMITS, check_size, load_json, off_loop, one_big_document
 from unshardfs.util.limits import DataLimits
-from unshardfs.util.maps import CountedLRU
+from unshardfs.util.maps import BoundedMap
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ class Remembered:
 
 
 async def read_built(source: ByteSource, path: str, limits: DataLimits,
-                     build: Callable[[object, ObjectStat], T], memo: CountedLRU | None = None) -> T | None:
+                     build: Callable[[object, ObjectStat], T], memo: BoundedMap[Any, Any] | None = None) -> T | None:
     """`build(parsed, stat)` of the file; None if it does not exist; ConfigError if unreadable or
     beyond `limits`.
 
@@ -75,10 +75,10 @@ async def read_built(source: ByteSource, path: str, limits: DataLimits,
         raise ConfigError(str(e)) from e.__cause__
     except ConfigError as e:
         if memo is not None:
-            memo.put(key, Remembered(None, e, st.size))
+            memo[key] = Remembered(None, e, st.size)
         raise
     if memo is not None:
-        memo.put(key, Remembered(value, None, st.size))
+        memo[key] = Remembered(value, None, st.size)
     return value
 
 

@@ -52,6 +52,7 @@ from unshardfs.core.policy import POLICY
 from unshardfs.core.table import ChunkTable, int_list
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class ScanScope:
     working: bool = False
     listings: Listings = field(default_factory=Listings)
     # Index tables (`table_of`) known to be read, and those being read ahead of a scan.
-    ready: set[Hashable] = field(default_factory=set)
+    ready: BoundedMap[Hashable, bool] = field(default_factory=lambda: BoundedMap(READY_MAX, lru=False, counted=False))
     opening: set[Hashable] = field(default_factory=set)
 
     # -- fed by the chunk files and listings --------------------------------------------
@@ -523,9 +524,7 @@ class ScanScope:
 
     def _ready(self, table: Hashable | None) -> None:
         if table is not None and table not in self.ready:
-            if len(self.ready) >= READY_MAX:
-                self.ready.clear()
-            self.ready.add(table)
+            self.ready[table] = True
 
     async def _extent(self, chunk_id: int) -> tuple[Extent, ChunkTable] | None:
         """The chunk's extent and the table it is in, if it is worth prefetching."""

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import AsyncIterator, Awaitable, Callable, Generic, Hashable, Sequence, TypeVar, cast, final
+from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Hashable, Sequence, TypeVar, cast, final
 
 import numpy as np
-from cachetools import LRUCache
 
 from unshardfs.core.blob import Blob
 from unshardfs.core.caches import SHARD_INDEX, IndexLevel
@@ -33,7 +32,7 @@ from unshardfs.core.table import ChunkTable
 from unshardfs.sources.base import ObjectStat
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import CountedLRU
+from unshardfs.util.maps import BoundedMap
 
 ShardT = TypeVar("ShardT", bound=Hashable)  # a store's own handle for one shard (a number, a grid index)
 IndexT = TypeVar("IndexT")  # what one shard's first index level decodes to (usually a ChunkTable)
@@ -85,9 +84,9 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         self.limits = runtime.limits
         self.label = label or "."  # for messages: the directory's path
         self.flights = runtime.fetcher.flights
-        self._failed: LRUCache[tuple[str, Hashable], tuple[str, str]] = LRUCache(maxsize=FAILED_MAX)
+        self._failed: BoundedMap[tuple[str, Hashable], tuple[str, str]] = BoundedMap(FAILED_MAX)
         self._kind = type(self).__qualname__  # the first part of every cache key (`_full`)
-        self._caches: dict[str, CountedLRU] = {}  # `cache(level)` by level name: every lookup asks twice
+        self._caches: dict[str, BoundedMap[Any, Any]] = {}  # `cache(level)` by level name: every lookup asks twice
 
     # -- the format's own ----------------------------------------------------------------
 
@@ -234,7 +233,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         returns for a one-object shard, revalidated on every lookup."""
         return self.caches.blobs.of(path, st)
 
-    def cache(self, level: IndexLevel) -> CountedLRU:
+    def cache(self, level: IndexLevel) -> BoundedMap[Any, Any]:
         cache = self._caches.get(level.name)
         if cache is None:
             cache = self._caches[level.name] = self.caches.index(level)
@@ -342,7 +341,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
                         raise
                     out[i] = e
                     continue
-                cache.put(self._full(key), value)
+                cache[self._full(key)] = value
                 out[i] = value
             return cast("list[T | DataError]", out)
 

@@ -22,7 +22,7 @@ from unshardfs.tree.nodes import Batch, DirNode, Entry, Node
 from unshardfs.tree.passthrough import PassthroughDir
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import QuickLRU
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class VersionsRoot(DirNode):
         self.source = source
         self.open_tree = open_tree
         self._versions: dict[str, VersionInfo] | None = None
-        self._open: QuickLRU = QuickLRU(maxsize=OPEN_VERSIONS)
+        self._open: BoundedMap[str, VersionDir] = BoundedMap(OPEN_VERSIONS)
 
     @property
     def stable_key(self) -> str | None:  # type: ignore[override]

@@ -19,14 +19,14 @@ import json
 import os
 import stat
 import sys
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Protocol
+from typing import AsyncIterator, Callable, Protocol, TypeGuard, runtime_checkable
 
 from unshardfs.fuse.abi import FsError
 from unshardfs.tree.edge import read_current
-from unshardfs.tree.nodes import CHILD_ID_BITS, Batch, DirNode, EntryBatch, FdRange, FileNode, Node
+from unshardfs.tree.nodes import CHILD_ID_BITS, Batch, Closable, DirNode, EntryBatch, FdRange, FileNode, Node
 from unshardfs.util.errors import DataError, StaleError
+from unshardfs.util.maps import BoundedMap
 
 ROOT = 1
 STATS_XATTR = "user.unshardfs.stats"
@@ -38,7 +38,7 @@ FS_ENCODING = sys.getfilesystemencoding()
 SERVED_MAX = 1 << 16  # inodes remembered as served (`Bridge.served`), least recently served forgotten
 
 
-@dataclass
+@dataclass(frozen=True)
 class MountOptions:
     entry_timeout: float = 3600.0
     attr_timeout: float = 3600.0
@@ -51,25 +51,6 @@ class MountOptions:
     # Kernel engine: "dev" (read and write /dev/fuse) or "uring" (FUSE over io_uring where the
     # kernel grants it, experimental).
     transport: str = "dev"
-
-
-class RecentNodes(OrderedDict):
-    """Nodes of computed inodes seen lately, oldest dropped first.
-
-    Insertion order, not LRU: cheaper per insert, which matters because a
-    listing inserts every entry it returns. (An OrderedDict, because evicting
-    the first key of a plain dict with next(iter()) rescans the slots of all
-    keys deleted before it: quadratic over a million-entry listing.)
-    """
-
-    def __init__(self, maxsize: int) -> None:
-        super().__init__()
-        self.maxsize = maxsize
-
-    def put(self, ino: int, node: Node) -> None:
-        self[ino] = node
-        if len(self) > self.maxsize:
-            self.popitem(last=False)
 
 
 class InodeTable:
@@ -101,7 +82,9 @@ class InodeTable:
         self.next_ino = ROOT + 1
         self.slots: dict[str, int] = {}
         self.slot_dirs: list[DirNode | None] = [None]
-        self.recent = RecentNodes(recent_nodes)
+        # Nodes of computed inodes seen lately, the one set longest ago dropped first: FIFO, not
+        # LRU, because a listing sets every entry it returns and a hit then costs one probe.
+        self.recent: BoundedMap[int, Node] = BoundedMap(recent_nodes, lru=False, counted=False)
         # Tabled inodes whose content changed under a reader: their name now leads to a new inode,
         # and every read of them fails until the kernel forgets them.
         self.superseded: set[int] = set()
@@ -116,8 +99,10 @@ class InodeTable:
         return ino >> CHILD_ID_BITS != 0
 
     def _slot(self, parent: Node | None) -> int:
-        key = getattr(parent, "stable_key", None)
-        if key is None or not isinstance(parent, DirNode):
+        if not isinstance(parent, DirNode):
+            return 0
+        key = parent.stable_key
+        if key is None:
             return 0
         slot = self.slots.get(key)
         if slot is None:
@@ -149,7 +134,7 @@ class InodeTable:
                 slot = self.slot_of(parent)
             if slot:
                 computed = slot << CHILD_ID_BITS | node.ident
-                self.recent.put(computed, node)
+                self.recent[computed] = node
                 return computed
         ino = self.by_name.get((parent, name))
         if ino is None:
@@ -222,7 +207,7 @@ class InodeTable:
 
     def replace(self, ino: int, node: Node) -> None:
         if self.computed(ino):
-            self.recent.put(ino, node)
+            self.recent[ino] = node
         else:
             self.nodes[ino] = node
 
@@ -240,7 +225,7 @@ class InodeTable:
         node = await parent.lookup(name) if parent is not None and name else None
         if node is None or node.ident != ino & ((1 << CHILD_ID_BITS) - 1):
             raise FsError(errno.ESTALE)
-        self.recent.put(ino, node)
+        self.recent[ino] = node
         return node
 
 
@@ -258,6 +243,7 @@ class EntrySink(Protocol):
     def add(self, name: bytes, ino: int, node: Node | None, size: int, mtime_ns: int, next_cookie: int) -> bool: ...
 
 
+@runtime_checkable
 class FileEntrySink(EntrySink, Protocol):
     """A sink that can also take many plain file entries at once (optional, see `Bridge.fill`):
     `add_files(names, idents, start, slot_bits, next_cookie)` takes entries `names[start:]`
@@ -266,6 +252,19 @@ class FileEntrySink(EntrySink, Protocol):
 
     def add_files(self, names: list[str], idents: list[int | None], start: int, slot_bits: int,
                   next_cookie: int) -> int | None: ...
+
+
+_PACKING: dict[type, bool] = {}  # sink class -> whether it is a FileEntrySink (asked once per class)
+
+
+def _packs_files(sink: EntrySink) -> TypeGuard[FileEntrySink]:
+    """Whether `sink` takes many plain file entries at once; decided once per class (every
+    READDIR asks, and an isinstance against a runtime-checkable Protocol costs microseconds)."""
+    kind = type(sink)
+    packs = _PACKING.get(kind)
+    if packs is None:
+        packs = _PACKING[kind] = isinstance(sink, FileEntrySink)
+    return packs
 
 
 @dataclass
@@ -304,7 +303,7 @@ class Bridge:
         # invalidation) or cannot (False: it learnt new attributes since): a replaced shard is
         # re-served to the first only after their pages are dropped. Forgetting one must not
         # make it look clean: once any was evicted, an inode not here may hold pages.
-        self.served: OrderedDict[int, bool] = OrderedDict()
+        self.served: BoundedMap[int, bool] = BoundedMap(SERVED_MAX, on_evict=self._forgot_served)
         self.served_evicted = False
         # Engines that can tell the kernel to drop what it cached set this: (ino, done) -> None,
         # called for an inode whose backing data changed; never from inside that request. The
@@ -387,7 +386,7 @@ class Bridge:
         old = self.inodes.peek(ino)
         if old is not None and old is not node and isinstance(old, FileNode) and isinstance(node, FileNode):
             if (old.size, old.mtime_ns) != (node.size, node.mtime_ns):
-                self._mark_served(ino, False)
+                self.served[ino] = False  # the kernel cannot hold pages of it now
 
     # -- directories -------------------------------------------------------------------
 
@@ -500,7 +499,7 @@ class Bridge:
         add = sink.add
         i = listing.index
         position = listing.position
-        add_files = getattr(sink, "add_files", None) if slot and not plus else None
+        add_files = sink.add_files if slot and not plus and _packs_files(sink) else None
         while add_files is not None and i < len(names):
             # Plain entries of computed inodes: the sink packs them a reply at a time.
             taken = add_files(names, idents, i, slot_bits, position + 1)
@@ -541,10 +540,9 @@ class Bridge:
     async def _discard(self, listing: Listing) -> None:
         listing.batch, listing.index = [], 0
         if listing.iterator is not None:
-            aclose = getattr(listing.iterator, "aclose", None)
-            listing.iterator = None
-            if aclose is not None:
-                await aclose()
+            iterator, listing.iterator = listing.iterator, None
+            if isinstance(iterator, Closable):
+                await iterator.aclose()
 
     async def releasedir(self, fh: int) -> None:
         listing = self.listings.pop(fh, None)
@@ -607,16 +605,8 @@ class Bridge:
         parent, name = self.inodes.locate(ino)
         return await parent.lookup(name) if parent is not None and name else None
 
-    def _mark_served(self, ino: int, may_hold: bool = True) -> None:
-        served = self.served
-        if ino in served and served[ino] is may_hold:
-            served.move_to_end(ino)
-        else:
-            served.pop(ino, None)
-            served[ino] = may_hold
-            if len(served) > SERVED_MAX:
-                served.popitem(last=False)
-                self.served_evicted = True  # an inode not in `served` may now hold pages
+    def _forgot_served(self, _ino: int, _may_hold: bool) -> None:
+        self.served_evicted = True  # an inode not in `served` may now hold pages
 
     def _may_hold(self, ino: int) -> bool:
         """Whether the kernel may hold pages of `ino` (forgotten here: it is being re-served).
@@ -671,7 +661,7 @@ class Bridge:
     def _served(self, ino: int, size: int) -> None:
         """`size` bytes of `ino` went to the kernel: counted, and its pages may now hold them."""
         if self.invalidate is not None:
-            self._mark_served(ino)
+            self.served[ino] = True
         counters = self.counters
         counters["reads"] += 1
         counters["read_bytes"] += size

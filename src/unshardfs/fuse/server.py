@@ -32,7 +32,7 @@ import struct
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, Protocol, Sized, Union
+from typing import Any, Callable, Coroutine, Protocol, Union, runtime_checkable
 
 import trio
 
@@ -41,6 +41,7 @@ from unshardfs.fuse.splice import SpliceFailed, Splicer
 from unshardfs.fuse.uring import Entry, Ring, UringUnavailable, possible_cpus
 from unshardfs.tree import edge
 from unshardfs.util.pagecache import PAGE
+from unshardfs.util.triofast import TrioProbe, resume, start
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,15 @@ class Dispatcher(Protocol):
         errno of its own choosing by raising `abi.FsError`."""
 
 
-@dataclass
+@runtime_checkable
+class CountedDispatcher(Dispatcher, Protocol):
+    """A dispatcher that counts what it answered by kind (shown by `unshardfs stats`): the
+    connection adds the requests the kernel interrupted, which the dispatcher never sees end."""
+
+    counters: dict[str, int]
+
+
+@dataclass(frozen=True)
 class InitConfig:
     """What we ask of the kernel at INIT; each wish is granted only if the kernel offers it."""
 
@@ -162,7 +171,7 @@ class Connection:
         self.splicer: Splicer | None = None  # set up at INIT, sized for the negotiated requests
         self._quick: select.epoll | None = None  # the connection and trio's epoll (`_quick_wait`), made on first use
         self.quick_waits = 0  # requests waited for without trio (`_read`)
-        self._trio: _TrioProbe | None = None
+        self._trio: TrioProbe | None = None
         self.ring: Ring | None = None  # FUSE over io_uring, once granted at INIT
         self._ring_pending: dict[int, Entry] = {}  # unique -> the ring entry the request came in
         self._ring_backlog: collections.deque[tuple[Entry, int]] = collections.deque()
@@ -378,7 +387,7 @@ class Connection:
         other CPU: 6,400-6,700 files/s against 7,200-7,600 through trio). Yielding lets a reader
         on this same CPU run and send; on the other CPU, it is there within a few probes
         (8,800-9,700 files/s). Only while no request waits on anything (`scopes` is empty) and
-        trio's run queue is empty (`_TrioProbe`): the epoll_wait watches trio's own epoll beside
+        trio's run queue is empty (`TrioProbe`): the epoll_wait watches trio's own epoll beside
         the connection, and ends the wait as soon as trio has something (a prefetch's socket, a
         thread's result) to go through it. What waits at most that long: timers, and a task made
         runnable in the same scheduler pass as the reader (trio takes a pass's tasks out of the
@@ -388,12 +397,12 @@ class Connection:
         if quick is None:
             quick = self._quick = select.epoll(2)
             quick.register(self.fd, select.EPOLLIN)
-            self._trio = _TrioProbe.of_current_run()
+            self._trio = TrioProbe.of_current_run()
             if self._trio is not None:
                 quick.register(self._trio.epoll_fd, select.EPOLLIN)
         trio_ = self._trio
         if trio_ is None:
-            return False  # trio's internals are not what we know: always through trio
+            return False  # trio's internals are not what we know (logged once): always through trio
         if trio_.runq:
             return False  # tasks are ready to run: let them
         trio_fd = trio_.epoll_fd
@@ -597,21 +606,21 @@ class Connection:
         """Run a handler's coroutine in this task until it finishes (answered here) or first waits
         (returned, to be seen through by `_finish` in this same task)."""
         try:
-            trap = coroutine.send(None)
-        except StopIteration as done:
-            if done.value is not None:
-                self.reply(request.unique, done.value)
-            return None
+            finished, value = start(coroutine)
         except (abi.FsError, Exception) as e:  # noqa: BLE001 - answered, never raised on
             self._failed(request, e)
             return None
-        return request, coroutine, trap
+        if not finished:
+            return request, coroutine, value  # (value: the trap it waits on)
+        if value is not None:
+            self.reply(request.unique, value)
+        return None
 
     async def _finish(self, request: Request, coroutine: Coroutine[Any, Any, Any], trap: Any) -> None:
         """A request whose handler waits, from its first wait on; a cancellation (INTERRUPT, or
         the session ending) goes on up to the reader's scope."""
         try:
-            answer = await _resume(coroutine, trap)
+            answer = await resume(coroutine, trap)
         except (abi.FsError, Exception) as e:  # noqa: BLE001
             self._failed(request, e)
             return
@@ -626,8 +635,8 @@ class Connection:
             self.error(request.unique, self.dispatcher.failed(request, error))
 
     def on_interrupted(self, request: Request) -> None:
-        counters = getattr(self.dispatcher, "counters", None)
-        if counters is not None:
+        if isinstance(self.dispatcher, CountedDispatcher):  # (only an INTERRUPT asks)
+            counters = self.dispatcher.counters
             counters["interrupted"] = counters.get("interrupted", 0) + 1
 
     # -- INIT ----------------------------------------------------------------------------
@@ -704,56 +713,6 @@ class Connection:
 _Waiting = tuple[Request, Coroutine[Any, Any, Any], Any]
 
 
-@types.coroutine
-def _resume(coroutine: Coroutine[Any, Any, Any], trap: Any) -> Any:
-    """Go on running `coroutine`, suspended at its first yield (`trap`), in the calling task: the
-    trap goes to trio now, and whatever trio sends or throws back goes on to the coroutine
-    (what `await` would have done had the task awaited it from the start)."""
-    while True:
-        try:
-            value = yield trap
-        except GeneratorExit:
-            coroutine.close()
-            raise
-        except BaseException as e:
-            try:
-                trap = coroutine.throw(e)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
-                trap = coroutine.send(value)
-            except StopIteration as done:
-                return done.value
-
-
 def failed_errno(logger: logging.Logger, error: BaseException, where: str) -> int:
     """The errno of an unexpected exception, reported once per cause through the edge module."""
     return edge.answer(logger, error, where).errno
-
-
-@dataclass(frozen=True)
-class _TrioProbe:
-    """What the quick wait needs to know of the trio run it is in: its run queue (tasks ready
-    to run) and its epoll descriptor (readable once a descriptor trio waits on is ready).
-
-    Trio exposes neither publicly (`current_statistics()` counts runnable tasks, at about 5 µs a
-    call against 0.1 µs for the queue's length, and names no descriptor), so they are read from
-    its internals, checked once per session: where they are not what is expected (another
-    trio, another I/O backend), there is no quick wait at all (`None`)."""
-
-    runq: Sized
-    epoll_fd: int
-
-    @classmethod
-    def of_current_run(cls) -> "_TrioProbe | None":
-        try:
-            from trio._core._run import GLOBAL_RUN_CONTEXT
-
-            runner = GLOBAL_RUN_CONTEXT.runner
-            runq, epoll = runner.runq, runner.io_manager._epoll
-            if not isinstance(runq, Sized) or not isinstance(epoll, select.epoll):
-                return None
-            return cls(runq, epoll.fileno())
-        except (ImportError, AttributeError):
-            return None

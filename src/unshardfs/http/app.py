@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qs, quote, unquote_to_bytes
 
-from cachetools import TTLCache
-
 from unshardfs.core.registry import json_names
 from unshardfs.sources.base import name_problem
 from unshardfs.tree import edge
 from unshardfs.tree.nodes import DirNode, FileNode, Node
 from unshardfs.util.errors import DataError
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ class TreeApp:
         # Directories resolved recently, by path: a chunk request then costs one
         # lookup in its directory, not one per level (bounded, and short-lived so
         # a source that changes is seen again).
-        self._dirs: TTLCache[tuple[str, ...], Any] = TTLCache(maxsize=4096, ttl=60)
+        self._dirs: BoundedMap[tuple[str, ...], DirNode] = BoundedMap(4096, ttl=60)
         self.counters = {"requests": 0, "bytes": 0, "errors": 0, "not_found": 0, "not_modified": 0}
         # The server's own counters (connections refused, slow clients dropped...), when it has them.
         self.connection_stats: Callable[[], dict[str, int]] | None = None

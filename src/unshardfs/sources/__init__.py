@@ -17,7 +17,7 @@ __all__ = ["ByteSource", "CountingSource", "ObjectStat", "LocalSource", "RemoteO
            "join_path", "open_source"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RemoteOptions:
     http: HttpOptions = field(default_factory=HttpOptions)
     s3_endpoint: str | None = None

@@ -21,6 +21,10 @@ class FdRange(NamedTuple):
     size: int
 
 
+Version = tuple[object, ...]  # what changes whenever an object's content may have (`ObjectStat.version`)
+IndexKey = tuple[object, ...]  # what identifies index bytes: (object, version, offset, length)
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectStat:
     """What a format needs to know about a backing object.
@@ -33,15 +37,15 @@ class ObjectStat:
     size: int
     mtime_ns: int
     is_dir: bool
-    version: tuple = ()
+    version: Version = ()
 
 
 class IndexCache(Protocol):
     """Index bytes kept across mounts, by what identifies them (object, version, offset, length)."""
 
-    def get(self, ident: tuple) -> bytes | None: ...
+    def get(self, ident: IndexKey) -> bytes | None: ...
 
-    def put(self, ident: tuple, data: bytes) -> None: ...
+    def put(self, ident: IndexKey, data: bytes) -> None: ...
 
 
 class ByteSource(Protocol):
@@ -64,7 +68,7 @@ class ByteSource(Protocol):
     async def stat(self, path: str) -> ObjectStat | None:
         """None when the object does not exist."""
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         """Up to `size` bytes at `offset`; shorter only at end of object.
 
         With `version` (from an earlier `stat`), raise `StaleError` rather
@@ -77,7 +81,7 @@ class ByteSource(Protocol):
     async def stat_dir(self, path: str) -> ObjectStat | None:
         """A directory (object-store prefix) at `path`, or None when there is none or it cannot be known."""
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         """`read`, for index structures: a disk cache may keep these across mounts."""
 
     async def aclose(self) -> None:
@@ -130,18 +134,51 @@ class VersionedSource(Protocol):
         It shares this source's connection: closing it leaves this source open."""
 
 
-async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
-    """`source.stat(path)`, and the object's last `size` bytes (all of a shorter one) where the
-    source gives them in the same request (an HTTP suffix range, as TensorStore reads a Zarr
-    shard's index without a HEAD first: one round trip instead of two); None where it does not
-    (read them as usual).
+# -- optional capabilities of a source -----------------------------------------------------
+# A source has one by defining its method; callers check with isinstance once (at construction,
+# never per read: an isinstance against a runtime-checkable Protocol costs microseconds) and
+# keep the answer. Each answers None where it cannot help this time; the caller then does what
+# every source can (`read`, `stat`).
 
-    The optional `stat_tail(path, size)` of a source is that; every other source is statted."""
-    optional = getattr(source, "stat_tail", None)
-    if optional is None:
-        return await source.stat(path), None
-    found: tuple[ObjectStat | None, bytes | None] = await optional(path, size)
-    return found
+
+@runtime_checkable
+class ReadNow(Protocol):
+    """A source that may have bytes at once, without waiting (a local file's page-cached bytes):
+    a small READ is then answered where its request was read, with no task and no thread."""
+
+    def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes | bytearray | None:
+        """Bytes [offset, offset+size) if they can be had without waiting, else None (`read`
+        them). With `version`, StaleError as `read` raises it."""
+
+
+@runtime_checkable
+class CachedRange(Protocol):
+    """A source whose bytes lie in files it holds open (a local source): a READ may be answered
+    by moving page-cached bytes of that file to the kernel without copying them (splice)."""
+
+    def cached_range(self, path: str, offset: int, size: int, version: Version | None = None) -> FdRange | None:
+        """Where bytes [offset, offset+size) lie in an open descriptor, if known without I/O and
+        all in the page cache; else None."""
+
+
+@runtime_checkable
+class StatTail(Protocol):
+    """A source that can stat an object and give its last bytes in one request (an HTTP suffix
+    range, as TensorStore reads a Zarr shard's index without a HEAD first: one round trip
+    instead of two)."""
+
+    async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        """`stat(path)`, and the object's last `size` bytes (all of a shorter one), or None for
+        them where this request could not give them (read them as usual)."""
+
+
+async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+    """`source.stat(path)`, and the object's last `size` bytes where the source gives them in
+    the same request (`StatTail`); None where it does not (read them as usual). Once per shard
+    opened, not per read: the capability is checked here."""
+    if isinstance(source, StatTail):
+        return await source.stat_tail(path, size)
+    return await source.stat(path), None
 
 
 @runtime_checkable
@@ -149,7 +186,7 @@ class BackingFiles(Protocol):
     """A source whose objects are local files, stored byte for byte (a capability; `LocalSource`
     and the layers over it): an engine may hand such a file to the kernel to read itself."""
 
-    def open_backing(self, path: str, version: tuple) -> int | None:
+    def open_backing(self, path: str, version: Version) -> int | None:
         """A new O_RDONLY descriptor of the object at `path`, if it is the regular file `version`
         (from `stat`) describes, unchanged; None otherwise (replaced, changed, gone, or not a
         plain local file). The caller closes it."""
@@ -166,14 +203,18 @@ class SourceLayer:
         self.listable = inner.listable
         self.remote = inner.remote
         self.index_cache: IndexCache | None = inner.index_cache
+        # The optional capabilities below, decided once (every small page-cached READ asks).
+        self._read_now_below = inner.read_now if isinstance(inner, ReadNow) else None
+        self._cached_range_below = inner.cached_range if isinstance(inner, CachedRange) else None
+        self._stat_tail_below = inner.stat_tail if isinstance(inner, StatTail) else None
 
     async def stat(self, path: str) -> ObjectStat | None:
         return await self.inner.stat(path)
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.inner.read(path, offset, size, version)
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.inner.read_index(path, offset, size, version)
 
     def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
@@ -182,25 +223,28 @@ class SourceLayer:
     async def stat_dir(self, path: str) -> ObjectStat | None:
         return await self.inner.stat_dir(path)
 
-    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
-        """The optional `cached_range` of a local source (`LocalSource.cached_range`), through."""
-        below = getattr(self.inner, "cached_range", None)
+    def cached_range(self, path: str, offset: int, size: int, version: Version | None = None) -> FdRange | None:
+        """The `CachedRange` of the source below, through (None where it has none)."""
+        below = self._cached_range_below
         return below(path, offset, size, version) if below is not None else None
 
-    def open_backing(self, path: str, version: tuple) -> int | None:
+    def open_backing(self, path: str, version: Version) -> int | None:
         """The optional `open_backing` of a local source (`BackingFiles`), through: every layer
         here leaves an object's bytes as they are."""
         below = self.inner
         return below.open_backing(path, version) if isinstance(below, BackingFiles) else None
 
-    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
-        """The optional `read_now` of a local source (`LocalSource.read_now`), through."""
-        below = getattr(self.inner, "read_now", None)
+    def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes | bytearray | None:
+        """The `ReadNow` of the source below, through (None where it has none)."""
+        below = self._read_now_below
         return below(path, offset, size, version) if below is not None else None
 
     async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
-        """The optional `stat_tail` of the source below (`stat_and_tail`), through."""
-        return await stat_and_tail(self.inner, path, size)
+        """The `StatTail` of the source below, through; its `stat` alone where it has none."""
+        below = self._stat_tail_below
+        if below is None:
+            return await self.inner.stat(path), None
+        return await below(path, size)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, AsyncIterator, Coroutine
 
-from unshardfs.sources.base import ByteSource, FdRange, ObjectStat, SourceLayer
+from unshardfs.sources.base import ByteSource, FdRange, ObjectStat, SourceLayer, Version
 
 
 @dataclass
@@ -28,33 +28,32 @@ class CountingSource(SourceLayer):
     def __init__(self, inner: ByteSource) -> None:
         super().__init__(inner)
         self.counters = SourceCounters()
-        self._read_now = getattr(inner, "read_now", None)
 
     def stat(self, path: str) -> Coroutine[Any, Any, ObjectStat | None]:
         self.counters.stats += 1
         return self.inner.stat(path)  # awaited by the caller: every lookup stats its shard
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         data = await self.inner.read(path, offset, size, version)
         self.counters.reads += 1
         self.counters.read_bytes += len(data)
         return data
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         data = await self.inner.read_index(path, offset, size, version)
         self.counters.reads += 1
         self.counters.read_bytes += len(data)
         return data
 
-    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes | bytearray | None:
-        below = self._read_now  # (bound once: every small page-cached READ asks)
+    def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes | bytearray | None:
+        below = self._read_now_below  # (decided once: every small page-cached READ asks)
         data = below(path, offset, size, version) if below is not None else None
         if data is not None:  # counted as the read it replaces
             self.counters.reads += 1
             self.counters.read_bytes += size
         return data
 
-    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+    def cached_range(self, path: str, offset: int, size: int, version: Version | None = None) -> FdRange | None:
         found = super().cached_range(path, offset, size, version)
         if found is not None:  # counted as the read it replaces
             self.counters.reads += 1

@@ -32,7 +32,7 @@ import stat as statmod
 import time
 from pathlib import Path
 
-from unshardfs.sources.base import ByteSource, SourceLayer
+from unshardfs.sources.base import ByteSource, IndexKey, SourceLayer
 from unshardfs.util.errors import ConfigError
 from unshardfs.util.fdpath import Beneath, regular_file
 
@@ -137,11 +137,11 @@ class DiskCachedSource(SourceLayer):
         self._written = 0
         self.index_cache = self
 
-    def _name(self, ident: tuple) -> tuple[str, str]:
+    def _name(self, ident: IndexKey) -> tuple[str, str]:
         digest = hashlib.sha256(repr((self.inner.description, ident)).encode()).hexdigest()
         return digest[:2], digest
 
-    def get(self, ident: tuple) -> bytes | None:
+    def get(self, ident: IndexKey) -> bytes | None:
         data = self._read(*self._name(ident))
         if data is None:
             self.misses += 1
@@ -165,7 +165,7 @@ class DiskCachedSource(SourceLayer):
             os.close(fd)
         return data if len(data) == st.st_size else None
 
-    def put(self, ident: tuple, data: bytes) -> None:
+    def put(self, ident: IndexKey, data: bytes) -> None:
         bucket, name = self._name(ident)
         try:
             self._home.mkdir(bucket, 0o700)

@@ -34,6 +34,8 @@ from urllib.parse import quote, urlsplit
 import h11
 import trio
 
+from unshardfs.util.triofast import tls_holds_bytes
+
 KEEPALIVE = 5.0  # seconds an idle connection is kept (as httpx does)
 HEAD_LIMIT = 64 << 10  # bytes of a response head (status line and headers)
 # Header fields of one answer (Python's http.client allows 100). h11 bounds a head's bytes only
@@ -187,13 +189,9 @@ class _Connection:
         """Whether TLS holds bytes received but not read: the socket's readability misses them.
         A body's last record may carry more (a second answer, written with the first), and the
         stream reads the socket in large pieces, so whole records can wait in its incoming
-        buffer (`_incoming`, trio's own; should trio rename it, TLS connections are never
-        reused, which test_h1's keep-alive test notices) and decrypted bytes in `pending`."""
+        buffer (`tls_holds_bytes`) and decrypted bytes in `pending`."""
         stream = self.stream
-        if not isinstance(stream, trio.SSLStream):
-            return False
-        incoming = getattr(stream, "_incoming", None)
-        return incoming is None or incoming.pending > 0 or stream.pending() > 0
+        return isinstance(stream, trio.SSLStream) and tls_holds_bytes(stream)
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)

@@ -30,18 +30,18 @@ import logging
 import random
 import re
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, cast
 from urllib.parse import quote, urljoin
 
 import httpx
 import trio
 
 from unshardfs.sources import h1
-from unshardfs.sources.base import ObjectStat, name_problem
+from unshardfs.sources.base import ObjectStat, Version, name_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import ExpiringMap
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ ERROR_BODY_LIMIT = 64 << 10
 MAX_OBJECT_SIZE = (1 << 63) - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class HttpOptions:
     concurrency: int = 32  # requests in flight (and pooled connections)
     timeout: float = 30.0  # seconds, per request attempt
@@ -85,7 +85,7 @@ class HttpCounters:
     whole_object_fallbacks: int = 0
     status: dict[int, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {"requests": self.requests, "retries": self.retries, "failures": self.failures,
                 "bytes": self.bytes, "whole_object_fallbacks": self.whole_object_fallbacks,
                 "status": {str(k): v for k, v in sorted(self.status.items())}}
@@ -233,7 +233,7 @@ class HttpSource:
             raise ConfigError(f"invalid URL {base_url!r}: {e}") from None
         self._pool: h1.Pool | None = None
         self._limiter: trio.CapacityLimiter | None = None
-        self._stats = ExpiringMap(maxsize=200_000, ttl=self.options.stat_ttl)
+        self._stats: BoundedMap[str, ObjectStat | None] = BoundedMap(200_000, lru=False, ttl=self.options.stat_ttl)
         self._no_suffix = False  # the server ignores Range: `stat_tail` is a HEAD
         self._stat_flights = Flights()  # HEADs in flight, joined by stats of the same path
 
@@ -351,7 +351,7 @@ class HttpSource:
         # stat is asked for at every lookup of one of its chunks.
         cached = self._stats.get(path, _MISSING)
         if cached is not _MISSING:
-            return cached
+            return cast("ObjectStat | None", cached)
         if not path:
             return ObjectStat(0, 0, True)
         problem = path_problem(path)
@@ -417,13 +417,14 @@ class HttpSource:
     def is_absent(self, status: int) -> bool:
         return status in ABSENT_STATUS
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         if size <= 0:
             return b""
         url = self.object_url(path)
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
-        if version and version[0] and version[0].startswith(('"', 'W/"')):
-            headers["If-Match"] = version[0]
+        tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
+        if isinstance(tag, str) and tag.startswith(('"', 'W/"')):
+            headers["If-Match"] = tag
         # A 200 is the whole object (the server ignored Range): only the bytes asked for are kept,
         # the ones before them dropped as they arrive, the connection dropped after them.
         whole = slice(offset, offset + size) if offset + size <= self.options.whole_object_limit else 0
@@ -450,7 +451,7 @@ class HttpSource:
             raise StaleError(path, f"object changed on the server (HTTP {status})")
         raise SourceError(f"GET {url}: HTTP {status}")
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:

@@ -6,32 +6,27 @@ import errno
 import logging
 import os
 import stat as statmod
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import trio
 
-from unshardfs.sources.base import FdRange, ObjectStat, join_path, name_problem
+from unshardfs.sources.base import FdRange, ObjectStat, Version, join_path, name_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.fdpath import Beneath, regular_file
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import QuickLRU
+from unshardfs.util.maps import BoundedMap
 from unshardfs.util.mountinfo import OwnMount, fd_path
 from unshardfs.util.pagecache import page_cache
 
 log = logging.getLogger(__name__)
 
 
-class _FdCache(QuickLRU):
-    """Open descriptors of recently read files; evicted ones are closed.
+# An open descriptor of a recently read file and the (st_dev, st_ino) it was opened as.
+_OpenFile = tuple[int, tuple[int, int]]
 
-    Keeping descriptors open turns a chunk read into a single pread instead of
-    open+pread+close, which matters when thousands of small chunks are read.
-    """
 
-    def popitem(self) -> tuple[Any, tuple[int, Any]]:
-        key, (fd, _ident) = super().popitem()
-        os.close(fd)
-        return key, (fd, _ident)
+def _close_evicted(_path: str, entry: _OpenFile) -> None:
+    os.close(entry[0])
 
 
 # Reads up to this size try the page cache first without waiting (`LocalSource._read_nowait`);
@@ -59,7 +54,7 @@ def _pread_all(fd: int, offset: int, size: int) -> bytes:
     return data
 
 
-def _version(st: os.stat_result) -> tuple:
+def _version(st: os.stat_result) -> Version:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -97,7 +92,9 @@ class LocalSource:
             raise ConfigError(f"source {root}: {e.strerror}") from None
         self.root = self._beneath.path
         self.description = self.root
-        self._fds = _FdCache(maxsize=max_open_files)
+        # Open descriptors of recently read files (evicted ones closed): a chunk read is one
+        # pread instead of open+pread+close, which matters when thousands of small chunks are read.
+        self._fds: BoundedMap[str, _OpenFile] = BoundedMap(max_open_files, on_evict=_close_evicted)
         self._known: dict[str, ObjectStat] = {}  # regular files as last resolved, for `_object_stat`
         self._nowait = bool(_RWF_NOWAIT) and hasattr(os, "preadv")
         self._probe = bytearray(1)  # `_readable_now`'s buffer
@@ -190,7 +187,7 @@ class LocalSource:
         if cached is not None:
             os.close(cached[0])
 
-    def _fd(self, path: str, version: tuple | None) -> int:
+    def _fd(self, path: str, version: Version | None) -> int:
         cached = self._fds.get(path)
         if cached is not None:
             fd, ident = cached
@@ -226,7 +223,7 @@ class LocalSource:
         self._fds[path] = (fd, (st.st_dev, st.st_ino))
         return fd
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         if size <= 0:
             return b""
         fd = self._fd(path, version)
@@ -244,7 +241,7 @@ class LocalSource:
             self._drop_fd(path)
             raise SourceError(f"read {self.os_path(path)}: {e.strerror or errno.errorcode.get(e.errno or 0)}") from e
 
-    def read_now(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytearray | None:
+    def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytearray | None:
         """What `read(path, offset, size, version)` returns, if all of it is in the page cache: one
         preadv that does not wait, its buffer handed over as it is (no copy). None otherwise, or
         if the file changed or failed: `read` then reads it (on a worker thread if the disk must
@@ -270,7 +267,7 @@ class LocalSource:
             pass
         return None
 
-    def cached_range(self, path: str, offset: int, size: int, version: tuple | None = None) -> FdRange | None:
+    def cached_range(self, path: str, offset: int, size: int, version: Version | None = None) -> FdRange | None:
         """Where `read(path, offset, size, version)` would read, if all those bytes are in the
         page cache (None otherwise, or if the file changed: `read` then says why).
 
@@ -393,10 +390,10 @@ class LocalSource:
         st = await self.stat(path)
         return st if st is not None and st.is_dir else None
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
-    def open_backing(self, path: str, version: tuple) -> int | None:
+    def open_backing(self, path: str, version: Version) -> int | None:
         """A new descriptor of the regular file at `path` if it is still the one `version`
         describes (`BackingFiles`); resolved beneath the root like every open, None otherwise."""
         try:

@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import xml.etree.ElementTree as ET
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 from urllib.parse import unquote_plus, urlencode
 
 import trio
@@ -248,7 +248,7 @@ class GcsSource(_PrefixListing):
         return objects, prefixes, following
 
 
-def _google_credentials():
+def _google_credentials() -> Any:  # google.auth's Credentials (untyped), or None
     try:
         import google.auth
         from google.auth.exceptions import DefaultCredentialsError
@@ -324,7 +324,7 @@ class S3Source(_PrefixListing):
         return objects, prefixes, following
 
 
-def _aws_signer(region: str):
+def _aws_signer(region: str) -> Callable[[h1.ClientRequest], None] | None:
     """A function signing requests with SigV4, or None for anonymous access."""
     try:
         import botocore.session

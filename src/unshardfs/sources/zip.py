@@ -29,13 +29,12 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import numpy as np
 import trio
-from cachetools import LRUCache
 
-from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, stat_and_tail
+from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, Version, stat_and_tail
 from unshardfs.sources.zipformat import (EOCD64, LOCAL, METHODS, STORED, CentralDirectory, Expected, decode,
                                          local_header_size, read_end, root_prefix)
 from unshardfs.sources.zipindex import ZipIndex, build_index
@@ -44,6 +43,7 @@ from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleErro
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import BoundedMap
 from unshardfs.util.memory import give_back_freed
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class ZipSource:
         self._dirty = False
         self._lock = trio.Lock()
         self._flights = Flights()
-        self._decoded: LRUCache = LRUCache(DECODED_CACHE, getsizeof=len)
+        self._decoded: BoundedMap[tuple[tuple[object, ...], int], bytes] = BoundedMap(DECODED_CACHE, getsizeof=len)
         self.summary: ZipSummary | None = None
         self._skipped = 0
         self.counters = {"archive_reads": 0, "archive_bytes": 0, "local_headers": 0, "decoded_members": 0,
@@ -136,7 +136,7 @@ class ZipSource:
             return None
         return st
 
-    async def _read(self, offset: int, size: int, version: tuple, index: bool = False) -> bytes:
+    async def _read(self, offset: int, size: int, version: Version, index: bool = False) -> bytes:
         read = self.inner.read_index if index else self.inner.read
         data = await read(self.archive, offset, size, version)
         return self._counted(data)
@@ -253,7 +253,7 @@ class ZipSource:
             if k % 4096 == 4095:
                 await trio.lowlevel.checkpoint()
 
-    async def _member(self, path: str, version: tuple | None) -> tuple[ZipIndex, ObjectStat, int]:
+    async def _member(self, path: str, version: Version | None) -> tuple[ZipIndex, ObjectStat, int]:
         current: tuple[ZipIndex, ObjectStat] | None
         if version is not None:
             if self._index is None or self._stat is None or version[1] != self._stat.version:
@@ -291,7 +291,7 @@ class ZipSource:
         index.data[i] = offset
         return offset, raw[length:]
 
-    async def _read_member(self, path: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
+    async def _read_member(self, path: str, offset: int, size: int, version: Version | None, idx: bool) -> bytes:
         index, st, i = await self._member(path, version)
         total = int(index.usize[i])
         if size <= 0 or offset >= total:
@@ -366,7 +366,7 @@ class ZipSource:
 
         return await self._flights.run(ident, work)
 
-    async def _guarded_read(self, path: str, offset: int, size: int, version: tuple | None, idx: bool) -> bytes:
+    async def _guarded_read(self, path: str, offset: int, size: int, version: Version | None, idx: bool) -> bytes:
         try:
             return await self._read_member(path, offset, size, version, idx)
         except StaleError:
@@ -375,10 +375,10 @@ class ZipSource:
                 raise
         return await self._read_member(path, offset, size, None, idx)
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self._guarded_read(path, offset, size, version, False)
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self._guarded_read(path, offset, size, version, True)
 
     async def aclose(self) -> None:
@@ -395,7 +395,7 @@ async def _together(first: Callable[[], Awaitable[T]], second: Callable[[], Awai
                     ) -> tuple[T, U | Exception]:
     """Both at once: `first`'s result (its error raised as is, never wrapped in a group) and `second`'s
     result or error (the caller decides whether it matters)."""
-    results: list = [None, None]
+    results: list[Any] = [None, None]
 
     async def run(k: int, work: Callable[[], Awaitable[object]]) -> None:
         try:

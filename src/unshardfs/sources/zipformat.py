@@ -335,7 +335,7 @@ class CentralDirectory:
         for key in COLUMNS:
             self._columns[key].append(values[key][keep].astype(_DTYPES[key]))
 
-    def entry(self, fields: tuple, raw: bytes, extra: bytes) -> tuple[bytes, int, int, int, int, int, int] | None:
+    def entry(self, fields: tuple[int, ...], raw: bytes, extra: bytes) -> tuple[bytes, int, int, int, int, int, int] | None:
         """One entry, checked field by field: (its name under the root, its column values), or None
         when it is not kept (outside the root, or refused and told to `skip`)."""
         flags, method, crc = fields[5], fields[6], fields[9]
@@ -467,7 +467,7 @@ def local_header_size(raw: bytes, at: int, expected: Expected, where: str) -> in
             if local != central and local != U32:
                 raise DataError(where, f"local header {label} {local:,} disagrees with the central directory "
                                        f"({central:,})")
-    return LOCAL.size + n + m
+    return int(LOCAL.size + n + m)
 
 
 def decode(method: int, data: bytes, size: int, where: str) -> bytes:

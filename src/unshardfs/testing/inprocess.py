@@ -13,7 +13,7 @@ import contextlib
 from typing import AsyncIterator
 
 from unshardfs.app.opened import OpenedSource
-from unshardfs.app.options import add_cache_options, add_source_options, format_options, make_caches
+from unshardfs.app.options import add_cache_options, add_source_options, make_caches, open_options
 from unshardfs.sources.base import ByteSource
 from unshardfs.tree.nodes import DirNode, FileNode, Node
 
@@ -36,7 +36,7 @@ async def opened(source: str | ByteSource, *args: str, named: str | None = None)
     the command line takes it, or a byte source made by the caller (a `MemorySource`, a
     `LatencySource`), read as the format `named` (None: detected)."""
     parsed = options_parser().parse_args(list(args))
-    options, caches = format_options(parsed), make_caches(parsed)
+    options, caches = open_options(parsed), make_caches(parsed)
     if isinstance(source, str):
         tree = await OpenedSource.open(source, options, caches)
     else:

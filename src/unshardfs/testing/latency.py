@@ -29,7 +29,7 @@ import trio
 from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat
 from unshardfs.util.errors import StaleError
 from unshardfs.util.flight import Flights
-from unshardfs.util.maps import ExpiringMap
+from unshardfs.util.maps import BoundedMap
 
 _MISSING = object()
 
@@ -91,7 +91,8 @@ class LatencySource:
         self.log: list[Request] = []
         self.in_flight = 0
         self.max_in_flight = 0
-        self._stats = ExpiringMap(maxsize=1 << 20, ttl=stat_ttl, clock=trio.current_time) if stat_ttl > 0 else None
+        self._stats: BoundedMap[str, ObjectStat | None] | None = (
+            BoundedMap(1 << 20, lru=False, ttl=stat_ttl, clock=trio.current_time) if stat_ttl > 0 else None)
         self._stat_flights = Flights()
 
     @property
@@ -176,7 +177,7 @@ class LatencySource:
             return await (self.inner.read_index if index else self.inner.read)(path, offset, size, version)
         except StaleError:
             if self._stats is not None:
-                self._stats.pop(path)
+                self._stats.pop(path, None)
             raise
         finally:
             self._answered("read", path, sent, offset, size)

@@ -19,15 +19,14 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from cachetools import LRUCache
-
 from unshardfs.tree.nodes import FileNode, Node
 from unshardfs.util.errors import DataError, StaleError, UnshardfsError, expected_failure
 from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 
-_logged_bugs: LRUCache = LRUCache(maxsize=1024)
+_logged_bugs: BoundedMap[str, bool] = BoundedMap(1024, lru=False)  # the keys of bugs logged lately
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import AsyncIterator, Iterator, Protocol, Union, runtime_checkable
 
-from unshardfs.sources.base import FdRange
+from unshardfs.sources.base import FdRange as FdRange  # part of the node API (`FileNode.cached_range`)
 
 
 class Node:
@@ -162,6 +162,17 @@ class DirNode(Node):
     def child_name(self, ident: int) -> str:
         """The name of the child whose `ident` is given."""
         raise KeyError(ident)
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """An iterator of `DirNode.entries` that holds something until it is closed (an async
+    generator its frame and what that has open, a remote listing its connection). A listing
+    abandoned part way (a directory handle released early) is closed through `aclose`; an
+    iterator without one is just dropped."""
+
+    async def aclose(self) -> None:
+        """Release what the iteration holds; it yields nothing after."""
 
 
 class BytesFile(FileNode):

@@ -7,7 +7,7 @@ exist, reading several shards' indexes) issue them together, bounded.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import trio
 
@@ -23,7 +23,7 @@ async def gather(calls: Sequence[Callable[[], Awaitable[T]]], limit: int = 32) -
     """
     if len(calls) <= 1:
         return [await call() for call in calls]
-    results: list = [None] * len(calls)
+    results: list[Any] = [None] * len(calls)
     errors: list[Exception | None] = [None] * len(calls)
     limiter = trio.CapacityLimiter(limit)
 

@@ -45,7 +45,10 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def _load_openat2():
+OpenAt2 = Callable[[int, bytes, int, int, int], int]  # (dirfd, path, flags, mode, resolve) -> fd
+
+
+def _load_openat2() -> OpenAt2 | None:
     """The raw openat2 call, or None where the kernel (or a seccomp filter) does not offer it."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -61,7 +64,7 @@ def _load_openat2():
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err), path.decode(errors="surrogateescape"))
-        return fd
+        return int(fd)
 
     try:
         os.close(openat2(-100, b"/", os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_NO_SYMLINKS))  # AT_FDCWD

@@ -9,11 +9,11 @@ or the same exception).
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Hashable, TypeVar, cast
+from typing import Any, Awaitable, Callable, Hashable, TypeVar, cast
 
 import trio
 
-from unshardfs.util.maps import CountedLRU
+from unshardfs.util.maps import BoundedMap
 
 T = TypeVar("T")
 
@@ -60,19 +60,19 @@ class Flights:
             del self._flying[key]
             flight.done.set()
 
-    async def cached(self, cache: CountedLRU, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
+    async def cached(self, cache: BoundedMap[Any, Any], key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
         """The value in `cache`, or computed once (concurrent askers share the work) and kept."""
         value = cache.get(key)
         if value is not None:
             return cast(T, value)  # what `work` returned for this key
         return await self.fill(cache, key, work)
 
-    async def fill(self, cache: CountedLRU, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
+    async def fill(self, cache: BoundedMap[Any, Any], key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
         """`cached` after its caller found nothing in `cache`: computed once and kept."""
 
         async def compute() -> T:
             result = await work()
-            cache.put(key, result)
+            cache[key] = result
             return result
 
         return await self.run((id(cache), key), compute)

@@ -12,11 +12,10 @@ import contextlib
 import logging
 from typing import Iterator
 
-from cachetools import LRUCache
-
 from unshardfs.util.errors import QUOTE_LIMIT, one_line
+from unshardfs.util.maps import BoundedMap
 
-_seen: LRUCache = LRUCache(maxsize=4096)
+_seen: BoundedMap[str, bool] = BoundedMap(4096, lru=False)  # the keys logged lately
 _collectors: list[list[str]] = []
 
 

@@ -54,7 +54,7 @@ class PageCache:
             if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
                 self._syscall = None  # an older kernel (or a seccomp filter): never ask again
             return None
-        return self._stat.nr_cache >= pages
+        return bool(self._stat.nr_cache >= pages)
 
 
 page_cache = PageCache()

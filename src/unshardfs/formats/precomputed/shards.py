@@ -26,6 +26,7 @@ from unshardfs.util.concurrency import gather
 from unshardfs.util.decompress import gunzip, gunzip_cost, off_loop
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import BoundedMap
 from unshardfs.volume.sharding import MINISHARD_INDEX, ShardingSpec
 
 log = logging.getLogger(__name__)
@@ -39,11 +40,11 @@ PROBE_MAX = 1 << 16
 # neighbouring minishards when they lie within this span (one request
 # instead of one per later lookup in the same shard).
 INDEX_READ_AHEAD = 256 << 10
-SHARD_PATHS = 1 << 12  # shard paths remembered (forgotten all at once past this)
+SHARD_PATHS = 1 << 12  # shard paths remembered (the one set longest ago forgotten past this)
 # On a local source, the second lookup that reads a minishard index of a shard reads the rest
 # of the shard's minishard indexes too, at most this many stored bytes of them (`_scan_rest`).
 SCAN_INDEX_BYTES = 64 << 10
-SCANNED_SHARDS = 1 << 12  # shards whose minishard reads by lookups are counted (forgotten all at once past this)
+SCANNED_SHARDS = 1 << 12  # shards whose minishard reads by lookups are counted (oldest forgotten past this)
 
 
 def decode_minishard(raw: bytes, blob: Blob, base: int, where: str, part: int = 0) -> ChunkTable:
@@ -126,8 +127,10 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         self.spec = spec
         self.index_size = spec.shard_index_size
         self._last_location: tuple[int, tuple[int, int]] = (-1, (0, 0))
-        self._shard_paths: dict[int, str] = {}  # shard number -> its `.shard` path (every lookup asks)
-        self._index_loads: dict[Ident, int] = {}  # minishard reads by lookups per shard version (`_scan_rest`)
+        # shard number -> its `.shard` path (every lookup asks)
+        self._shard_paths: BoundedMap[int, str] = BoundedMap(SHARD_PATHS, lru=False, counted=False)
+        # minishard reads by lookups per shard version (`_scan_rest`)
+        self._index_loads: BoundedMap[Ident, int] = BoundedMap(SCANNED_SHARDS, lru=False, counted=False)
 
     # -- shard files -------------------------------------------------------------------
 
@@ -135,8 +138,6 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         """The shard's current backing files, or None if the shard does not exist."""
         path = self._shard_paths.get(number)
         if path is None:
-            if len(self._shard_paths) >= SHARD_PATHS:
-                self._shard_paths.clear()
             path = self._shard_paths[number] = join_path(self.dir_path, self.spec.shard_name(number)) + ".shard"
         st = await self.source.stat(path)
         if st is not None and not st.is_dir:
@@ -251,8 +252,6 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         loads = self._index_loads
         seen = loads.get(blob.ident, 0)
         if not seen:
-            if len(loads) >= SCANNED_SHARDS:
-                loads.clear()
             loads[blob.ident] = 1
             return []
         if seen > 1:

@@ -33,6 +33,7 @@ from unshardfs.formats.zarr.sharding import EMPTY, Unsharded
 from unshardfs.sources.base import join_path, stat_and_tail
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
+from unshardfs.util.maps import BoundedMap
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ U64 = np.uint64
 # On a source that cannot list, every shard position of a slab is probed;
 # beyond this many candidates a listing is refused (lookups still work).
 PROBE_MAX = 1 << 16
-SHARD_PATHS_MAX = 1 << 14  # shard keys remembered (formatted again after that many)
+SHARD_PATHS_MAX = 1 << 14  # shard keys remembered (the one set longest ago formatted again past this)
 
 
 class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
@@ -66,7 +67,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         self._id_strides = tuple(int(x) for x in self._strides)
         self._count = math.prod(self.grid)
         self._shard_axes = tuple(zip(self._id_strides, self.grid, self.per_shard))
-        self._shard_paths: dict[tuple[int, ...], str] = {}
+        self._shard_paths: BoundedMap[tuple[int, ...], str] = BoundedMap(SHARD_PATHS_MAX, lru=False, counted=False)
         # A remote shard's index at its end comes with its stat, one request (`stat_and_tail`),
         # where it is small enough to be asked for before the limits see it; not with a disk cache
         # of indexes (a remount finds them there: a HEAD is all it needs).
@@ -77,7 +78,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         # Shards whose index came with a stat: only the first open asks for it. Every lookup opens
         # its shard, and one whose stat has expired has its index cached already (its bytes again
         # would be a download for nothing): it is statted.
-        self._tailed: set[str] = set()
+        self._tailed: BoundedMap[str, bool] = BoundedMap(SHARD_PATHS_MAX, lru=False, counted=False)
 
     # -- ids ----------------------------------------------------------------------------
 
@@ -121,16 +122,12 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         # Every lookup and every chunk read ahead opens its shard: its key is formatted once.
         path = self._shard_paths.get(outer)
         if path is None:
-            if len(self._shard_paths) >= SHARD_PATHS_MAX:
-                self._shard_paths.clear()
             path = self._shard_paths[outer] = join_path(self.path, self.source_keys.key(outer))
         tail = None
         if not self._tail or path in self._tailed:
             st = await self.source.stat(path)
         else:
-            if len(self._tailed) >= SHARD_PATHS_MAX:
-                self._tailed.clear()
-            self._tailed.add(path)
+            self._tailed[path] = True
             st, tail = await stat_and_tail(self.source, path, self._tail)
         if st is None or st.is_dir:
             return None

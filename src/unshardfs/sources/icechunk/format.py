@@ -230,7 +230,7 @@ class Table:
             return None
         if offset + size > self.tsize:
             raise self.buf.fail(f"{self.what}: field {slot} lies outside its table")
-        return self.pos + offset
+        return int(self.pos) + int(offset)
 
     def required(self, slot: int, size: int, name: str) -> int:
         pos = self.field(slot, size)
@@ -588,7 +588,7 @@ def decode_config(text: str, where: str) -> RepoConfig:
     an object."""
     import yaml  # a runtime dependency of the icechunk layer only
 
-    class Loader(yaml.SafeLoader):
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type information here
         pass
 
     def untagged(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> object:

@@ -26,9 +26,9 @@ import builtins
 import logging
 import re
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
-from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem,
+from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
                                     normalize_path, stat_and_tail)
 from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
                                                Node, RepoConfig, Snapshot, decode_config, decode_id,
@@ -37,7 +37,7 @@ from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import CountedLRU
+from unshardfs.util.maps import BoundedMap, payload_size
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class IcechunkStore:
         self.url = url.rstrip("/") + "/" if url else None
         self.options = options or IcechunkOptions()
         self.open_url = open_url
-        self.objects = CountedLRU(cache)
+        self.objects: BoundedMap[tuple[str, bytes], Any] = BoundedMap(cache, getsizeof=payload_size)
         self.flights = Flights()
         self.config: RepoConfig | None = None
         self._outside: dict[str, ByteSource] = {}
@@ -410,7 +410,7 @@ class IcechunkSource:
     def _dir(self) -> ObjectStat:
         return ObjectStat(0, self.snapshot.time_ns, True, ())
 
-    def _file(self, size: int, ident: tuple) -> ObjectStat:
+    def _file(self, size: int, ident: tuple[object, ...]) -> ObjectStat:
         return ObjectStat(size, self.snapshot.time_ns, False, ("icechunk", *ident))
 
     async def stat(self, path: str) -> ObjectStat | None:
@@ -491,10 +491,10 @@ class IcechunkSource:
                     return await self.store.read_chunk(ref, f"{self.description}{path}", offset, size, index)
         raise SourceError(f"{self.description}: no key {path!r}")
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self._read(path, offset, size, False)
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self._read(path, offset, size, True)
 
     async def aclose(self) -> None:

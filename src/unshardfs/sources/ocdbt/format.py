@@ -488,8 +488,8 @@ class BtreeNode:
 
     __slots__ = ("height", "keys", "files", "body", "file", "offset", "length", "common", "nbytes")
 
-    def __init__(self, height: int, keys: Keys, files: list[DataFile], body: bytes, file: array,
-                 offset: array, length: array, common: array, nbytes: int) -> None:
+    def __init__(self, height: int, keys: Keys, files: list[DataFile], body: bytes, file: array[int],
+                 offset: array[int], length: array[int], common: array[int], nbytes: int) -> None:
         self.height = height
         self.keys = keys
         self.files = files

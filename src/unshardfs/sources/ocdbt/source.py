@@ -26,8 +26,9 @@ import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
+from unshardfs.sources.base import Version as ObjectVersion
 from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem
 from unshardfs.sources.ocdbt.format import (MANIFEST_NUMBERED, MANIFEST_SINGLE, BtreeNode, Location, Manifest,
                                             Value, Version, VersionNode, VersionNodeRef, decode_btree_node,
@@ -36,7 +37,7 @@ from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
-from unshardfs.util.maps import CountedLRU, QuickLRU
+from unshardfs.util.maps import BoundedMap, payload_size
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +98,10 @@ class OcdbtStore:
         self.limits = limits or DataLimits()
         self.description = description or f"{inner.description.rstrip('/')}/{root}".rstrip("/") + "|ocdbt:"
         self.manifest: Manifest | None = None
-        self.nodes = CountedLRU(node_cache)
+        self.nodes: BoundedMap[tuple[str, object], Any] = BoundedMap(node_cache, getsizeof=payload_size)
         # Recent key lookups of every version, by (generation, key): what a chunk read asks again right after
         # its stat, answered without walking the tree.
-        self.lookups: QuickLRU = QuickLRU(maxsize=LOOKUPS)
+        self.lookups: BoundedMap[Any, Any] = BoundedMap(LOOKUPS)
         self.flights = Flights()
         self._versions: list[Version] | None = None
         self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0,
@@ -426,7 +427,7 @@ class OcdbtSource:
         known = (self.version.generation, key)
         hit = self.store.lookups.get(known, _ABSENT)
         if hit is not _ABSENT:
-            result: tuple[Found | None, bool] = hit
+            result: tuple[Found | None, bool] = hit  # type: ignore[assignment]  # what this map holds
             return result
         first = await self._first(key)
         found, is_dir = None, False
@@ -516,10 +517,10 @@ class OcdbtSource:
         assert value.location is not None
         return await self.store.read_value(value.location, offset, size, index)
 
-    async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read(self, path: str, offset: int, size: int, version: ObjectVersion | None = None) -> bytes:
         return await self._read(path, offset, size, False)
 
-    async def read_index(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
+    async def read_index(self, path: str, offset: int, size: int, version: ObjectVersion | None = None) -> bytes:
         return await self._read(path, offset, size, True)
 
     async def aclose(self) -> None:

@@ -1,6 +1,6 @@
 """The kernel engine served in this process, the kernel's side played by the other end of a
 SOCK_SEQPACKET pair (message boundaries kept, like /dev/fuse): tests that count what a request
-costs (tasks, thread hops, objects, splices) without a mount."""
+costs (tasks, thread hops, objects, splices, Python calls) without a mount."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Kernel:
     async def lookup(self, parent: int, name: str) -> int:
         error, entry = await self.ask(abi.Op.LOOKUP, parent, name.encode() + b"\0")
         assert error == 0, (name, error)
-        return abi.ENTRY_OUT.unpack_from(entry)[0]
+        return int(abi.ENTRY_OUT.unpack_from(entry)[0])
 
     async def read(self, ino: int, size: int) -> bytes:
         error, data = await self.ask(abi.Op.READ, ino, abi.READ_IN.pack(0, 0, size, 0, 0, 0, 0))
