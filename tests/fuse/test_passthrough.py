@@ -16,9 +16,8 @@ from unshardfs.fuse import abi
 from unshardfs.fuse.kernel import CACHED_FH, HELD_CACHED_FH, PASSTHROUGH_FH
 from unshardfs.fuse.ops import ROOT
 from unshardfs.fuse.server import Connection, may_register_backing_files
+from unshardfs.testing.kernel import Kernel, served
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
-
-from .inprocess import Kernel, served
 
 KEY = "1_1_1"
 EXTRA = "provenance.bin"  # a file of the dataset no format rewrites: shown as it is
