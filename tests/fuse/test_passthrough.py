@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ class FakeDevice:
         self.calls = 0
 
     def install(self, session: Connection) -> None:
-        session.config.passthrough = True
+        session.config = replace(session.config, passthrough=True)  # InitConfig is frozen
         session.on_init = session.dispatcher.negotiated  # type: ignore[attr-defined]  (as the engine does)
         session.backing_open = self.backing_open  # type: ignore[method-assign]
         session.backing_close = self.closed.append  # type: ignore[method-assign]
