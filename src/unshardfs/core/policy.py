@@ -22,7 +22,7 @@ class CorePolicy:
     # first entry (in listing order): the scan's second read then joins that prefetch instead of
     # costing a round trip of its own; a tool that lists and reads one file wastes these.
     open_window: int = 8
-    max_window: int = 256  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
+    max_window: int = 1024  # chunks prefetched ahead of a stream at most (the byte budget is the fetcher's)
     slack: int = 8  # a read may skip this many predicted chunks and still continue a confirmed stream
     confirm: int = 2  # matches before a guess starts prefetching
     # Parallel readers walking one order together (readahead.py): a guess is also confirmed when

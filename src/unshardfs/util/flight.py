@@ -35,6 +35,10 @@ class Flights:
     def __len__(self) -> int:
         return len(self._flying)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether work for `key` is running now."""
+        return key in self._flying
+
     async def run(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
         while True:
             flight = self._flying.get(key)

@@ -30,8 +30,9 @@ from unshardfs.core.table import ChunkTable
 from unshardfs.formats.zarr.keys import KeyLayout, parse_index
 from unshardfs.formats.zarr.metadata import ArrayMeta
 from unshardfs.formats.zarr.sharding import EMPTY, Unsharded
-from unshardfs.sources.base import join_path, stat_and_tail
+from unshardfs.sources.base import ObjectStat, join_path, stat_and_tail
 from unshardfs.util.errors import DataError
+from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
 from unshardfs.util.maps import BoundedMap
 
@@ -79,6 +80,10 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         # its shard, and one whose stat has expired has its index cached already (its bytes again
         # would be a download for nothing): it is statted.
         self._tailed: BoundedMap[str, bool] = BoundedMap(SHARD_PATHS_MAX, lru=False, counted=False)
+        # ... and the opens of a shard asked for while that request is on its way wait for it
+        # (readers starting together otherwise send a stat beside it, and a reader holding that
+        # stat's blob may ask for the index before the tail is there: a round trip of its own).
+        self._tailing = Flights()
 
     # -- ids ----------------------------------------------------------------------------
 
@@ -123,18 +128,24 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         path = self._shard_paths.get(outer)
         if path is None:
             path = self._shard_paths[outer] = join_path(self.path, self.source_keys.key(outer))
-        tail = None
-        if not self._tail or path in self._tailed:
-            st = await self.source.stat(path)
-        else:
-            self._tailed[path] = True
-            st, tail = await stat_and_tail(self.source, path, self._tail)
-        if st is None or st.is_dir:
-            return None
-        blob = self.blob(path, st)
-        if tail is not None:  # the index's bytes (`seed` refuses a shorter tail): its first read takes them
+        if not self._tail or (path in self._tailed and path not in self._tailing):
+            return self._shard_blob(path, await self.source.stat(path))
+        return await self._tailing.run(path, lambda: self._open_tailed(path))
+
+    async def _open_tailed(self, path: str) -> Blob | None:
+        """The shard's blob from its stat, asking for its index with it the first time."""
+        if path in self._tailed:
+            return self._shard_blob(path, await self.source.stat(path))
+        self._tailed[path] = True
+        st, tail = await stat_and_tail(self.source, path, self._tail)
+        blob = self._shard_blob(path, st)
+        if blob is not None and tail is not None:
+            # The index's bytes (`seed` refuses a shorter tail): its first read takes them.
             self.fetcher.seed(Extent(blob, blob.size - self._tail, self._tail), tail)
         return blob
+
+    def _shard_blob(self, path: str, st: ObjectStat | None) -> Blob | None:
+        return None if st is None or st.is_dir else self.blob(path, st)
 
     def is_shard_file(self, name: str) -> bool:
         return self.source_keys.claims(name)
