@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from .context import KEY
 from .datasets import build_datasets
@@ -78,20 +78,20 @@ class Figure:
 
 @dataclass
 class Bench:
-    data: dict
+    data: dict[str, Any]
     work: Path
     files: list[str]  # chunk files of the small scale, relative to a mount's root
     large_files: list[str]
-    results: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # figure -> side label -> values
+    results: dict[str, dict[str, list[float]]] = field(default_factory=dict[str, Any])  # figure -> side label -> values
 
     tar: Path | None = None  # the small scale's chunks as a tar, for ratarmount
-    remote: dict[str, remote.Dataset] = field(default_factory=dict)  # `scripts/bench --only remote`'s volumes
+    remote: dict[str, remote.Dataset] = field(default_factory=dict[str, Any])  # `scripts/bench --only remote`'s volumes
 
     def source(self, side: Side, name: str) -> Path:
         if side.kind == "ratarmount":
             return self.tar  # type: ignore[return-value]
         ds = self.data[name]
-        return ds["sharded"] if side.src is not None else ds["plain"]
+        return Path(ds["sharded"] if side.src is not None else ds["plain"])
 
     # -- figures -----------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .datasets import build_datasets
 from .report import Report
@@ -19,10 +20,10 @@ class Context:
     args: argparse.Namespace
     report: Report = field(default_factory=Report)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="unshardfs-bench-")))
-    _datasets: dict | None = None
+    _datasets: dict[str, Any] | None = None
 
     @property
-    def datasets(self) -> dict:
+    def datasets(self) -> dict[str, Any]:
         if self._datasets is None:
             self._datasets = build_datasets(Path(self.args.data).resolve(), self.args.full)
         return self._datasets

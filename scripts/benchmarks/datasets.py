@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from . import synthetic
 
 
-def build_datasets(data: Path, full: bool) -> dict:
+def build_datasets(data: Path, full: bool) -> dict[str, Any]:
     from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
     data.mkdir(parents=True, exist_ok=True)

@@ -10,14 +10,14 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 SCRIPTS = Path(__file__).resolve().parent.parent
 PY = sys.executable
 UNSHARDFS = [PY, "-m", "unshardfs"]
 
 
-def wait_mounted(path: Path, proc: subprocess.Popen | None = None, timeout: float = 120) -> None:
+def wait_mounted(path: Path, proc: subprocess.Popen[bytes] | None = None, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.ismount(path):
         if proc is not None and proc.poll() is not None:

@@ -7,6 +7,7 @@ import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -26,7 +27,7 @@ class Row:
 @dataclass
 class Report:
     rows: list[Row] = field(default_factory=list)
-    facts: dict[str, object] = field(default_factory=dict)  # figures without a baseline (counts, memory)
+    facts: dict[str, object] = field(default_factory=dict[str, Any])  # figures without a baseline (counts, memory)
 
     def row(self, metric: str, ours: float, unit: str, baseline_name: str, baseline: float,
             target: str = "") -> None:

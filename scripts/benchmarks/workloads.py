@@ -6,7 +6,7 @@ import multiprocessing
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 
 def read_files(paths: list[str], chunk: int = 1 << 20) -> int:
@@ -27,11 +27,11 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _reader_proc(paths: list[str], queue) -> None:
+def _reader_proc(paths: list[str], queue: Any) -> None:
     queue.put(read_files(paths))
 
 
-def in_processes(target: Callable, arglists: list[tuple]) -> tuple[float, list]:
+def in_processes(target: Callable[..., None], arglists: list[tuple[Any, ...]]) -> tuple[float, list[Any]]:
     """Run `target(*args, queue)` in one forked process per arglist, all at once: (seconds, what each put)."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
@@ -65,7 +65,7 @@ def rel_files(root: Path, sub: str) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / sub).iterdir())
 
 
-def warmed_files(dataset: dict, sub: str) -> list[str]:
+def warmed_files(dataset: dict[str, Any], sub: str) -> list[str]:
     """A dataset's sharded and unsharded copies in the page cache; the files of `sub`, relative to its root."""
     warm_page_cache(dataset["sharded"])
     warm_page_cache(dataset["plain"])

@@ -12,6 +12,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ..context import KEY, Context
 from ..mounts import PY, mounted
@@ -79,7 +80,7 @@ def listing(ctx: Context) -> None:
                    "<= 1.5 s")
 
 
-def _stat_proc(paths: list[str], queue) -> None:
+def _stat_proc(paths: list[str], queue: Any) -> None:
     for p in paths:
         os.stat(p)
     queue.put(len(paths))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
+from typing import Any
 
 from ..context import KEY, Context
 from ..mounts import mounted
 from ..workloads import parallel_read, rel_files, warm_page_cache
 
 
-def _bare_client(base: str, shards: list[str], n: int, queue) -> None:
+def _bare_client(base: str, shards: list[str], n: int, queue: Any) -> None:
     import httpx
     import trio
 

@@ -15,7 +15,7 @@ import statistics
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..context import KEY, Context
 from ..mounts import mounted
@@ -33,7 +33,7 @@ class Dataset:
     root: Path  # served directory (sharded)
     chunk_dir: str  # the chunk directory inside the mount
     files: list[str]  # chunk files, relative to the mount root
-    ts_spec: dict  # TensorStore spec minus its kvstore
+    ts_spec: dict[str, Any]  # TensorStore spec minus its kvstore
 
 
 def build(ctx: Context) -> tuple[list[Dataset], dict[str, Path]]:
@@ -65,7 +65,7 @@ def datasets_at(data: Path) -> tuple[list[Dataset], dict[str, Path]]:
     return datasets, {"meshes": meshes / "sharded"}
 
 
-def _write_zarr(path: Path, data) -> None:
+def _write_zarr(path: Path, data: Any) -> None:
     """The same voxels as a sharded Zarr v3 array (zarr-python), and unsharded beside it."""
     import zarr
 
@@ -89,11 +89,12 @@ def run(ctx: Context) -> None:
             meshes(ctx, extra["meshes"], server, latency)
 
 
-def stats(mnt: Path) -> dict:
-    return json.loads(os.getxattr(mnt, "user.unshardfs.stats"))
+def stats(mnt: Path) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(os.getxattr(mnt, "user.unshardfs.stats"))
+    return found
 
 
-def measure(ctx: Context, ds: Dataset, server, latency: float) -> None:
+def measure(ctx: Context, ds: Dataset, server: Any, latency: float) -> None:
     row, tag = ctx.report.row, f"{ds.name}, {latency * 1000:.0f} ms"
     n = len(ds.files)
     ts_rate = n / tensorstore_read(ds, server.url)
@@ -140,7 +141,7 @@ def alternating(ctx: Context, label: str, local: Callable[[], float], remote: Ca
     return statistics.median(loc for loc, _ in pairs), statistics.median(r for _, r in pairs)
 
 
-def counted(ctx: Context, server, files: int, label: str, work: Callable[[Path], object]) -> float:
+def counted(ctx: Context, server: Any, files: int, label: str, work: Callable[[Path], object]) -> float:
     """Seconds `work(mountpoint)` takes through a fresh mount of the server, and beside it what does not
     depend on load: the server's requests and round trips, the daemon's CPU per file and the prefetch
     (where the time goes when a figure falls short of its target)."""
@@ -158,7 +159,7 @@ def counted(ctx: Context, server, files: int, label: str, work: Callable[[Path],
     return elapsed
 
 
-def viewer(ctx: Context, ds: Dataset, server, latency: float, tag: str) -> None:
+def viewer(ctx: Context, ds: Dataset, server: Any, latency: float, tag: str) -> None:
     """8 readers, 500 scattered chunks, no listing first: read-ahead must not pay."""
     chosen = random.Random(7).sample(ds.files, min(VIEWER_CHUNKS, len(ds.files)))
     with mounted("unshardfs", server.url, ctx.work) as m:
@@ -176,7 +177,7 @@ def viewer(ctx: Context, ds: Dataset, server, latency: float, tag: str) -> None:
                                                  "target": "wasted <= 25% of fetched"})
 
 
-def meshes(ctx: Context, root: Path, server, latency: float) -> None:
+def meshes(ctx: Context, root: Path, server: Any, latency: float) -> None:
     """Multi-LOD meshes read as viewers do: READERS processes, each taking every READERS-th mesh and
     reading its manifest, then its fragments."""
     with mounted("unshardfs", root, ctx.work) as m:
@@ -195,7 +196,7 @@ def meshes(ctx: Context, root: Path, server, latency: float) -> None:
                    "same, local shards", local)
 
 
-def cp_dir(ctx: Context, source, chunk_dir: str) -> float:
+def cp_dir(ctx: Context, source: Any, chunk_dir: str) -> float:
     with mounted("unshardfs", source, ctx.work) as m:
         return cp_in(ctx, m, chunk_dir)
 
@@ -207,7 +208,7 @@ def cp_in(ctx: Context, mnt: Path, chunk_dir: str) -> float:
     return elapsed
 
 
-def readers(ctx: Context, source, files: list[str]) -> float:
+def readers(ctx: Context, source: Any, files: list[str]) -> float:
     with mounted("unshardfs", source, ctx.work) as m:
         return parallel_read([str(m / f) for f in files], READERS)
 

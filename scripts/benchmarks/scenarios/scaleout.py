@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from typing import Any
 
 from ..context import Context
 from ..mounts import UNSHARDFS
@@ -26,7 +27,7 @@ def run(ctx: Context) -> None:
             measure(ctx, command, source, runs, chunks)
 
 
-def measure(ctx: Context, command: str, source, runs: dict[str, list[str]], chunks: int) -> None:
+def measure(ctx: Context, command: str, source: Any, runs: dict[str, list[str]], chunks: int) -> None:
     times = {}
     for label, options in runs.items():
         if command == "export" and label == "--jobs 2":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..context import KEY, Context
 from ..mounts import mounted
@@ -18,7 +19,7 @@ def run(ctx: Context) -> None:
     files = rel_files(large["plain"], KEY)
     size = sum((large["plain"] / f).stat().st_size for f in files)
 
-    def best(kind: str, source) -> float:
+    def best(kind: str, source: Any) -> float:
         out = 0.0
         for _ in range(2):
             with mounted(kind, source, ctx.work) as m:

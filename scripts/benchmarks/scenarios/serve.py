@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from ..context import KEY, Context
@@ -21,7 +21,7 @@ CLIENTS = (1, 8, 32)
 PROCESSES = 4  # client processes, so the load generator is not one GIL
 
 
-def _client(url: str, paths: list[str], threads: int, queue) -> None:
+def _client(url: str, paths: list[str], threads: int, queue: Any) -> None:
     import threading
 
     parts = urlsplit(url)
@@ -52,7 +52,7 @@ def rate(url: str, paths: list[str], clients: int) -> float:
     procs_n = min(PROCESSES, clients)
     per = [clients // procs_n + (i < clients % procs_n) for i in range(procs_n)]
     elapsed, done = in_processes(_client, [(url, paths[i::procs_n], per[i]) for i in range(procs_n)])
-    return sum(done) / elapsed
+    return float(sum(done) / elapsed)
 
 
 @contextlib.contextmanager

@@ -97,7 +97,7 @@ def close_client(client: Any) -> None:
 
 def default_parts(client: Any) -> int:
     """Four parts per worker thread: long-running tasks, with room to even out slow ones."""
-    return max(1, 4 * sum(client.nthreads().values()))
+    return max(1, 4 * int(sum(client.nthreads().values())))
 
 
 def check_dest_visible(client: Any, dest: Path) -> None:

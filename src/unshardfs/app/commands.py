@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import trio
 from tqdm import tqdm
@@ -42,7 +42,7 @@ def _bar(args: argparse.Namespace, unit: str) -> tqdm:
                 dynamic_ncols=True)
 
 
-def _progress(bar: tqdm):
+def _progress(bar: tqdm) -> Callable[[WalkSummary], None]:
     def update(summary: WalkSummary) -> None:
         bar.n = summary.files
         if summary.files % 256 == 0:

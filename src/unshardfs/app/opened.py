@@ -127,7 +127,7 @@ class OpenedSource:
             layer = getattr(layer, "inner", None)
         return found
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Backing-source sections (reads, HTTP, disk cache), the read path and the caches."""
         return {**self.source.stats(), **self.runtime.stats(), "caches": self.caches.usage(),
                 # the daemon's CPU so far: what a workload cost per file, beside the round trips it waited for

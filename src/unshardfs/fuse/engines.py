@@ -26,6 +26,7 @@ from unshardfs.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from unshardfs.fuse.mount import Mounted
+    from unshardfs.fuse.server import Negotiated
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class KernelEngine:
         with self.cancel:
             await session.serve()
 
-    def _initialised(self, negotiated) -> None:
+    def _initialised(self, negotiated: Negotiated) -> None:
         from unshardfs.fuse.mount import set_readahead
 
         self.binding.negotiated(negotiated)

@@ -392,7 +392,7 @@ class KernelHandlers:
                 return data
         return self._read(request.nodeid, offset, size)
 
-    async def _read(self, ino: int, offset: int, size: int) -> list:
+    async def _read(self, ino: int, offset: int, size: int) -> list[Any]:
         _node, data = await self.ops.read(ino, offset, size)
         return [data]
 
@@ -477,7 +477,7 @@ class KernelHandlers:
             return abi.GETXATTR_OUT.pack(len(value), 0)
         if len(value) > size:
             raise FsError(errno.ERANGE)
-        return value
+        return bytes(value)
 
     def statfs(self, request: Request) -> bytes:
         s = self.ops.statfs()

@@ -61,7 +61,7 @@ class Mounted:
     mountpoint: str
     via_fusermount: bool
     watcher: socket.socket | None = None
-    helper: subprocess.Popen | None = field(default=None, repr=False)
+    helper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def close(self) -> None:
         """Close the connection fd (the mount itself is ended by `unmount`)."""

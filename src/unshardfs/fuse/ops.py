@@ -20,11 +20,11 @@ import os
 import stat
 import sys
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Protocol, TypeGuard, runtime_checkable
+from typing import Any, AsyncIterator, Callable, Protocol, TypeGuard, runtime_checkable
 
 from unshardfs.fuse.abi import FsError
 from unshardfs.tree.edge import read_current
-from unshardfs.tree.nodes import CHILD_ID_BITS, Batch, Closable, DirNode, EntryBatch, FdRange, FileNode, Node
+from unshardfs.tree.nodes import CHILD_ID_BITS, Batch, Closable, DirNode, Entry, EntryBatch, FdRange, FileNode, Node
 from unshardfs.util.errors import DataError, StaleError
 from unshardfs.util.maps import BoundedMap
 
@@ -287,7 +287,7 @@ class Bridge:
     """The virtual tree as the FUSE engines see it (see the module docstring)."""
 
     def __init__(self, root: DirNode, options: MountOptions | None = None,
-                 stats: Callable[[], dict] | None = None, engine: str = "") -> None:
+                 stats: Callable[[], dict[str, Any]] | None = None, engine: str = "") -> None:
         self.options = options or MountOptions()
         self.stats = stats
         self.engine = engine
@@ -314,7 +314,7 @@ class Bridge:
         # would get old cached pages followed by new ones). Count of drops under way.
         self.dropping: dict[int, int] = {}
         self.features: dict[str, object] = {}
-        self.live: Callable[[], dict] | None = None  # the engine's own counters (requests in flight)
+        self.live: Callable[[], dict[str, Any]] | None = None  # the engine's own counters (requests in flight)
 
     # -- names and attributes --------------------------------------------------------
 
@@ -465,14 +465,14 @@ class Bridge:
                 await self.advance(listing)
                 offset = listing.position
 
-    def _fill_nodes(self, listing: Listing, batch: list, sink: EntrySink, slot: int) -> bool:
+    def _fill_nodes(self, listing: Listing, batch: list[Entry], sink: EntrySink, slot: int) -> bool:
         inodes = self.inodes
         plus = sink.plus
         while listing.index < len(batch):
             name, node = batch[listing.index]
             bname = name.encode("utf-8", "surrogateescape")  # os.fsencode, minus its overhead
             ino = inodes.add(listing.ino, bname, node, slot)
-            size = 0 if node.is_dir else node.size
+            size = 0 if node.is_dir else node.size  # type: ignore[attr-defined]  # not is_dir: a FileNode
             if not sink.add(bname, ino, node, size, node.mtime_ns, listing.position + 1):
                 inodes.drop_if_unreferenced(ino)
                 return True
@@ -668,7 +668,7 @@ class Bridge:
 
     # -- extended attributes and statistics -----------------------------------------------
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """Live statistics: our counters, the kernel-visible inode count, and the tree's own."""
         stats = {"fuse": dict(self.counters, engine=self.engine, inodes_tabled=len(self.inodes.nodes),
                               nodes_recent=len(self.inodes.recent), open_files=self.open_files,

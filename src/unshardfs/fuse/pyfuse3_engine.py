@@ -67,7 +67,7 @@ class Pyfuse3Operations(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(self, root: DirNode | Bridge, options: MountOptions | None = None,
-                 stats: Callable[[], dict] | None = None) -> None:
+                 stats: Callable[[], dict[str, Any]] | None = None) -> None:
         super().__init__()
         self.ops = root if isinstance(root, Bridge) else Bridge(root, options, stats, engine="pyfuse3")
         self.options = self.ops.options
@@ -183,7 +183,7 @@ class Pyfuse3Operations(pyfuse3.Operations):
 
     # -- extended attributes -------------------------------------------------
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         return self.ops.snapshot()
 
     @guarded

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_EVERY = 8
 
 # What a dispatcher returns: a reply payload now, or a coroutine producing one.
-Answer = Union[bytes, bytearray, memoryview, list, Coroutine[Any, Any, Any], None]
+Answer = Union[bytes, bytearray, memoryview, list[Any], Coroutine[Any, Any, Any], None]
 
 # A queued notification: the message, and what to call once it was written (or refused).
 Notification = tuple[bytes, Union[Callable[[], None], None]]
@@ -187,7 +187,7 @@ class Connection:
         backing_id = fcntl.ioctl(self.fd, abi.FUSE_DEV_IOC_BACKING_OPEN, arg, True)
         if backing_id <= 0:
             raise OSError(errno.EINVAL, f"backing id {backing_id}")
-        return backing_id
+        return int(backing_id)
 
     def backing_close(self, backing_id: int) -> None:
         """Drop a backing id; files opened on it keep their backing file until they are closed."""

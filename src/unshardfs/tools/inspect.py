@@ -6,10 +6,12 @@ and chunk indexes only, no payload is read.
 
 from __future__ import annotations
 
+from typing import Any
+
 from unshardfs.sources.base import VersionInfo
 
 
-def format_report(reports: list[dict], source: str, archive: list[str] | None = None) -> str:
+def format_report(reports: list[dict[str, Any]], source: str, archive: list[str] | None = None) -> str:
     """`archive`: lines about the zip archive the source is read through, if any."""
     lines = [f"{source}: {len(reports)} sharded director{'y' if len(reports) == 1 else 'ies'}", *(archive or [])]
     for r in reports:
