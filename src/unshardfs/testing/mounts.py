@@ -85,7 +85,9 @@ def start_daemon(source: str, mountpoint: Path, log: Path, *options: str,
     finally:
         os.close(write_fd)
     with os.fdopen(read_fd, "rb") as pipe:
-        ready = select.select([pipe], [], [], timeout)[0]
+        waiting = select.poll()  # not select(): a test process may hold descriptors past FD_SETSIZE
+        waiting.register(pipe, select.POLLIN | select.POLLHUP)
+        ready = waiting.poll(timeout * 1000)
         message = pipe.read().decode(errors="replace").strip() if ready else f"not mounted within {timeout} s"
     if message != "OK":
         if daemon.poll() is None:
