@@ -84,15 +84,20 @@ def start_daemon(source: str, mountpoint: Path, log: Path, *options: str,
                                       start_new_session=True)
     finally:
         os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        waiting = select.poll()  # not select(): a test process may hold descriptors past FD_SETSIZE
-        waiting.register(pipe, select.POLLIN | select.POLLHUP)
-        ready = waiting.poll(timeout * 1000)
-        message = pipe.read().decode(errors="replace").strip() if ready else f"not mounted within {timeout} s"
+    message = f"not mounted within {timeout} s"
+    try:
+        with os.fdopen(read_fd, "rb") as pipe:
+            waiting = select.poll()  # not select(): a test process may hold descriptors past FD_SETSIZE
+            waiting.register(pipe, select.POLLIN | select.POLLHUP)
+            if waiting.poll(timeout * 1000):
+                message = pipe.read().decode(errors="replace").strip()
+    finally:
+        if message != "OK":  # whatever stopped the wait, no daemon or mount is left behind
+            if daemon.poll() is None:
+                daemon.kill()
+            daemon.wait(timeout=30)
+            force_unmount(mountpoint)
     if message != "OK":
-        if daemon.poll() is None:
-            daemon.kill()
-        daemon.wait(timeout=30)
         raise AssertionError(f"mount failed: {message}\n{log.read_text() if log.exists() else ''}")
     assert os.path.ismount(mountpoint)
     return daemon
