@@ -23,10 +23,10 @@ KEY = "1_1_1"
 @pytest.mark.parametrize("size", [32, 100, 4096, 10_000, 1 << 17])
 def test_packed_entries_are_the_bytes_added_one_by_one(size):
     names = [f"{i}-{i + 1}_0-{i % 7}_{'x' * (i % 13)}" for i in range(3000)]
-    idents: list[int | None] = list(range(5, 3005))
+    child_ids: list[int | None] = list(range(5, 3005))
     slot_bits = 3 << 56
     packed, single = DirentBuffer(size, False, None), DirentBuffer(size, False, None)  # type: ignore[arg-type]
-    taken = packed.add_files(names, idents, 7, slot_bits, 100)
+    taken = packed.add_files(names, child_ids, 7, slot_bits, 100)
     one_by_one = 0
     for i in range(7, len(names)):
         if not single.add(names[i].encode(), slot_bits | i + 5, None, 0, 0, 100 + i - 7):
@@ -38,7 +38,7 @@ def test_packed_entries_are_the_bytes_added_one_by_one(size):
 def test_entries_that_cannot_be_packed_are_left_to_add():
     buffer = DirentBuffer(4096, False, None)  # type: ignore[arg-type]
     assert buffer.add_files(["a", "ü"], [1, 2], 0, 1 << 56, 1) is None  # not ASCII
-    assert buffer.add_files(["a", "b"], [1, None], 0, 1 << 56, 1) is None  # an entry without an ident
+    assert buffer.add_files(["a", "b"], [1, None], 0, 1 << 56, 1) is None  # an entry without an child_id
     assert DirentBuffer(4096, True, None).add_files(["a"], [1], 0, 1 << 56, 1) is None  # type: ignore[arg-type]
     assert buffer.used == 0
 

@@ -13,7 +13,7 @@ from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ObjectStat,
 from unshardfs.util.errors import DataError, SourceError
 from unshardfs.util.maps import BoundedMap
 
-Ident = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.ident`)
+Identity = tuple[str, tuple[Version, ...]]  # what identifies a blob's bytes (`Blob.identity`)
 
 
 RECENT_BLOBS = 1 << 12
@@ -29,7 +29,7 @@ class Blob:
     # Derived once: every lookup and read of a chunk asks for them (cache keys, messages).
     label: str = field(init=False, compare=False, repr=False)
     version: tuple[Version, ...] = field(init=False, compare=False, repr=False)
-    ident: Ident = field(init=False, compare=False, repr=False)
+    identity: Identity = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.parts) == 1:  # the usual case, built once per lookup
@@ -41,7 +41,7 @@ class Blob:
         object.__setattr__(self, "label", label)
         object.__setattr__(self, "version", version)
         # What identifies these bytes: cache keys are built on it.
-        object.__setattr__(self, "ident", (label, version))
+        object.__setattr__(self, "identity", (label, version))
 
     @classmethod
     def of(cls, path: str, st: ObjectStat) -> "Blob":

@@ -46,11 +46,11 @@ class ChunkFile(FileNode):
     __slots__ = ("ctx", "blob", "start", "length", "chunk_id", "extra")
 
     def __init__(self, ctx: "ChunkContext", blob: Blob, start: int, length: int, chunk_id: int, size: int,
-                 ident: int | None, extra: int = 0) -> None:
+                 child_id: int | None, extra: int = 0) -> None:
         # Slots set directly (no super().__init__ chain): listings may build
         # millions of these.
         self.mtime_ns = blob.mtime_ns
-        self.ident = ident
+        self.child_id = child_id
         self.size = size
         self.ctx = ctx
         self.blob = blob
@@ -169,11 +169,11 @@ class ChunkContext:
             return None if self.naming.claims(name) else Verdict.PASS
         return await self.file(chunk_id)
 
-    def make(self, table: ChunkTable, i: int, size: int, ident: int | None) -> ChunkFile:
+    def make(self, table: ChunkTable, i: int, size: int, child_id: int | None) -> ChunkFile:
         # `item`: Python ints straight from the arrays (no numpy scalar per field).
         extra = 0 if table.extra is None else table.extra.item(i)
         return ChunkFile(self, table.blob, table.starts.item(i), table.lengths.item(i), table.ids.item(i), size,
-                         ident, extra)
+                         child_id, extra)
 
     async def file(self, chunk_id: int, prefetch: bool = True) -> ChunkFile | None:
         """The file of chunk `chunk_id`, or None if the chunk is absent (DataError if damaged).
@@ -203,7 +203,7 @@ class ChunkContext:
                 trailer = await self.fetcher.read(Extent(table.blob, ext.end - self.codec.trailer, self.codec.trailer))
             size = self.codec.size_from_trailer(trailer, cap, where)
         extra = 0 if table.extra is None else table.extra.item(i)  # (`make`, inline: every lookup)
-        return ChunkFile(self, table.blob, table.starts.item(i), length, chunk_id, size, self.naming.ident(chunk_id),
+        return ChunkFile(self, table.blob, table.starts.item(i), length, chunk_id, size, self.naming.child_id(chunk_id),
                          extra)
 
     async def payload_of(self, ext: Extent) -> bytes:
@@ -356,7 +356,7 @@ class ChunkContext:
         if self.scope is not None:
             self.scope.listed(table)
         # Entries without a name were dropped above.
-        return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.idents(table.ids))
+        return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.child_ids(table.ids))
 
     async def _sizes(self, table: ChunkTable, where: str) -> tuple[np.ndarray, np.ndarray]:
         """File sizes of a table's entries and which entries can be listed at all."""
@@ -397,13 +397,13 @@ class ChunkBatch(EntryBatch):
     __slots__ = ("ctx", "table")
 
     def __init__(self, ctx: ChunkContext, table: ChunkTable, names: list[str], sizes: list[int],
-                 idents: list[int | None]) -> None:
-        super().__init__(names, sizes, idents, table.blob.mtime_ns)
+                 child_ids: list[int | None]) -> None:
+        super().__init__(names, sizes, child_ids, table.blob.mtime_ns)
         self.ctx = ctx
         self.table = table
 
     def node(self, i: int) -> ChunkFile:
-        return self.ctx.make(self.table, i, self.sizes[i], self.idents[i])
+        return self.ctx.make(self.table, i, self.sizes[i], self.child_ids[i])
 
 
 def _concat(tables: list[ChunkTable]) -> ChunkTable:

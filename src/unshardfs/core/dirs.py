@@ -36,8 +36,8 @@ class ShardedDir(OverlayDir):
     def virtual_entries(self) -> AsyncIterator[Batch]:
         return self.chunks.listing()
 
-    def child_name(self, ident: int) -> str:
-        return self.chunks.naming.name_of_ident(ident)
+    def child_name(self, child_id: int) -> str:
+        return self.chunks.naming.name_of_child_id(child_id)
 
 
 class ChunksDir(DirNode):
@@ -57,5 +57,5 @@ class ChunksDir(DirNode):
     def entries(self) -> AsyncIterator[Batch]:
         return self.chunks.listing()
 
-    def child_name(self, ident: int) -> str:
-        return self.chunks.naming.name_of_ident(ident)
+    def child_name(self, child_id: int) -> str:
+        return self.chunks.naming.name_of_child_id(child_id)

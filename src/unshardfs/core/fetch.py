@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, c
 
 import trio
 
-from unshardfs.core.blob import Blob, Ident
+from unshardfs.core.blob import Blob, Identity
 from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ReadNow
 from unshardfs.util.errors import DataError
 from unshardfs.util.flight import Flights
@@ -33,7 +33,7 @@ T = TypeVar("T")
 # for their first read: each at most SEED_MAX, all together at most SEEDED_BYTES.
 SEED_MAX = 1 << 20
 SEEDED_BYTES = 16 << 20
-ExtentKey = tuple[Ident, int, int]  # an extent's cache key: its blob's ident, start and length
+ExtentKey = tuple[Identity, int, int]  # an extent's cache key: its blob's identity, start and length
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class Extent:
         # Offset *and* length: two payloads may start at the same offset of
         # one version of a blob only if one of them is damaged, and then
         # they must not share a cache entry.
-        return (self.blob.ident, self.start, self.length)
+        return (self.blob.identity, self.start, self.length)
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,9 @@ class _Run:
 def plan(extents: Sequence[Extent], max_gap: int, max_span: int) -> list[_Run]:
     """Group extents into runs: same blob, sorted by offset, joined across small gaps."""
     runs: list[_Run] = []
-    by_blob: dict[Ident, list[Extent]] = {}
+    by_blob: dict[Identity, list[Extent]] = {}
     for ext in extents:
-        by_blob.setdefault(ext.blob.ident, []).append(ext)
+        by_blob.setdefault(ext.blob.identity, []).append(ext)
     for group in by_blob.values():
         group.sort(key=lambda e: (e.start, e.length))
         run: _Run | None = None
@@ -180,7 +180,7 @@ class Fetcher:
         self.counters = FetchCounters()
         self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters)
         self.flights = Flights()
-        self._in_flight: dict[Ident, list[_Run]] = {}  # runs being read, by blob
+        self._in_flight: dict[Identity, list[_Run]] = {}  # runs being read, by blob
         self._prefetch_in_flight = 0  # bytes
         self._seeded: BoundedMap[ExtentKey, bytes] = BoundedMap(SEEDED_BYTES, lru=False, getsizeof=len)  # `seed`
         self._nursery: trio.Nursery | None = None
@@ -391,25 +391,25 @@ class Fetcher:
     @staticmethod
     def _run_of(runs: list[_Run], ext: Extent) -> _Run:
         for run in runs:
-            if run.blob.ident == ext.blob.ident and run.start <= ext.start and ext.end <= run.end:
+            if run.blob.identity == ext.blob.identity and run.start <= ext.start and ext.end <= run.end:
                 return run
         raise AssertionError("extent without a run")
 
     def _covering(self, ext: Extent) -> _Run | None:
-        for run in self._in_flight.get(ext.blob.ident, ()):
+        for run in self._in_flight.get(ext.blob.identity, ()):
             if run.start <= ext.start and ext.end <= run.end:
                 return run
         return None
 
     def _track(self, run: _Run) -> None:
         """Make the run visible to readers and prefetches (to join) until it is done."""
-        self._in_flight.setdefault(run.blob.ident, []).append(run)
+        self._in_flight.setdefault(run.blob.identity, []).append(run)
 
     def _untrack(self, run: _Run) -> None:
-        flying = self._in_flight[run.blob.ident]
+        flying = self._in_flight[run.blob.identity]
         flying.remove(run)
         if not flying:
-            del self._in_flight[run.blob.ident]
+            del self._in_flight[run.blob.identity]
         run.done.set()
 
     async def _read_run(self, run: _Run, index: bool) -> None:

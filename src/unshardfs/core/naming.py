@@ -1,4 +1,4 @@
-"""How a sharded directory names its chunk files: id <-> file name, and inode idents.
+"""How a sharded directory names its chunk files: id <-> file name, and child ids.
 
 A format gives each sharded directory a `Naming`: canonical names only (the
 exact spelling an unsharded writer produces), parsed without any listing.
@@ -14,7 +14,7 @@ import numpy as np
 from unshardfs.core.nameorder import NameOrder
 from unshardfs.tree.nodes import CHILD_ID_BITS
 
-IDENT_LIMIT = 1 << CHILD_ID_BITS
+CHILD_ID_LIMIT = 1 << CHILD_ID_BITS
 
 
 class Naming(ABC):
@@ -51,20 +51,20 @@ class Naming(ABC):
         grids); read-ahead follows readers that split the sorted names between them."""
         return None
 
-    def ident(self, chunk_id: int) -> int | None:
-        return chunk_id if chunk_id < IDENT_LIMIT else None
+    def child_id(self, chunk_id: int) -> int | None:
+        return chunk_id if chunk_id < CHILD_ID_LIMIT else None
 
-    def idents(self, ids: np.ndarray) -> list[int | None]:
-        if not len(ids) or int(ids.max()) < IDENT_LIMIT:
-            idents: list[int | None] = ids.tolist()
-            return idents
-        return [self.ident(k) for k in ids.tolist()]
+    def child_ids(self, ids: np.ndarray) -> list[int | None]:
+        if not len(ids) or int(ids.max()) < CHILD_ID_LIMIT:
+            child_ids: list[int | None] = ids.tolist()
+            return child_ids
+        return [self.child_id(k) for k in ids.tolist()]
 
-    def name_of_ident(self, ident: int) -> str:
-        """The name of the file whose ident is given (KeyError if none)."""
-        name = self.name(ident)
+    def name_of_child_id(self, child_id: int) -> str:
+        """The name of the file whose child_id is given (KeyError if none)."""
+        name = self.name(child_id)
         if name is None:
-            raise KeyError(ident)
+            raise KeyError(child_id)
         return name
 
 
@@ -83,15 +83,15 @@ class DecimalNaming(Naming):
     """Files named by a decimal chunk id and an optional `suffix` (`123`, `123.index`).
 
     `also` lists other suffixes the directory computes (so `123.index` is
-    not passed through where a sibling context names it). With `ident_bits`,
-    idents are `(id << ident_bits) + ident_add`: two files per id can share a
+    not passed through where a sibling context names it). With `child_id_bits`,
+    child_ids are `(id << child_id_bits) + child_id_add`: two files per id can share a
     directory (precomputed meshes: fragments and manifest).
     """
 
-    def __init__(self, suffix: str = "", ident_bits: int = 0, ident_add: int = 0, also: tuple[str, ...] = ()) -> None:
+    def __init__(self, suffix: str = "", child_id_bits: int = 0, child_id_add: int = 0, also: tuple[str, ...] = ()) -> None:
         self.suffix = suffix
-        self.ident_bits = ident_bits
-        self.ident_add = ident_add
+        self.child_id_bits = child_id_bits
+        self.child_id_add = child_id_add
         self.claimed = tuple(dict.fromkeys((suffix, *also)))
 
     def claims(self, name: str) -> bool:
@@ -107,16 +107,16 @@ class DecimalNaming(Naming):
         suffix = self.suffix
         return [f"{k}{suffix}" for k in ids.tolist()]
 
-    def ident(self, chunk_id: int) -> int | None:
-        ident = (chunk_id << self.ident_bits) + self.ident_add
-        return ident if ident < IDENT_LIMIT else None
+    def child_id(self, chunk_id: int) -> int | None:
+        child_id = (chunk_id << self.child_id_bits) + self.child_id_add
+        return child_id if child_id < CHILD_ID_LIMIT else None
 
-    def idents(self, ids: np.ndarray) -> list[int | None]:
-        if not self.ident_bits:
-            return super().idents(ids)
-        return [self.ident(k) for k in ids.tolist()]
+    def child_ids(self, ids: np.ndarray) -> list[int | None]:
+        if not self.child_id_bits:
+            return super().child_ids(ids)
+        return [self.child_id(k) for k in ids.tolist()]
 
-    def name_of_ident(self, ident: int) -> str:
-        if self.ident_bits:
-            return f"{ident >> self.ident_bits}{self.suffix}"
-        return super().name_of_ident(ident)
+    def name_of_child_id(self, child_id: int) -> str:
+        if self.child_id_bits:
+            return f"{child_id >> self.child_id_bits}{self.suffix}"
+        return super().name_of_child_id(child_id)

@@ -45,7 +45,7 @@ from typing import Hashable, Iterable, Protocol
 
 import numpy as np
 
-from unshardfs.core.blob import Blob, Ident
+from unshardfs.core.blob import Blob, Identity
 from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.nameorder import NameOrder
 from unshardfs.core.policy import POLICY
@@ -172,18 +172,18 @@ class Listings:
     def __init__(self) -> None:
         self.batches: list[np.ndarray] = []
         self.count = 0
-        self._seen: set[tuple[Ident, int, int]] = set()
+        self._seen: set[tuple[Identity, int, int]] = set()
         self.heads: set[int] = set()  # each batch's first id (a scan in listing order starts there)
         self.lowests: set[int] = set()  # ... and its lowest (a scan in id order starts at either)
         self._orders: dict[int, np.ndarray] = {}  # batch -> argsort of its ids (on demand)
         self._last = 0  # the batch the last question was answered from (scans move forward)
         self._sorted: np.ndarray | None = None
-        self._tables: dict[Ident, list[ChunkTable]] = {}  # blob ident -> its listed tables
+        self._tables: dict[Identity, list[ChunkTable]] = {}  # blob identity -> its listed tables
         # ... as (starts, lengths, ids) sorted by start
-        self._spans: dict[Ident, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._spans: dict[Identity, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def add(self, table: ChunkTable) -> None:
-        mark = (table.blob.ident, int(table.ids[0]), len(table))
+        mark = (table.blob.identity, int(table.ids[0]), len(table))
         if mark in self._seen or self.count >= LISTED_IDS_MAX:
             return
         self._seen.add(mark)
@@ -192,19 +192,19 @@ class Listings:
         self.batches.append(table.ids)
         self.count += len(table.ids)
         self._sorted = None
-        self._tables.setdefault(table.blob.ident, []).append(table)
-        self._spans.pop(table.blob.ident, None)
+        self._tables.setdefault(table.blob.identity, []).append(table)
+        self._spans.pop(table.blob.identity, None)
 
     def within(self, blob: Blob, start: int, end: int, after: int | None = None) -> list[Extent]:
         """Listed chunk extents of `blob` lying inside [start, end) (of ids above `after`, if given)."""
-        spans = self._spans.get(blob.ident)
+        spans = self._spans.get(blob.identity)
         if spans is None:
-            tables = self._tables.get(blob.ident)
+            tables = self._tables.get(blob.identity)
             if not tables:
                 return []
             starts = np.concatenate([t.starts for t in tables])
             order = np.argsort(starts, kind="stable")
-            spans = self._spans[blob.ident] = (starts[order], np.concatenate([t.lengths for t in tables])[order],
+            spans = self._spans[blob.identity] = (starts[order], np.concatenate([t.lengths for t in tables])[order],
                                                np.concatenate([t.ids for t in tables])[order])
         starts, lengths, ids = spans
         lo, hi = np.searchsorted(starts, [np.uint64(start), np.uint64(end)])
@@ -421,9 +421,9 @@ class ScanScope:
                         default=start)
         picked, stop = await self._window(stream, start, stream.cursor + (tentative or stream.window), skip,
                                           stretch=not tentative)
-        tables: dict[Ident, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
+        tables: dict[Identity, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
-            tables.setdefault(table.blob.ident, {})[id(table)] = table
+            tables.setdefault(table.blob.identity, {})[id(table)] = table
 
         # A scan in id order over hashed shards wants chunks scattered over each shard: the
         # chunks between them come later in the same scan (those above the id just read), so a
@@ -431,7 +431,7 @@ class ScanScope:
         after = stream.upcoming[stream.cursor - 1] if stream.order == "id" and stream.cursor else None
 
         def fill(blob: Blob, start: int, end: int) -> list[Extent]:
-            return self._fill(blob, start, end, tables.get(blob.ident, {}).values(), after)
+            return self._fill(blob, start, end, tables.get(blob.identity, {}).values(), after)
 
         # The same over a name-order scan: what lies between its chunks is mostly chunks of later
         # names (those read already are kept for their readers, and not named by `fill`).
@@ -484,7 +484,7 @@ class ScanScope:
                 break
             else:
                 found = await self._extent(chunk_id)
-            if i >= want and (found is None or not picked or found[0].blob.ident != picked[-1][1].blob.ident):
+            if i >= want and (found is None or not picked or found[0].blob.identity != picked[-1][1].blob.identity):
                 break
             if found is not None:
                 picked.append((i, *found))

@@ -174,7 +174,7 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
             return None
         if not self.index_levels:
             return blob, await self.read_index(shard, blob)
-        index = await self.cached(self.index_levels[0], blob.ident, lambda: self.read_index(shard, blob))
+        index = await self.cached(self.index_levels[0], blob.identity, lambda: self.read_index(shard, blob))
         return blob, index
 
     @final

@@ -44,7 +44,7 @@ class NamespacedDir(DirNode):
         super().__init__(inner.mtime_ns)
         self.inner = inner
         self.namespace = namespace
-        self.ident = inner.ident
+        self.child_id = inner.child_id
 
     @property
     def stable_key(self) -> str | None:  # type: ignore[override]
@@ -54,8 +54,8 @@ class NamespacedDir(DirNode):
     def xattrs(self) -> dict[str, bytes]:
         return self.inner.xattrs()
 
-    def child_name(self, ident: int) -> str:
-        return self.inner.child_name(ident)
+    def child_name(self, child_id: int) -> str:
+        return self.inner.child_name(child_id)
 
     def wrap(self, node: Node | None) -> Node | None:
         return NamespacedDir(node, self.namespace) if isinstance(node, DirNode) else node
@@ -95,10 +95,10 @@ class VersionDir(DirNode):
     async def lookup(self, name: str) -> Node | None:
         return await (await self.tree()).lookup(name)
 
-    def child_name(self, ident: int) -> str:
+    def child_name(self, child_id: int) -> str:
         if self._tree is None:
-            raise KeyError(ident)
-        return self._tree.child_name(ident)
+            raise KeyError(child_id)
+        return self._tree.child_name(child_id)
 
     async def entries(self) -> AsyncIterator[Batch]:
         async for batch in (await self.tree()).entries():
@@ -129,8 +129,8 @@ class VersionsRoot(DirNode):
     def xattrs(self) -> dict[str, bytes]:
         return self.tree.xattrs()
 
-    def child_name(self, ident: int) -> str:
-        return self.tree.child_name(ident)
+    def child_name(self, child_id: int) -> str:
+        return self.tree.child_name(child_id)
 
     async def versions(self) -> dict[str, VersionInfo]:
         """The versions by directory name (read once: a mount shows the versions it started with). When the

@@ -70,11 +70,11 @@ class DirentBuffer:
         self.used += record
         return True
 
-    def add_files(self, names: list[str], idents: list[int | None], start: int, slot_bits: int,
+    def add_files(self, names: list[str], child_ids: list[int | None], start: int, slot_bits: int,
                   next_cookie: int) -> int | None:
-        """Plain entries of files `names[start:]`, whose inodes are `slot_bits | idents[i]`, as
+        """Plain entries of files `names[start:]`, whose inodes are `slot_bits | child_ids[i]`, as
         many as fit, packed at once: how many were taken (the `EntrySink.add_files` extension);
-        None if these cannot be (READDIRPLUS, an entry without an ident, a name that is not
+        None if these cannot be (READDIRPLUS, an entry without an child_id, a name that is not
         ASCII): then they are added one by one."""
         if self.plus:
             return None
@@ -83,10 +83,10 @@ class DirentBuffer:
             room = self.size - self.used
             # Names of one batch are of about one length: slice as many as fit at that length.
             most = room // abi.pad8(abi.DIRENT.size + len(names[start + taken])) + 8
-            idents_here = idents[start + taken:start + taken + most]
-            if None in idents_here:
+            child_ids_here = child_ids[start + taken:start + taken + most]
+            if None in child_ids_here:
                 return None if not taken else taken
-            inos = np.array(idents_here, dtype=np.uint64)
+            inos = np.array(child_ids_here, dtype=np.uint64)
             inos |= np.uint64(slot_bits)
             packed = pack_dirents(names[start + taken:start + taken + most], inos, next_cookie + taken, room)
             if packed is None:

@@ -57,8 +57,8 @@ class InodeTable:
     """Inode numbers for the nodes the kernel currently knows about.
 
     Two kinds of numbers:
-    - *computed*: a file with an `ident` inside a directory with a
-      `stable_key` gets `slot << CHILD_ID_BITS | ident`, where the slot names
+    - *computed*: a file with an `child_id` inside a directory with a
+      `stable_key` gets `slot << CHILD_ID_BITS | child_id`, where the slot names
       the directory. Nothing is stored per such inode (a bounded LRU keeps
       recently used nodes); the node is rebuilt from the directory on demand.
       This keeps the daemon's memory flat however many chunks are listed.
@@ -129,11 +129,11 @@ class InodeTable:
         `slot` may be passed in when the caller adds many children of one
         directory (a listing); it is looked up otherwise.
         """
-        if node.ident is not None:
+        if node.child_id is not None:
             if slot is None:
                 slot = self.slot_of(parent)
             if slot:
-                computed = slot << CHILD_ID_BITS | node.ident
+                computed = slot << CHILD_ID_BITS | node.child_id
                 self.recent[computed] = node
                 return computed
         ino = self.by_name.get((parent, name))
@@ -192,9 +192,9 @@ class InodeTable:
         if self.computed(ino):
             slot = ino >> CHILD_ID_BITS
             parent = self.slot_dirs[slot] if slot < len(self.slot_dirs) else None
-            ident = ino & ((1 << CHILD_ID_BITS) - 1)
+            child_id = ino & ((1 << CHILD_ID_BITS) - 1)
             try:
-                return parent, parent.child_name(ident) if parent is not None else ""
+                return parent, parent.child_name(child_id) if parent is not None else ""
             except KeyError:
                 return None, ""
         parent_ino, name = self.names.get(ino, (ROOT, b""))
@@ -223,7 +223,7 @@ class InodeTable:
             raise FsError(errno.ESTALE)
         parent, name = self.locate(ino)
         node = await parent.lookup(name) if parent is not None and name else None
-        if node is None or node.ident != ino & ((1 << CHILD_ID_BITS) - 1):
+        if node is None or node.child_id != ino & ((1 << CHILD_ID_BITS) - 1):
             raise FsError(errno.ESTALE)
         self.recent[ino] = node
         return node
@@ -246,11 +246,11 @@ class EntrySink(Protocol):
 @runtime_checkable
 class FileEntrySink(EntrySink, Protocol):
     """A sink that can also take many plain file entries at once (optional, see `Bridge.fill`):
-    `add_files(names, idents, start, slot_bits, next_cookie)` takes entries `names[start:]`
-    with inodes `slot_bits | ident` and cookies from `next_cookie` on, as many as fit, and
+    `add_files(names, child_ids, start, slot_bits, next_cookie)` takes entries `names[start:]`
+    with inodes `slot_bits | child_id` and cookies from `next_cookie` on, as many as fit, and
     returns how many it took, or None if it cannot take these (they are then added one by one)."""
 
-    def add_files(self, names: list[str], idents: list[int | None], start: int, slot_bits: int,
+    def add_files(self, names: list[str], child_ids: list[int | None], start: int, slot_bits: int,
                   next_cookie: int) -> int | None: ...
 
 
@@ -355,7 +355,7 @@ class Bridge:
             return node  # a retired inode keeps its old attributes (its reads fail)
         parent, name = self.inodes.locate(ino)
         fresh = await parent.lookup(name) if parent is not None and name else None
-        if fresh is None or fresh.is_dir != node.is_dir or fresh.ident != node.ident:
+        if fresh is None or fresh.is_dir != node.is_dir or fresh.child_id != node.child_id:
             raise FsError(errno.ESTALE)
         if fresh is not node:
             if (self.invalidate is not None and isinstance(node, FileNode) and isinstance(fresh, FileNode)
@@ -485,14 +485,14 @@ class Bridge:
         return False
 
     def _fill_lazy(self, listing: Listing, batch: EntryBatch, sink: EntrySink, slot: int) -> bool:
-        """Entries of a lazy batch: names, sizes and idents straight from its lists.
+        """Entries of a lazy batch: names, sizes and child_ids straight from its lists.
 
         Files with a computed inode need no node at all (one is rebuilt from
         the directory if the kernel later asks for it), which keeps a
         million-entry listing from building a million objects.
         """
         inodes = self.inodes
-        names, sizes, idents = batch.names, batch.sizes, batch.idents
+        names, sizes, child_ids = batch.names, batch.sizes, batch.child_ids
         mtime_ns = batch.mtime_ns
         slot_bits = slot << CHILD_ID_BITS
         plus = sink.plus
@@ -502,7 +502,7 @@ class Bridge:
         add_files = sink.add_files if slot and not plus and _packs_files(sink) else None
         while add_files is not None and i < len(names):
             # Plain entries of computed inodes: the sink packs them a reply at a time.
-            taken = add_files(names, idents, i, slot_bits, position + 1)
+            taken = add_files(names, child_ids, i, slot_bits, position + 1)
             if taken is None:
                 break  # one by one below
             i += taken
@@ -514,9 +514,9 @@ class Bridge:
         try:
             while i < len(names):
                 bname = names[i].encode("utf-8", "surrogateescape")
-                ident = idents[i]
-                if slot and ident is not None:
-                    ino = slot_bits | ident
+                child_id = child_ids[i]
+                if slot and child_id is not None:
+                    ino = slot_bits | child_id
                     if not add(bname, ino, None, sizes[i], mtime_ns, position + 1):
                         return True
                     counted += plus

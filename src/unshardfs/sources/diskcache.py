@@ -137,12 +137,12 @@ class DiskCachedSource(SourceLayer):
         self._written = 0
         self.index_cache = self
 
-    def _name(self, ident: IndexKey) -> tuple[str, str]:
-        digest = hashlib.sha256(repr((self.inner.description, ident)).encode()).hexdigest()
+    def _name(self, identity: IndexKey) -> tuple[str, str]:
+        digest = hashlib.sha256(repr((self.inner.description, identity)).encode()).hexdigest()
         return digest[:2], digest
 
-    def get(self, ident: IndexKey) -> bytes | None:
-        data = self._read(*self._name(ident))
+    def get(self, identity: IndexKey) -> bytes | None:
+        data = self._read(*self._name(identity))
         if data is None:
             self.misses += 1
         else:
@@ -165,8 +165,8 @@ class DiskCachedSource(SourceLayer):
             os.close(fd)
         return data if len(data) == st.st_size else None
 
-    def put(self, ident: IndexKey, data: bytes) -> None:
-        bucket, name = self._name(ident)
+    def put(self, identity: IndexKey, data: bytes) -> None:
+        bucket, name = self._name(identity)
         try:
             self._home.mkdir(bucket, 0o700)
             dir_fd = self._home.open(bucket, os.O_PATH | os.O_DIRECTORY)

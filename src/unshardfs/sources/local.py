@@ -190,10 +190,10 @@ class LocalSource:
     def _fd(self, path: str, version: Version | None) -> int:
         cached = self._fds.get(path)
         if cached is not None:
-            fd, ident = cached
+            fd, identity = cached
             if version is None:
                 return fd
-            if ident == version[:2]:
+            if identity == version[:2]:
                 # Same inode as when the caller resolved it: its bytes are the
                 # ones the caller's index describes, even if the path was
                 # replaced meanwhile -- unless the file was rewritten in place

@@ -339,8 +339,8 @@ class ZipSource:
 
     async def _decoded_member(self, index: ZipIndex, st: ObjectStat, i: int, start: int, path: str,
                               raw: bytes | None = None) -> bytes:
-        ident = (st.version, int(index.header[i]))
-        hit = self._decoded.get(ident)
+        identity = (st.version, int(index.header[i]))
+        hit = self._decoded.get(identity)
         if hit is not None:
             # No archive read on a hit: a stat keeps a replaced archive from being served from memory.
             now = await self.inner.stat(self.archive)
@@ -361,10 +361,10 @@ class ZipSource:
             self.counters["decoded_members"] += 1
             self.counters["decoded_bytes"] += len(decoded)
             if len(decoded) <= DECODED_CACHE // 4:
-                self._decoded[ident] = decoded
+                self._decoded[identity] = decoded
             return decoded
 
-        return await self._flights.run(ident, work)
+        return await self._flights.run(identity, work)
 
     async def _guarded_read(self, path: str, offset: int, size: int, version: Version | None, idx: bool) -> bytes:
         try:

@@ -20,14 +20,14 @@ class Node:
     that tools comparing timestamps (rsync, make, caches) behave.
     """
 
-    __slots__ = ("mtime_ns", "ident")
+    __slots__ = ("mtime_ns", "child_id")
     is_dir = False
 
     def __init__(self, mtime_ns: int) -> None:
         self.mtime_ns = mtime_ns
         # Id of a computed child within its directory (< 2**CHILD_ID_BITS),
         # set by directories that implement `child_name`; None otherwise.
-        self.ident: int | None = None
+        self.child_id: int | None = None
 
     def xattrs(self) -> dict[str, bytes]:
         """Extended attributes describing where the bytes come from."""
@@ -91,7 +91,7 @@ Entry = tuple[str, Node]
 class EntryBatch:
     """Directory entries produced together, whose nodes are built only on demand.
 
-    A listing of a million chunks needs names, sizes and inode idents, not
+    A listing of a million chunks needs names, sizes and child ids, not
     a million objects: the FUSE adapter reads those three lists directly,
     and calls `node(i)` only where it must keep a node. Iterating a batch
     yields (name, node) pairs like a plain list of entries, so walkers need
@@ -99,12 +99,12 @@ class EntryBatch:
     mtime.
     """
 
-    __slots__ = ("names", "sizes", "idents", "mtime_ns")
+    __slots__ = ("names", "sizes", "child_ids", "mtime_ns")
 
-    def __init__(self, names: list[str], sizes: list[int], idents: list[int | None], mtime_ns: int) -> None:
+    def __init__(self, names: list[str], sizes: list[int], child_ids: list[int | None], mtime_ns: int) -> None:
         self.names = names
         self.sizes = sizes
-        self.idents = idents
+        self.child_ids = child_ids
         self.mtime_ns = mtime_ns
 
     def __len__(self) -> int:
@@ -152,16 +152,16 @@ class DirNode(Node):
         raise NotImplementedError
 
     # Directories whose children are computed from ids (chunk ids, segment
-    # ids) set `ident` on those children and map it back with `child_name`;
+    # ids) set `child_id` on those children and map it back with `child_name`;
     # the FUSE adapter then derives inode numbers from the ids instead of
     # remembering every child the kernel has seen, so the daemon's memory
     # does not grow with the size of listed directories.
 
     stable_key: str | None = None  # identifies the directory across re-lookups
 
-    def child_name(self, ident: int) -> str:
-        """The name of the child whose `ident` is given."""
-        raise KeyError(ident)
+    def child_name(self, child_id: int) -> str:
+        """The name of the child whose `child_id` is given."""
+        raise KeyError(child_id)
 
 
 @runtime_checkable

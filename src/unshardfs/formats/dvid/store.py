@@ -102,7 +102,7 @@ class DvidStore(ShardedStore[int, ShardIndex]):
     async def schema_of(self, f: PayloadRef) -> pa.Schema:
         """The Arrow schema of the shard file holding `f` (its index is cached)."""
         opened = await self.index(self.spec.location(f.chunk_id)[0])
-        if opened is None or opened[0].ident != f.blob.ident:
+        if opened is None or opened[0].identity != f.blob.identity:
             raise DataError(f.blob.label, "shard file changed while mounted")
         return opened[1].schema
 

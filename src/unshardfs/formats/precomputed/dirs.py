@@ -18,7 +18,7 @@ import numpy as np
 from unshardfs.core.chunks import ChunkContext, ChunkFile
 from unshardfs.core.codecs import Stored
 from unshardfs.core.dirs import ShardedDir
-from unshardfs.core.naming import IDENT_LIMIT, DecimalNaming, Naming, parse_decimal
+from unshardfs.core.naming import CHILD_ID_LIMIT, DecimalNaming, Naming, parse_decimal
 from unshardfs.formats.precomputed.shards import PrecomputedStore
 from unshardfs.sources.base import ByteSource, ObjectStat
 from unshardfs.tree.nodes import Batch, Entry, Node, Verdict
@@ -34,8 +34,8 @@ class SegmentNaming(DecimalNaming):
     """Files named by segment id (skeletons; mesh manifests with `suffix` '.index'); a mesh
     directory computes both spellings, whichever context asks."""
 
-    def __init__(self, suffix: str = "", ident_bits: int = 0, ident_add: int = 0) -> None:
-        super().__init__(suffix, ident_bits, ident_add, also=("", ".index"))
+    def __init__(self, suffix: str = "", child_id_bits: int = 0, child_id_add: int = 0) -> None:
+        super().__init__(suffix, child_id_bits, child_id_add, also=("", ".index"))
 
 
 def manifest_fragment_bytes(manifest: bytes, where: str) -> int:
@@ -83,7 +83,7 @@ class MultiLodMeshDir(ShardedDir):
             raise DataError(manifest.where, f"fragment data of {total:,} bytes would start before the shard data")
         chunk_id = manifest.chunk_id
         return ChunkFile(self.fragments_ctx, manifest.blob, start, total, chunk_id, total,
-                         self.fragments_ctx.naming.ident(chunk_id))
+                         self.fragments_ctx.naming.child_id(chunk_id))
 
     async def virtual_lookup(self, name: str) -> Node | None | Literal[Verdict.PASS]:
         stem = name.removesuffix(".index")
@@ -116,5 +116,5 @@ class MultiLodMeshDir(ShardedDir):
             if batch:
                 yield batch
 
-    def child_name(self, ident: int) -> str:
-        return f"{ident >> 1}.index" if ident & 1 else str(ident >> 1)
+    def child_name(self, child_id: int) -> str:
+        return f"{child_id >> 1}.index" if child_id & 1 else str(child_id >> 1)

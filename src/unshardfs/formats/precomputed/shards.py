@@ -16,7 +16,7 @@ from typing import AsyncIterator, Hashable, cast
 
 import numpy as np
 
-from unshardfs.core.blob import Blob, Ident
+from unshardfs.core.blob import Blob, Identity
 from unshardfs.core.caches import SHARD_INDEX
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
@@ -130,7 +130,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         # shard number -> its `.shard` path (every lookup asks)
         self._shard_paths: BoundedMap[int, str] = BoundedMap(SHARD_PATHS, lru=False, counted=False)
         # minishard reads by lookups per shard version (`_scan_rest`)
-        self._index_loads: BoundedMap[Ident, int] = BoundedMap(SCANNED_SHARDS, lru=False, counted=False)
+        self._index_loads: BoundedMap[Identity, int] = BoundedMap(SCANNED_SHARDS, lru=False, counted=False)
 
     # -- shard files -------------------------------------------------------------------
 
@@ -216,7 +216,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         return self.index_size + start, end - start
 
     async def minishard(self, blob: Blob, index: np.ndarray, m: int) -> ChunkTable:
-        cached = cast("ChunkTable | None", self.recall(MINISHARD_INDEX, (blob.ident, m)))
+        cached = cast("ChunkTable | None", self.recall(MINISHARD_INDEX, (blob.identity, m)))
         if cached is not None:
             return cached
         if not self.source.remote:
@@ -228,7 +228,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         # along in the same request (later lookups in this shard are free).
         start, length = self._range(index, blob, m)
         for other in np.nonzero(index[:, 0] != index[:, 1])[0].tolist():
-            if other == m or self.held(MINISHARD_INDEX, (blob.ident, other)):
+            if other == m or self.held(MINISHARD_INDEX, (blob.identity, other)):
                 continue
             try:
                 o_start, o_len = self._range(index, blob, other)
@@ -250,20 +250,20 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         gunzip, a dozen numpy calls), about as much as the chunks of a small minishard cost
         to serve; together, their entries are decoded at once (`decode_minishards`)."""
         loads = self._index_loads
-        seen = loads.get(blob.ident, 0)
+        seen = loads.get(blob.identity, 0)
         if not seen:
-            loads[blob.ident] = 1
+            loads[blob.identity] = 1
             return []
         if seen > 1:
             return []  # scanned already: what is still missing did not fit, or failed
-        loads[blob.ident] = 2
+        loads[blob.identity] = 2
         lengths = index[:, 1] - index[:, 0]
         numbers = np.nonzero((index[:, 0] < index[:, 1]) & (lengths <= U64(SCAN_INDEX_BYTES)))[0].tolist()
         rest: list[int] = []
         total = 0
-        ident = blob.ident
+        identity = blob.identity
         for other in numbers:
-            if other == m or self.held(MINISHARD_INDEX, (ident, other)):
+            if other == m or self.held(MINISHARD_INDEX, (identity, other)):
                 continue
             total += int(lengths[other])
             if total > SCAN_INDEX_BYTES:
@@ -275,10 +275,10 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
                     gap: int | None = None) -> list[ChunkTable | DataError]:
         """Minishard tables `numbers` through the core's batch of the MINISHARD_INDEX level (the
         first must succeed; the others are best effort; those whose range is damaged are left out)."""
-        batch = [((blob.ident, m), *self._range(index, blob, m), f"{blob.label} minishard {m}") for m in numbers[:1]]
+        batch = [((blob.identity, m), *self._range(index, blob, m), f"{blob.label} minishard {m}") for m in numbers[:1]]
         for m in numbers[1:]:
             try:
-                batch.append(((blob.ident, m), *self._range(index, blob, m), f"{blob.label} minishard {m}"))
+                batch.append(((blob.identity, m), *self._range(index, blob, m), f"{blob.label} minishard {m}"))
             except DataError:
                 pass
         return await self.cached_batch(MINISHARD_INDEX, blob, batch, functools.partial(self._decode_off_loop, blob),
@@ -310,7 +310,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
             raws.append(raw)
             at.append(i)
         tables = decode_minishards(raws, blob, self.index_size, [items[i][2] for i in at],
-                                   [cast("tuple[Ident, int]", items[i][0])[1] for i in at])
+                                   [cast("tuple[Identity, int]", items[i][0])[1] for i in at])
         for i, table in zip(at, tables):
             if isinstance(table, ChunkTable):
                 self._report_bad(blob, table)
@@ -328,7 +328,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         budget = int(self.cache(MINISHARD_INDEX).maxsize)
         gzipped = self.spec.minishard_index_encoding == "gzip"
         cost = max(len(raw), gunzip_cost(len(raw), budget)) if gzipped else len(raw)
-        m = cast("tuple[Ident, int]", key)[1]
+        m = cast("tuple[Identity, int]", key)[1]
         return await off_loop(functools.partial(self._decode, raw, blob, where, m), cost)
 
     def _decode(self, raw: bytes, blob: Blob, where: str, m: int) -> ChunkTable:
@@ -364,7 +364,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
     async def table_for(self, shard: int, blob: Blob, index: np.ndarray, chunk_id: int) -> ChunkTable | None:
         m = self._location(chunk_id)[1]
         # A cached minishard first: only non-empty ones are ever read (here and by listings).
-        cached = self.recall(MINISHARD_INDEX, (blob.ident, m))
+        cached = self.recall(MINISHARD_INDEX, (blob.identity, m))
         if isinstance(cached, ChunkTable):
             return cached
         if index[m, 0] == index[m, 1]:
@@ -375,7 +375,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         """Every non-empty minishard of the shard, its indexes read in one batch (they are
         normally contiguous); damaged minishards are logged and skipped."""
         numbers = np.nonzero(index[:, 0] != index[:, 1])[0].tolist()
-        missing = [m for m in numbers if not self.held(MINISHARD_INDEX, (blob.ident, m))]
+        missing = [m for m in numbers if not self.held(MINISHARD_INDEX, (blob.identity, m))]
         if missing:
             await self._load_listed(blob, index, missing)
         out = []

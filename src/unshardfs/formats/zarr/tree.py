@@ -29,7 +29,7 @@ BATCH = 1024
 
 
 class FlatNaming(Naming):
-    """Every chunk file in the array directory ("c.1.2", "1.2"): ident = linear index."""
+    """Every chunk file in the array directory ("c.1.2", "1.2"): child_id = linear index."""
 
     dense = True
 
@@ -58,7 +58,7 @@ class FlatNaming(Naming):
 
 
 class LeafNaming(Naming):
-    """The last level of a nested layout: files named by the last index, which is also their ident."""
+    """The last level of a nested layout: files named by the last index, which is also their child_id."""
 
     dense = True
 
@@ -79,15 +79,15 @@ class LeafNaming(Naming):
     def last(self, ids: np.ndarray) -> list[int]:
         return int_list(ids.astype(np.int64) % self.store.grid[-1])
 
-    def ident(self, chunk_id: int) -> int | None:
+    def child_id(self, chunk_id: int) -> int | None:
         return chunk_id % self.store.grid[-1]
 
-    def idents(self, ids: np.ndarray) -> list[int | None]:
-        idents: list[int | None] = list(self.last(ids))
-        return idents
+    def child_ids(self, ids: np.ndarray) -> list[int | None]:
+        child_ids: list[int | None] = list(self.last(ids))
+        return child_ids
 
-    def name_of_ident(self, ident: int) -> str:
-        return str(ident)
+    def name_of_child_id(self, child_id: int) -> str:
+        return str(child_id)
 
 
 class ChunkGeometry(Geometry):
@@ -158,11 +158,11 @@ class ChunkDir(DirNode):
 
     __slots__ = ("view", "prefix", "stable_key")
 
-    def __init__(self, view: ChunkView, prefix: tuple[int, ...], ident: int | None = None) -> None:
+    def __init__(self, view: ChunkView, prefix: tuple[int, ...], child_id: int | None = None) -> None:
         super().__init__(view.mtime_ns)
         self.view = view
         self.prefix = prefix
-        self.ident = ident
+        self.child_id = child_id
         self.stable_key = f"{view.stable_key}/{'/'.join(map(str, prefix))}"
 
     async def lookup(self, name: str) -> Node | None:
@@ -171,8 +171,8 @@ class ChunkDir(DirNode):
     def entries(self) -> AsyncIterator[Batch]:
         return self.view.entries_at(self.prefix)
 
-    def child_name(self, ident: int) -> str:
-        return str(ident)
+    def child_name(self, child_id: int) -> str:
+        return str(child_id)
 
 
 class ArrayDir(OverlayDir):
@@ -218,10 +218,10 @@ class ArrayDir(OverlayDir):
             async for batch in view.entries_at(()):
                 yield batch
 
-    def child_name(self, ident: int) -> str:
+    def child_name(self, child_id: int) -> str:
         if self.view.layout.nested:
-            return str(ident)
-        return self.view.ctx.naming.name_of_ident(ident)
+            return str(child_id)
+        return self.view.ctx.naming.name_of_child_id(child_id)
 
 
 class GroupDir(OverlayDir):

@@ -410,8 +410,8 @@ class IcechunkSource:
     def _dir(self) -> ObjectStat:
         return ObjectStat(0, self.snapshot.time_ns, True, ())
 
-    def _file(self, size: int, ident: tuple[object, ...]) -> ObjectStat:
-        return ObjectStat(size, self.snapshot.time_ns, False, ("icechunk", *ident))
+    def _file(self, size: int, identity: tuple[object, ...]) -> ObjectStat:
+        return ObjectStat(size, self.snapshot.time_ns, False, ("icechunk", *identity))
 
     async def stat(self, path: str) -> ObjectStat | None:
         full = self._full(path)

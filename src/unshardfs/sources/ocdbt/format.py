@@ -259,7 +259,7 @@ class Location:
     length: int
 
     @property
-    def ident(self) -> tuple[str, int, int]:
+    def identity(self) -> tuple[str, int, int]:
         return (self.file.path, self.offset, self.length)
 
 

@@ -192,7 +192,7 @@ class OcdbtStore:
             data = await self._read_node(ref.location)
             return decode_version_node(data, where, self.node_cap, ref.location.file.transitive, arity)
 
-        node: VersionNode = await self.flights.cached(self.nodes, ("v", ref.location.ident), load)
+        node: VersionNode = await self.flights.cached(self.nodes, ("v", ref.location.identity), load)
         # On every use (a node reached twice comes from the cache): heights fall by one per level, so the
         # version tree cannot loop.
         if node.height != ref.height:
@@ -271,9 +271,9 @@ class OcdbtStore:
         self.limits.check_index(location.length, where)
         path = self.root + location.file.path
         kept = self.inner.index_cache
-        ident = ("ocdbt-node", self.inner.description, path, location.offset, location.length)
+        identity = ("ocdbt-node", self.inner.description, path, location.offset, location.length)
         if kept is not None:
-            hit = kept.get(ident)
+            hit = kept.get(identity)
             if hit is not None and len(hit) == location.length:
                 self.counters["node_cache_dir_hits"] += 1
                 return hit
@@ -283,7 +283,7 @@ class OcdbtStore:
         if len(data) != location.length:
             raise DataError(where, f"data file ends {location.length - len(data):,} bytes early (truncated)")
         if kept is not None:
-            kept.put(ident, data)
+            kept.put(identity, data)
         return data
 
     async def btree_node(self, location: Location, height: int) -> BtreeNode:
@@ -294,7 +294,7 @@ class OcdbtStore:
             return decode_btree_node(data, self._where(location), self.node_cap, location.file.transitive,
                                      self.node_cap)
 
-        found: BtreeNode = await self.flights.cached(self.nodes, ("b", location.ident), load)
+        found: BtreeNode = await self.flights.cached(self.nodes, ("b", location.identity), load)
         # Checked on every use, not only the first: a node reached again as its own descendant (a cycle)
         # comes from the cache.
         if found.height != height:
@@ -380,7 +380,7 @@ class OcdbtSource:
             return None
         if height == 0:
             i = node.keys.bisect_left(rel)
-            return (node, prefix, i, location.ident) if i < len(node.keys) else None
+            return (node, prefix, i, location.identity) if i < len(node.keys) else None
         i = max(0, node.keys.bisect_right(rel) - 1)
         for j in range(i, len(node)):
             child = node.child(j)
@@ -406,9 +406,9 @@ class OcdbtSource:
             found = await self._first(key, skip=True)
             if found is None:
                 return
-            node, prefix, i, ident = found
+            node, prefix, i, identity = found
             for j in range(i, len(node.keys)):
-                yield Found(prefix + node.keys[j], node.value(j), ident), node, prefix
+                yield Found(prefix + node.keys[j], node.value(j), identity), node, prefix
             key = prefix + node.keys[-1] + b"\0"
 
     async def _leaf_has_under(self, below: bytes, node: BtreeNode, prefix: bytes, skip: bool = False) -> bool:
@@ -432,9 +432,9 @@ class OcdbtSource:
         first = await self._first(key)
         found, is_dir = None, False
         if first is not None:
-            node, prefix, i, ident = first
+            node, prefix, i, identity = first
             if prefix + node.keys[i] == key:
-                found = Found(key, node.value(i), ident)
+                found = Found(key, node.value(i), identity)
             is_dir = await self._leaf_has_under(key + b"/", node, prefix)
         result = (found, is_dir)
         self.store.lookups[known] = result
@@ -454,8 +454,8 @@ class OcdbtSource:
 
     def _stat(self, found: Found) -> ObjectStat:
         value = found.value
-        ident = value.location.ident if value.location is not None else (found.node, found.key)
-        return ObjectStat(value.size, self.version.commit_time_ns, False, ("ocdbt", ident))
+        identity = value.location.identity if value.location is not None else (found.node, found.key)
+        return ObjectStat(value.size, self.version.commit_time_ns, False, ("ocdbt", identity))
 
     def _dir(self) -> ObjectStat:
         return ObjectStat(0, self.version.commit_time_ns, True, ())
