@@ -195,7 +195,10 @@ def remove_checkout(repo: Path, path: Path) -> None:
 
 def importable(side: Side) -> None:
     """Fail early, with the cause, if a side's code does not even import in this environment."""
-    out = subprocess.run([PY, "-c", "import unshardfs.app.cli, unshardfs, sys; print(unshardfs.__file__)"],
+    # The CLI's module, wherever that side keeps it (a commit before the layered layout has unshardfs.cli).
+    probe = ("import importlib, importlib.util, unshardfs; importlib.import_module('unshardfs.app.cli' "
+             "if importlib.util.find_spec('unshardfs.app') else 'unshardfs.cli'); print(unshardfs.__file__)")
+    out = subprocess.run([PY, "-c", probe],
                          env=side.env, capture_output=True, text=True)
     if out.returncode or not out.stdout.strip().startswith(str(side.src)):
         raise SystemExit(f"bench-compare: {side.label}'s code does not import from {side.src}:\n"
