@@ -24,7 +24,8 @@ HEADER = len(MAGIC) + 24 + 3
 
 def _run(*args: str) -> None:
     result = subprocess.run([str(PYTHON), "-P", str(WRITER), *args], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, (f"icechunk writer {args[0]} exited {result.returncode}:\n"
+                                    f"{result.stdout[-1500:]}{result.stderr[-3000:]}")
 
 
 @dataclass
