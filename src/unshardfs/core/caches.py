@@ -45,7 +45,7 @@ SHARD_INDEX = IndexLevel("shard_index", "--shard-index-cache", 32 * MiB, "shard 
 
 @dataclass(frozen=True)
 class CacheSizes:
-    """Defaults keep a fully warm daemon under ~250 MB RSS (issue #8's bound)."""
+    """Defaults keep a fully warm daemon under ~250 MB RSS (the memory bound docs/mount.md states)."""
 
     # Budget in bytes of each index level by name; a level not named here gets its declared default.
     index_bytes: dict[str, int] = field(default_factory=dict)
