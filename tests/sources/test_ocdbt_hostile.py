@@ -8,16 +8,27 @@ from __future__ import annotations
 
 import shutil
 import struct
-import tracemalloc
 from pathlib import Path
 
 import crc32c
 import pytest
 import trio
 
-from tests.support.bombs import Bad, assert_contained
-from tests.support.ocdbt import (DEEP, Crafted, Ref, frame, interior, leaf, leaf_holding, manifest, simple,
-                                 ts_keys, varint, write_zarr)
+from tests.support.bombs import Bad, assert_contained, traced
+from tests.support.ocdbt import (
+    DEEP,
+    Crafted,
+    Ref,
+    frame,
+    interior,
+    leaf,
+    leaf_holding,
+    manifest,
+    simple,
+    ts_keys,
+    varint,
+    write_zarr,
+)
 from unshardfs.sources import CountingSource, LocalSource
 from unshardfs.sources.ocdbt import OcdbtSource, open_ocdbt
 from unshardfs.sources.ocdbt.format import BTREE_NODE_MAGIC, decode_btree_node
@@ -38,20 +49,6 @@ def _fails_at_open(root: Path, match: str) -> str:
     text = str(info.value)
     assert "\n" not in text and len(text) < 1000
     return text
-
-
-def _traced(main) -> tuple[object, int]:
-    """(what `main` returned or raised, the peak bytes Python allocated while it ran)."""
-    tracemalloc.start()
-    try:
-        try:
-            result: object = trio.run(main)
-        except Exception as e:  # the caller checks which
-            result = e
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return result, peak
 
 
 def test_a_good_crafted_database_reads(tmp_path):
@@ -159,7 +156,7 @@ def test_huge_declared_sizes_cost_nothing(tmp_path):
 
     async def read_big():
         return await source.read("big", 0, 1 << 20)
-    result, peak = _traced(read_big)
+    result, peak = traced(read_big)
     assert isinstance(result, DataError) and "truncated" in str(result)
     assert peak < 8 * MiB
     # a root node said to be a terabyte: refused before it is read
@@ -203,7 +200,7 @@ def test_key_prefix_bomb_is_bounded():
         async def run():
             decode_btree_node(frame(BTREE_NODE_MAGIC, body, zstd=True), "n", 16 * MiB, "", 16 * MiB)
         return run
-    result, peak = _traced(main())
+    result, peak = traced(main())
     assert isinstance(result, DataError) and "keys add up" in str(result)
     assert peak < 40 * MiB
 
@@ -219,7 +216,7 @@ def test_zstd_bomb_node_stops_at_the_cap(tmp_path):
 
     async def main():
         return await source.stat("x")
-    result, peak = _traced(main)
+    result, peak = traced(main)
     assert isinstance(result, DataError) and "more than" in str(result)
     assert peak < 48 * MiB
 
