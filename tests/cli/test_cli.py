@@ -145,6 +145,7 @@ def test_foreground_signal_unmounts_cleanly(dataset, tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.communicate(timeout=30)  # and the pipes closed
         force_unmount(mnt)
 
 

@@ -270,6 +270,7 @@ def test_abandoned_listings_are_released(volume, mount, engine):
         proc.kill()
     finally:
         proc.wait(timeout=10)
+        proc.stdout.close()
     assert wait_for(lambda: stats(m.path)["fuse"]["listings"] == 0)
     assert sorted(os.listdir(m.path / KEY)) == sorted(os.listdir(volume["plain"] / KEY))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import re
 import resource
 import signal
@@ -31,7 +32,10 @@ def served(source: str, *options: str, timeout: float = 60, log: Path | None = N
 def serving(source: str, *options: str, timeout: float = 60, log: Path | None = None,
             files_limit: tuple[int, int] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     """`served`, also giving the server's process; `files_limit` sets its RLIMIT_NOFILE (soft, hard)."""
-    log = log or Path(tempfile.mkstemp(prefix="unshardfs-serve-", suffix=".log")[1])
+    if log is None:
+        fd, name = tempfile.mkstemp(prefix="unshardfs-serve-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
 
     def limit() -> None:
         if files_limit is not None:
@@ -58,6 +62,8 @@ def serving(source: str, *options: str, timeout: float = 60, log: Path | None = 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def get_body(url: str, path: str, timeout: float = 30) -> tuple[int, bytes]:

@@ -110,7 +110,7 @@ def test_export_resumes_after_kill(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, "export finished before it could be killed"
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.communicate(timeout=30)
     partial = exported_files(dest)
     assert 300 <= len(partial) < len(reference)
     # Whatever a kill leaves under a final name is the whole file, byte for byte.

@@ -27,7 +27,8 @@ import logging
 import os
 import re
 import xml.etree.ElementTree as ET
-from typing import Any, AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 from urllib.parse import unquote_plus, urlencode
 
 import trio
@@ -146,7 +147,7 @@ class _PrefixListing(HttpSource):
         return reply.body
 
     async def pages(self, prefix: str, limit: int | None
-                    ) -> AsyncIterator[tuple[list[tuple[str, ObjectStat]], list[str]]]:
+                    ) -> AsyncGenerator[tuple[list[tuple[str, ObjectStat]], list[str]], None]:
         """(objects, sub-prefixes) directly under `prefix` (ending in '/'), page by page."""
         token = None
         seen: set[str] = set()
@@ -181,16 +182,17 @@ class _PrefixListing(HttpSource):
             return
         full = self.full_path(path)
         listed = f"{full}/" if full else ""
-        async for objects, prefixes in self.pages(listed, None):
-            for name in prefixes:
-                child = self._child(listed, name, directory=True)
-                if child is not None:
-                    yield child, DIRECTORY
-            for name, st in objects:
-                child = self._child(listed, name, directory=False)
-                if child is not None:
-                    self._stats[join_path(path, child)] = st
-                    yield child, st
+        async with aclosing(self.pages(listed, None)) as pages:
+            async for objects, prefixes in pages:
+                for name in prefixes:
+                    child = self._child(listed, name, directory=True)
+                    if child is not None:
+                        yield child, DIRECTORY
+                for name, st in objects:
+                    child = self._child(listed, name, directory=False)
+                    if child is not None:
+                        self._stats[join_path(path, child)] = st
+                        yield child, st
 
     async def stat_dir(self, path: str) -> ObjectStat | None:
         if not path:
@@ -198,8 +200,9 @@ class _PrefixListing(HttpSource):
         if path_problem(path):
             return None
         # Anything under the prefix makes it a directory; `list` vets the names of its children.
-        async for objects, prefixes in self.pages(f"{self.full_path(path)}/", 1):
-            return DIRECTORY if objects or prefixes else None
+        async with aclosing(self.pages(f"{self.full_path(path)}/", 1)) as pages:
+            async for objects, prefixes in pages:
+                return DIRECTORY if objects or prefixes else None
         return None
 
 

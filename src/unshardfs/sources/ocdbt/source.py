@@ -24,9 +24,10 @@ from __future__ import annotations
 import builtins
 import logging
 import re
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from unshardfs.sources.base import Version as ObjectVersion
 from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem
@@ -398,7 +399,7 @@ class OcdbtSource:
                 return found
         return None
 
-    async def _scan(self, start: bytes) -> AsyncIterator[tuple[Found, BtreeNode, bytes]]:
+    async def _scan(self, start: bytes) -> AsyncGenerator[tuple[Found, BtreeNode, bytes], None]:
         """Entries from `start` on, in key order (damaged subtrees passed over), each with its leaf and the
         leaf's key prefix: one descent per leaf."""
         key = start
@@ -481,25 +482,27 @@ class OcdbtSource:
         start = base
         while True:
             restart: bytes | None = None
-            async for found, leaf, prefix in self._scan(start):
-                if not found.key.startswith(base):
-                    return
-                rest = found.key[len(base):]
-                child, slash, _ = rest.partition(b"/")
-                name = _name(child, found.key, self.store.description)
-                if slash:
-                    if name is not None:
-                        yield name, self._dir()
-                    restart = base + child + b"0"  # past every key under base/child/ ('0' follows '/')
-                    break
-                if name is None:
-                    continue
-                if await self._leaf_has_under(found.key + b"/", leaf, prefix, skip=True):
-                    log_once(log, f"ocdbt:{self.store.description}:shadow", "%s: key %r is also a directory; "
-                             "the directory is shown (further such keys are not logged)",
-                             self.store.description, found.key[:200])
-                    continue
-                yield name, self._stat(found)
+            # Closed here, not by the garbage collector, when the listing leaves the scan early.
+            async with aclosing(self._scan(start)) as entries:
+                async for found, leaf, prefix in entries:
+                    if not found.key.startswith(base):
+                        return
+                    rest = found.key[len(base):]
+                    child, slash, _ = rest.partition(b"/")
+                    name = _name(child, found.key, self.store.description)
+                    if slash:
+                        if name is not None:
+                            yield name, self._dir()
+                        restart = base + child + b"0"  # past every key under base/child/ ('0' follows '/')
+                        break
+                    if name is None:
+                        continue
+                    if await self._leaf_has_under(found.key + b"/", leaf, prefix, skip=True):
+                        log_once(log, f"ocdbt:{self.store.description}:shadow", "%s: key %r is also a directory; "
+                                 "the directory is shown (further such keys are not logged)",
+                                 self.store.description, found.key[:200])
+                        continue
+                    yield name, self._stat(found)
             if restart is None:
                 return
             start = restart
