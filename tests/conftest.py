@@ -11,11 +11,12 @@ import pytest
 import tests.support.profiles  # noqa: F401  (the hypothesis profile, loaded before any test module)
 from unshardfs.testing.format_conformance import FormatConformance
 from unshardfs.testing.mounts import MountFn, mounting
+from unshardfs.testing.setups import DEFAULT
 
 # What a test module uses to reach the kernel or another process: its tests are `mount` tests.
 OUT_OF_PROCESS = frozenset({"run_cli", "mounting", "start_daemon", "force_unmount", "daemon_pids", "MountFn"})
-# The shipped suites' checks the quick tier keeps as its real mounts (marked here, not in the suite,
-# so a third party running the suite needs no markers of ours).
+# The shipped suites' checks the quick tier keeps as its real mounts, on the default engine and
+# transport (marked here, not in the suite, so a third party running the suite needs no markers of ours).
 SMOKE = {(FormatConformance, "test_mount_equals_unsharded_twin")}
 
 
@@ -30,8 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     uses the helpers that start daemons, unless the test's class says it runs in process."""
     for item in items:
         cls = getattr(item, "cls", None)
-        if cls is not None and any(issubclass(cls, base) and item.originalname == name  # type: ignore[attr-defined]
-                                   for base, name in SMOKE):
+        setup = getattr(getattr(item, "callspec", None), "params", {}).get("mount", DEFAULT)
+        if cls is not None and setup == DEFAULT and any(
+                issubclass(cls, base) and item.originalname == name  # type: ignore[attr-defined]
+                for base, name in SMOKE):
             item.add_marker(pytest.mark.smoke)
         if item.get_closest_marker("mount"):
             continue

@@ -16,12 +16,13 @@ from unshardfs.fuse import abi, server
 from unshardfs.fuse.server import InitConfig
 from unshardfs.fuse.uring import UringUnavailable, possible_cpus
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
+from unshardfs.testing.setups import ENABLE_URING, module_parameter
 
 from .test_session import exchange, init_ext_body, request
 
 KEY = "1_1_1"
 CHUNK = 2 << 20
-ENABLE = Path("/sys/module/fuse/parameters/enable_uring")
+ENABLE = ENABLE_URING
 
 
 @pytest.fixture(scope="module")
@@ -30,22 +31,14 @@ def volume(tmp_path_factory) -> dict[str, Path]:
     return write_volume(root, [Scale((256, 256, 128), (128, 128, 128), sharding(minishard=1, shard=1))], "uint8")
 
 
-def set_enable(value: str) -> str:
-    before = ENABLE.read_text().strip()
-    ENABLE.write_text(value)
-    return before
-
-
 @pytest.fixture
 def uring_enabled(request) -> Iterator[bool]:
-    """The fuse module's enable_uring set to `request.param` (Y/N) for the test, then restored."""
+    """The fuse module's enable_uring set to `request.param` (Y/N) for the test, then restored;
+    the other tests that need it wait meanwhile."""
     if not ENABLE.exists() or os.geteuid() != 0:
         pytest.skip("needs root and a fuse module with enable_uring (Linux >= 6.14)")
-    before = set_enable(request.param)
-    try:
+    with module_parameter(ENABLE, request.param):
         yield request.param == "Y"
-    finally:
-        set_enable(before)
 
 
 def read_all(m, volume) -> dict[str, int]:

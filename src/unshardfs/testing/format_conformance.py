@@ -10,7 +10,10 @@ that
 - after damage the affected files fail with EIO (or are absent), every
   other file is still exact, the damage is logged, and the daemon serves on;
 - every file can be found by name in a fresh mount before any listing;
-- once a table is cached, each further chunk of it costs one backing read.
+- once a table is cached, each further chunk of it costs one backing read;
+
+each on every engine and transport the machine offers (the kernel engine
+over /dev/fuse and over io_uring, with passthrough, and pyfuse3).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import pytest
 import trio
 
 from unshardfs.testing.inprocess import opened, read_file, resolve, walk
-from unshardfs.testing.mounts import MountFn, mounting
+from unshardfs.testing.mounts import MountFn
+from unshardfs.testing.setups import SETUPS, mounting_with
 from unshardfs.testing.trees import assert_same_file, assert_same_tree, walk_files
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import FileNode
@@ -56,9 +60,11 @@ class FormatConformance:
     """Inherit, and provide a `case` fixture returning a `FormatCase`; the tests mount through FUSE
     (the `unshardfs` of this interpreter, with its entry points)."""
 
-    @pytest.fixture
-    def mount(self, tmp_path: Path) -> Iterator[MountFn]:
-        yield from mounting(tmp_path)
+    @pytest.fixture(params=SETUPS, ids=lambda setup: setup.name)
+    def mount(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MountFn]:
+        """Mounts served by each engine and transport in turn (`unshardfs.testing.setups`); a setup
+        this machine cannot offer is skipped, one it offers must be granted."""
+        yield from mounting_with(request.param, tmp_path)
 
     def test_mount_equals_unsharded_twin(self, case: FormatCase, mount: MountFn) -> None:
         m = mount(case.sharded, *case.args)
