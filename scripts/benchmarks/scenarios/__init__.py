@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..context import Context
-from . import calls, decode, engines, http, listing, local, remote, scaleout, sequential, serve, zipped
+from . import calls, decode, engines, http, listing, local, remote, scaleout, sequential, serve, versioned, zipped
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "local": local.run,  # small-file reads: warm, first, parallel, backing reads
@@ -19,4 +19,5 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "remote": remote.run,  # object-store latency (20 / 100 ms): cp -r, readers, ls -lR, viewer, meshes
     "engines": engines.run,  # every figure above that FUSE caps, on the kernel engine and on pyfuse3
     "zipped": zipped.run,  # cp -r through a mount of a zip vs of the unzipped shards, local and at 20 ms
+    "versioned": versioned.run,  # first chunk and cp -r through OCDBT and Icechunk vs plain shards, at 20 ms
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import AsyncIterator, NamedTuple, Protocol, runtime_checkable
+from typing import AsyncIterator, Callable, NamedTuple, Protocol, runtime_checkable
 
-from unshardfs.util.errors import ConfigError
+from unshardfs.util.errors import ConfigError, DataError
 
 
 class FdRange(NamedTuple):
@@ -179,6 +179,34 @@ async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[Objec
     if isinstance(source, StatTail):
         return await source.stat_tail(path, size)
     return await source.stat(path), None
+
+
+WHOLE_FIRST = 256 << 10  # `read_whole`: bytes asked for with the stat of a remote object
+
+
+async def read_whole(source: ByteSource, path: str, where: str, check: Callable[[int], None],
+                     index: bool = False, first: int = WHOLE_FIRST) -> bytes | None:
+    """All of the object at `path` (None when absent), for a small structure read whole (a manifest, a
+    snapshot). `check(size)` raises for a size that must not be read, before anything more is. Over a
+    remote source without a disk cache, an object of up to `first` bytes is one request (its size comes
+    with its last bytes: `stat_and_tail`); otherwise a stat, then a read of the rest. `index` reads with
+    `read_index` (a disk cache may keep the bytes). A short read is a DataError at `where`."""
+    tail: bytes | None = None
+    if source.remote and source.index_cache is None:
+        st, tail = await stat_and_tail(source, path, first)
+    else:
+        st = await source.stat(path)
+    if st is None or st.is_dir:
+        return None
+    check(st.size)
+    if tail is not None and len(tail) >= st.size:
+        data = tail[len(tail) - st.size:]
+    else:
+        read = source.read_index if index else source.read
+        data = await read(path, 0, st.size - len(tail or b""), st.version) + (tail or b"")
+    if len(data) != st.size:
+        raise DataError(where, f"{len(data):,} bytes read of {st.size:,} (truncated)")
+    return data
 
 
 @runtime_checkable

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
-                                    normalize_path, stat_and_tail)
+                                    normalize_path, read_whole)
 from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
                                                Node, RepoConfig, Snapshot, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
@@ -109,30 +109,17 @@ class IcechunkStore:
     # -- refs ------------------------------------------------------------------------
 
     async def _whole(self, path: str, limit: int, index: bool = False) -> bytes | None:
-        """The whole object at `path` (None when absent), at most `limit` bytes (DataError beyond). Over a
-        remote base without a disk cache, one request for an object of up to `FIRST_READ` bytes (a suffix
-        range states the size with the bytes); otherwise a stat, then a read."""
+        """The whole object at `path` (None when absent), at most `limit` bytes (DataError beyond): one
+        request over a remote base for an object of up to `FIRST_READ` bytes (`read_whole`)."""
         where = self.description + path
-        full = self.root + path
-        tail: bytes | None = None
-        if self.inner.remote and self.inner.index_cache is None:
-            st, tail = await stat_and_tail(self.inner, full, FIRST_READ)
-        else:
-            st = await self.inner.stat(full)
-        if st is None or st.is_dir:
-            return None
-        if index:
-            self.limits.check_index(st.size, where, limit)
-        elif st.size > limit:
-            raise DataError(where, f"{st.size:,} bytes, more than {limit:,} (not this file)")
-        if tail is not None and len(tail) >= st.size:
-            data = tail[len(tail) - st.size:]
-        else:
-            read = self.inner.read_index if index else self.inner.read
-            data = await read(full, 0, st.size - len(tail or b""), st.version) + (tail or b"")
-        if len(data) != st.size:
-            raise DataError(where, f"{len(data):,} bytes read of {st.size:,} (truncated)")
-        return data
+
+        def check(size: int) -> None:
+            if index:
+                self.limits.check_index(size, where, limit)
+            elif size > limit:
+                raise DataError(where, f"{size:,} bytes, more than {limit:,} (not this file)")
+
+        return await read_whole(self.inner, self.root + path, where, check, index, FIRST_READ)
 
     async def resolve(self, ref: RefSpec) -> bytes | None:
         """The snapshot id `ref` names, or None when the ref does not exist (DataError when it is damaged)."""

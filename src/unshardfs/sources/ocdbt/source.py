@@ -30,7 +30,8 @@ from datetime import datetime, timezone
 from typing import Any, AsyncGenerator, AsyncIterator
 
 from unshardfs.sources.base import Version as ObjectVersion
-from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem
+from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem,
+                                    read_whole)
 from unshardfs.sources.ocdbt.format import (MANIFEST_NUMBERED, MANIFEST_SINGLE, BtreeNode, Location, Manifest,
                                             Value, Version, VersionNode, VersionNodeRef, decode_btree_node,
                                             decode_manifest, decode_version_node, numbered_manifest_name)
@@ -127,17 +128,19 @@ class OcdbtStore:
         return manifest
 
     async def _manifest(self, name: str) -> Manifest | None:
-        st = await self.inner.stat(self.root + name)
-        if st is None or st.is_dir:
+        """The manifest `name` (None when absent): one request over a remote base (`read_whole`: its size
+        comes with its bytes), a stat and a read otherwise."""
+        cap = min(self.limits.index_bytes, MANIFEST_BYTES)
+
+        def check(size: int) -> None:
+            if size > cap:
+                raise DataError(name, f"manifest of {size:,} bytes exceeds the {cap >> 20} MiB limit")
+
+        data = await read_whole(self.inner, self.root + name, name, check, index=True)
+        if data is None:
             return None
-        if st.size > min(self.limits.index_bytes, MANIFEST_BYTES):
-            raise DataError(name, f"manifest of {st.size:,} bytes exceeds the "
-                                  f"{min(self.limits.index_bytes, MANIFEST_BYTES) >> 20} MiB limit")
-        data = await self.inner.read_index(self.root + name, 0, st.size, st.version)
         self.counters["manifest_reads"] += 1
-        if len(data) != st.size:
-            raise DataError(name, f"{len(data):,} bytes read of {st.size:,} (truncated)")
-        return decode_manifest(data, name, min(self.limits.index_bytes, MANIFEST_BYTES))
+        return decode_manifest(data, name, cap)
 
     async def _numbered(self) -> Manifest:
         if not self.inner.listable:
