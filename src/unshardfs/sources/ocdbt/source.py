@@ -32,6 +32,7 @@ from typing import Any, AsyncGenerator, AsyncIterator
 from unshardfs.sources.base import Version as ObjectVersion
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, VersionInfo, iso_time, name_problem,
                                     read_whole)
+from unshardfs.sources.coalesce import RangeReads
 from unshardfs.sources.ocdbt.format import (MANIFEST_NUMBERED, MANIFEST_SINGLE, BtreeNode, Location, Manifest,
                                             Value, Version, VersionNode, VersionNodeRef, decode_btree_node,
                                             decode_manifest, decode_version_node, numbered_manifest_name)
@@ -105,6 +106,7 @@ class OcdbtStore:
         # its stat, answered without walking the tree.
         self.lookups: BoundedMap[Any, Any] = BoundedMap(LOOKUPS)
         self.flights = Flights()
+        self.values = RangeReads(self._read_data)  # value reads of one moment, merged per data file
         self._versions: list[Version] | None = None
         self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0,
                          "node_cache_dir_hits": 0}
@@ -307,15 +309,26 @@ class OcdbtStore:
         return found
 
     async def read_value(self, location: Location, offset: int, size: int, index: bool) -> bytes:
+        """Bytes [offset, offset+size) of an out-of-line value. Over a remote base, values of one data file
+        read at the same moment (neighbouring keys a writer stored side by side) go out as one ranged read
+        (`RangeReads`); a local base reads each directly."""
         size = max(0, min(size, location.length - offset))
         if size == 0:
             return b""
-        read = self.inner.read_index if index else self.inner.read
-        data = await read(self.root + location.file.path, location.offset + offset, size)
-        self.counters["value_reads"] += 1
-        self.counters["value_bytes"] += len(data)
+        path, start = self.root + location.file.path, location.offset + offset
+        if self.inner.remote:
+            data = await self.values.read(path, start, size, index)
+        else:
+            data = await self._read_data(path, start, size, index)
         if len(data) != size:
             raise DataError(self._where(location), "data file ends inside the value (truncated)")
+        return data
+
+    async def _read_data(self, path: str, offset: int, size: int, index: bool) -> bytes:
+        read = self.inner.read_index if index else self.inner.read
+        data = await read(path, offset, size)
+        self.counters["value_reads"] += 1
+        self.counters["value_bytes"] += len(data)
         return data
 
 
@@ -536,7 +549,8 @@ class OcdbtSource:
     def stats(self) -> dict[str, object]:
         nodes = self.store.nodes
         return {**self.store.inner.stats(), "ocdbt": {
-            **self.store.counters, "node_cache_bytes": int(nodes.currsize), "node_cache_entries": len(nodes),
+            **self.store.counters, "value_ranges": self.store.values.counters.asked,
+            "value_gap_bytes": self.store.values.counters.gap_bytes, "node_cache_bytes": int(nodes.currsize), "node_cache_entries": len(nodes),
             "node_cache_hits": nodes.hits, "node_cache_misses": nodes.misses}}
 
     # -- the VersionedSource capability -----------------------------------------------
