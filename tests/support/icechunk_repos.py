@@ -84,3 +84,22 @@ def reframe(data: bytes, body: bytes | None = None, *, version: int | None = Non
     plain = body if body is not None else body_of(data)
     coded = zstandard.ZstdCompressor().compress(plain) if head[HEADER - 1] == 1 else plain
     return bytes(head) + coded
+
+
+def write_checksummed(root: Path, url: str, etag: str, last_modified: int, local: Path) -> None:
+    """A repository of virtual references with checksums into the object at `url` and the file `local`
+    (see `checksums` in icechunk_writer.py).
+
+    icechunk 1.x drops the port of an http:// location it stores, so the writer is given a host name of
+    the same length as `url`'s host and port, which is then put in its place in the manifests (a string
+    of the same length: every FlatBuffers offset stays)."""
+    scheme, _, rest = url.partition("://")
+    netloc, _, path = rest.partition("/")
+    stand_in = "h" * len(netloc)
+    _run("checksums", str(root), f"{scheme}://{stand_in}/{path}", etag, str(last_modified), str(local))
+    for manifest in (root / "manifests").iterdir():
+        data = manifest.read_bytes()
+        body = body_of(data)
+        needle = f"{scheme}://{stand_in}/".encode()
+        if needle in body:
+            manifest.write_bytes(reframe(data, body.replace(needle, f"{scheme}://{netloc}/".encode())))

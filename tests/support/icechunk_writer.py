@@ -4,6 +4,8 @@ its own process: the icechunk package pins its own zarr-python).
     icechunk_writer.py write ROOT EXTERNAL   a repository of several commits, a branch and a tag
     icechunk_writer.py dump ROOT OUT         OUT/versions.json; OUT/<version>/keys.json (key -> hex bytes)
                                              and OUT/<version>/<array path>.npy, for every version
+    icechunk_writer.py checksums ROOT URL ETAG LAST_MODIFIED LOCAL
+                                             virtual references with checksums (see `checksums`)
 
 The repository: a root group (attributes), `img` (uint16, random: native chunks), `coords` (inline chunks),
 `seg` (a sharded Zarr v3 array: each shard is one chunk object), `split` (its references in several
@@ -143,8 +145,37 @@ def _arrays(group: zarr.Group, prefix: str = "") -> list[tuple[str, zarr.Array]]
     return found
 
 
+def checksums(root: str, url: str, etag: str, last_modified: str, local: str) -> None:
+    """A repository whose array `v` (5 x 8 uint8, a chunk per row) holds virtual references into the object
+    at URL, each row 8 bytes further in: row 0 with the ETag checksum ETAG as the server gives it (quoted),
+    row 1 with it unquoted, row 2 with the modification time LAST_MODIFIED (seconds since the epoch) as
+    checksum, row 3 with none, row 4 with the weak form `W/ETAG`; and array `w` (1 x 8), one reference
+    into the local file LOCAL with the ETag object-store clients give a local file."""
+    prefix = url.rsplit("/", 1)[0] + "/"
+    folder = os.path.dirname(local) + "/"
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, icechunk.http_store()))
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(f"file://{folder}",
+                                                                      icechunk.local_filesystem_store(folder)))
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(root), config=config,
+                                      authorize_virtual_chunk_access={prefix: None, f"file://{folder}": None})
+    s = repo.writable_session("main")
+    g = zarr.group(store=s.store)
+    g.create_array("v", shape=(5, 8), chunks=(1, 8), dtype="uint8", fill_value=0, compressors=None)
+    g.create_array("w", shape=(1, 8), chunks=(1, 8), dtype="uint8", fill_value=0, compressors=None)
+    when = datetime.fromtimestamp(int(last_modified), timezone.utc)
+    for row, checksum in enumerate([etag, etag.strip('"'), when, None, f"W/{etag}"]):
+        s.store.set_virtual_ref(f"v/c/{row}/0", url, offset=16 + 8 * row, length=8, checksum=checksum)
+    st = os.stat(local)
+    tag = f"{st.st_ino:x}-{st.st_mtime_ns // 1000:x}-{st.st_size:x}"
+    s.store.set_virtual_ref("w/c/0/0", f"file://{local}", offset=4, length=8, checksum=tag)
+    s.commit("virtual references with checksums")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         write(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "checksums":
+        checksums(*sys.argv[2:7])
     else:
         dump(sys.argv[2], sys.argv[3], sys.argv[4])

@@ -181,6 +181,30 @@ async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[Objec
     return await source.stat(path), None
 
 
+@runtime_checkable
+class TaggedRead(Protocol):
+    """A source whose objects carry entity tags as object stores give them (an HTTP ETag; for local
+    files, the tag object-store clients derive from inode, mtime and size): a read may be made on the
+    condition that the object still carries the tag a writer recorded, so bytes of a replaced object
+    are never returned as the recorded one's."""
+
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+        """`read`, if the object's entity tag is still `etag` (compared as opaque tags: a `W/` prefix and
+        the quotes aside); StaleError when it is not, or the object is gone. None: this source cannot
+        tell the object's tag (nothing was read)."""
+
+
+def opaque_tag(etag: str) -> str:
+    """An entity tag without its weakness prefix and quotes (`W/"abc"`, `"abc"` and `abc` are `abc`): how
+    a recorded tag is compared with a server's, which may quote it or not."""
+    tag = etag.strip()
+    if tag[:2] in ("W/", "w/"):
+        tag = tag[2:]
+    if len(tag) >= 2 and tag[0] == tag[-1] == '"':
+        tag = tag[1:-1]
+    return tag
+
+
 WHOLE_FIRST = 256 << 10  # `read_whole`: bytes asked for with the stat of a remote object
 
 
@@ -235,6 +259,7 @@ class SourceLayer:
         self._read_now_below = inner.read_now if isinstance(inner, ReadNow) else None
         self._cached_range_below = inner.cached_range if isinstance(inner, CachedRange) else None
         self._stat_tail_below = inner.stat_tail if isinstance(inner, StatTail) else None
+        self._read_if_tagged_below = inner.read_if_tagged if isinstance(inner, TaggedRead) else None
 
     async def stat(self, path: str) -> ObjectStat | None:
         return await self.inner.stat(path)
@@ -273,6 +298,12 @@ class SourceLayer:
         if below is None:
             return await self.inner.stat(path), None
         return await below(path, size)
+
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+        """The `TaggedRead` of the source below, through (None where it has none): a layer never
+        answers a conditional read from bytes it kept."""
+        below = self._read_if_tagged_below
+        return await below(path, offset, size, etag) if below is not None else None
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -37,7 +37,7 @@ import httpx
 import trio
 
 from unshardfs.sources import h1
-from unshardfs.sources.base import ObjectStat, Version, name_problem
+from unshardfs.sources.base import ObjectStat, Version, name_problem, opaque_tag
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -423,14 +423,21 @@ class HttpSource:
         url = self.object_url(path)
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
-        if isinstance(tag, str) and tag.startswith(('"', 'W/"')):
-            headers["If-Match"] = tag
+        conditional = isinstance(tag, str) and tag.startswith(('"', 'W/"'))
+        if conditional:
+            headers["If-Match"] = cast(str, tag)
         # A 200 is the whole object (the server ignored Range): only the bytes asked for are kept,
         # the ones before them dropped as they arrive, the connection dropped after them.
         whole = slice(offset, offset + size) if offset + size <= self.options.whole_object_limit else 0
         limits: dict[int, int | slice] = {206: size, 200: whole}
         reply = await self.request("GET", url, headers, lambda status: limits.get(status, ERROR_BODY_LIMIT))
         status = reply.status
+        if conditional and status in (200, 206):
+            # A server that ignores If-Match still names the object it answers from.
+            answered = reply.headers.get("etag")
+            if answered and opaque_tag(answered) != opaque_tag(cast(str, tag)):
+                self._stats.pop(path, None)
+                raise StaleError(path, f"object changed on the server (ETag {answered[:100]}, not {tag})")
         if status == 206:
             return ranged_body(f"GET {url}", reply, offset, size)
         if status == 200:
@@ -453,6 +460,19 @@ class HttpSource:
 
     async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
+
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+        """`read` with `If-Match` on the recorded tag (the request itself is the check: no HEAD first). A
+        weak tag never matches there (If-Match compares strongly), so it is compared with the tag the
+        object's stat names instead (the stat is kept as long as any other)."""
+        opaque = opaque_tag(etag)
+        if etag.strip()[:2] not in ("W/", "w/"):
+            return await self.read(path, offset, size, (f'"{opaque}"', None))
+        st = await self.stat(path)
+        current = st.version[0] if st is not None and not st.is_dir and st.version else None
+        if not isinstance(current, str) or opaque_tag(current) != opaque:
+            raise StaleError(path, f"object changed on the server (ETag {str(current)[:100]}, not {etag[:100]})")
+        return await self.read(path, offset, size)
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         return

@@ -6,11 +6,11 @@ import errno
 import logging
 import os
 import stat as statmod
-from typing import AsyncIterator
+from typing import AsyncIterator, cast
 
 import trio
 
-from unshardfs.sources.base import FdRange, ObjectStat, Version, join_path, name_problem
+from unshardfs.sources.base import FdRange, ObjectStat, Version, join_path, name_problem, opaque_tag
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.fdpath import Beneath, regular_file
 from unshardfs.util.logonce import log_once
@@ -392,6 +392,21 @@ class LocalSource:
 
     async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
+
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+        """`read`, if the file's entity tag is still `etag`: a local file's tag as object-store clients
+        derive it (the `object_store` crate Icechunk reads local files with: inode, mtime in microseconds
+        and size, in hexadecimal, `{ino:x}-{mtime_us:x}-{size:x}`). The read is made on the version the
+        tag was checked against, so a file rewritten between the two is StaleError too."""
+        st = self._object_stat(path)
+        if st is None or st.is_dir:
+            raise StaleError(path, "file was removed after its entity tag was recorded")
+        ino, size_now, mtime_ns = cast(tuple[int, int, int], st.version[1:4])  # `_version`'s layout
+        current = f"{ino:x}-{mtime_ns // 1000:x}-{size_now:x}"
+        if opaque_tag(etag) != current:
+            raise StaleError(path, f"file changed after its entity tag was recorded (now {current}, not "
+                                   f"{opaque_tag(etag)[:100]})")
+        return await self.read(path, offset, size, st.version)
 
     def open_backing(self, path: str, version: Version) -> int | None:
         """A new descriptor of the regular file at `path` if it is still the one `version`

@@ -33,6 +33,7 @@ class Faults:
     missing: set[str] = field(default_factory=set)  # paths answered with 404
     no_head: bool = False  # answer HEAD with 405
     moved: str | None = None  # paths under this prefix answer 301 to the same path without it
+    no_if_match: bool = False  # ignore If-Match (answer from the object as it is now, as some servers do)
 
 
 @dataclass
@@ -179,7 +180,7 @@ class DatasetServer:
         headers = {"ETag": etag, "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
                    "Accept-Ranges": "none" if f.no_range else "bytes"}
         match = h.headers.get("If-Match")
-        if match and match != etag:
+        if match and match != etag and not f.no_if_match:
             return self._reply(h, 412, b"precondition failed", {}, head, rng)
         drop = bool(f.drop_every) and not head and n % f.drop_every == 0
         size = st.st_size

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
-                                    normalize_path, read_whole)
+                                    TaggedRead, normalize_path, read_whole)
 from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
                                                Node, RepoConfig, Snapshot, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
-from unshardfs.util.errors import ConfigError, DataError, SourceError
+from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
@@ -103,6 +103,7 @@ class IcechunkStore:
         self.flights = Flights()
         self.config: RepoConfig | None = None
         self._outside: dict[str, ByteSource] = {}
+        self._taggers: dict[int, TaggedRead | None] = {}  # by source: its `TaggedRead`, decided once
         self.counters = {"ref_reads": 0, "snapshot_reads": 0, "manifest_reads": 0, "object_bytes": 0,
                          "chunk_reads": 0, "chunk_bytes": 0, "virtual_refused": 0}
 
@@ -223,14 +224,37 @@ class IcechunkStore:
         else:
             assert ref.location is not None
             source, path = await self._virtual(ref.location, where)
+            if ref.etag:  # Icechunk's checksum is one kind or the other: an ETag wins
+                data = await self._tagged(source, path, ref.etag, ref.offset + offset, size, where)
+                return self._counted(data, size, path, where)
             if ref.last_modified:
                 await self._unmodified(source, path, ref.last_modified, where)
         read = source.read_index if index else source.read
-        data = await read(path, ref.offset + offset, size)
+        return self._counted(await read(path, ref.offset + offset, size), size, path, where)
+
+    def _counted(self, data: bytes, size: int, path: str, where: str) -> bytes:
         self.counters["chunk_reads"] += 1
         self.counters["chunk_bytes"] += len(data)
         if len(data) != size:
             raise DataError(where, f"the chunk's object {path} ends inside the chunk (truncated)")
+        return data
+
+    async def _tagged(self, source: ByteSource, path: str, etag: str, offset: int, size: int, where: str) -> bytes:
+        """The bytes a virtual reference with an ETag checksum names, read on the condition that its object
+        still carries that tag (`If-Match` over HTTP, gs:// and s3://: the request is the check); DataError
+        (EIO) when it does not, or when the source cannot tell an object's tag (a zip member)."""
+        key = id(source)  # the repository's base, or a source of `_outside`: both live as long as the store
+        if key not in self._taggers:
+            self._taggers[key] = source if isinstance(source, TaggedRead) else None
+        tagger = self._taggers[key]
+        try:
+            data = await tagger.read_if_tagged(path, offset, size, etag) if tagger is not None else None
+        except StaleError as e:
+            raise DataError(where, f"the object of its virtual reference, {path}, changed after the reference was "
+                                   f"written (checksum: ETag {etag[:100]}; {e.reason})") from None
+        if data is None:
+            raise DataError(where, f"the object of its virtual reference, {path}, cannot be checked against the "
+                                   f"reference's ETag checksum on {source.description}")
         return data
 
     async def _unmodified(self, source: ByteSource, path: str, last_modified: int, where: str) -> None:
