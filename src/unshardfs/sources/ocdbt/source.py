@@ -311,12 +311,13 @@ class OcdbtStore:
     async def read_value(self, location: Location, offset: int, size: int, index: bool) -> bytes:
         """Bytes [offset, offset+size) of an out-of-line value. Over a remote base, values of one data file
         read at the same moment (neighbouring keys a writer stored side by side) go out as one ranged read
-        (`RangeReads`); a local base reads each directly."""
+        (`RangeReads`); a local base reads each directly, and so do index reads a disk cache keeps (kept by
+        their exact range, which a joined read would change from one mount to the next)."""
         size = max(0, min(size, location.length - offset))
         if size == 0:
             return b""
         path, start = self.root + location.file.path, location.offset + offset
-        if self.inner.remote:
+        if self.inner.remote and not (index and self.inner.index_cache is not None):
             data = await self.values.read(path, start, size, index)
         else:
             data = await self._read_data(path, start, size, index)
