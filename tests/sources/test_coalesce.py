@@ -11,13 +11,13 @@ import pytest
 import trio
 import trio.testing
 
-from tests.support.ocdbt import written
+from tests.support.ocdbt import Crafted, Ref, leaf, ts_keys, written
 from unshardfs.sources.coalesce import GAP, RangeReads
-from unshardfs.sources.ocdbt import open_ocdbt
+from unshardfs.sources.ocdbt import OcdbtOptions, OcdbtSource, open_ocdbt
 from unshardfs.testing.inprocess import opened, read_file, resolve
 from unshardfs.testing.latency import LatencySource
 from unshardfs.testing.memory import MemorySource
-from unshardfs.util.errors import SourceError
+from unshardfs.util.errors import DataError, SourceError
 
 LATENCY = 0.02
 SHAPE = (64, 64, 16)  # 4 x 4 chunks of 16^3 uint8: 4 KiB each, stored out of line
@@ -47,40 +47,77 @@ def unsharded_db(tmp_path_factory) -> Path:
     return written(tmp_path_factory, "plain.ocdbt", _write_unsharded)
 
 
-def test_neighbouring_values_read_together_are_one_request(unsharded_db):
-    """16 chunk values of one commit read at once, after the B+tree is known: one ranged read of the data
-    file (one round trip), each value byte for byte as a read alone gives it."""
-    remote = LatencySource(MemorySource.from_directory(unsharded_db), LATENCY)
+INTERLEAVED = [f"k{i:02d}" for i in range(16)]
 
-    async def main() -> tuple[dict[str, bytes], dict[str, bytes], int, int]:
-        source = await open_ocdbt(remote, "", "arr", None, None)
-        alone = {key: await source.read(key, 0, 1 << 20) for key in CHUNKS}  # one at a time
+
+@pytest.fixture
+def interleaved_db(tmp_path) -> Path:
+    """16 values of 1,000 bytes whose keys' order is not their data file's: the even keys first, then the
+    odd ones (as TensorStore may lay out a commit)."""
+    db = Crafted(tmp_path / "db")
+    refs = {i: db.put("d/data", bytes([i]) * 1000) for i in [*range(0, 16, 2), *range(1, 16, 2)]}
+    entries: list[tuple[bytes, bytes | Ref]] = [(f"arr/{INTERLEAVED[i]}".encode(), refs[i]) for i in range(16)]
+    entries.append((b"zarr.json", b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'))  # a dataset
+    db.save(db.put("d/data", leaf(["d/data"], entries)))
+    return db.root
+
+
+async def _at_once(source: OcdbtSource, keys: list[str]) -> dict[str, bytes]:
+    got: dict[str, bytes] = {}
+
+    async def one(key: str) -> None:
+        got[key] = await source.read(key, 0, 1 << 20)
+
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(one, key)
+    return got
+
+
+def _read_together(db: Path, keys: list[str]) -> tuple[dict[str, bytes], int, int]:
+    """`keys` (under `arr/`) read at once, after their lookups: the bytes, and the requests and round trips
+    their reads cost."""
+    remote = LatencySource(MemorySource.from_directory(db), LATENCY)
+
+    async def main() -> tuple[dict[str, bytes], int, int]:
+        source = await open_ocdbt(remote, "", "arr", None, None, options=OcdbtOptions(read_ahead=False))
+        for key in keys:
+            await source.stat(key)  # lookups first: only value reads are counted
         remote.reset_log()
-        together: dict[str, bytes] = {}
-
-        async def one(key: str) -> None:
-            together[key] = await source.read(key, 0, 1 << 20)
-
-        async with trio.open_nursery() as nursery:
-            for key in CHUNKS:
-                nursery.start_soon(one, key)
+        got = await _at_once(source, keys)
         await source.aclose()
-        return alone, together, len(remote.log), remote.round_trips()
+        return got, len(remote.log), remote.round_trips()
 
-    alone, together, requests, trips = trio.run(main, clock=_clock())
-    assert together == alone and all(len(v) == 16 ** 3 for v in alone.values())
+    return trio.run(main, clock=_clock())
+
+
+def test_neighbouring_values_read_together_are_one_request(interleaved_db):
+    """16 values lying side by side in a data file (in another order than their keys'), read at once:
+    one ranged read (one round trip), each value exactly."""
+    got, requests, trips = _read_together(interleaved_db, INTERLEAVED)
+    assert got == {key: bytes([i]) * 1000 for i, key in enumerate(INTERLEAVED)}
     assert (requests, trips) == (1, 1)
 
 
-def test_neighbouring_chunk_files_read_together_through_a_mount_are_one_request(unsharded_db):
-    """The same through the read path of a mount (the zarr format over the database): 16 readers of 16
-    neighbouring chunk files at once cost one request for the values; one reader after another, 16."""
+def test_a_tensorstore_commit_read_together_is_one_round_trip(unsharded_db):
+    """The 16 chunks of an unsharded array TensorStore wrote in one commit, read at once: one round trip of
+    at most two requests (TensorStore may leave more than the 4 KiB gap between two runs of them), each
+    chunk as TensorStore reads it."""
+    truth = ts_keys(f"file://{unsharded_db}/")
+    got, requests, trips = _read_together(unsharded_db, CHUNKS)
+    assert got == {key: truth["arr/" + key] for key in CHUNKS}
+    assert requests <= 2 and trips == 1
+
+
+def test_neighbouring_files_read_together_through_a_mount_are_one_request(interleaved_db):
+    """The same through the read path of a mount (the database's keys as plain files; read-ahead off): 16
+    readers of 16 neighbouring files at once cost one request; one reader after another, 16."""
     async def main(together: bool) -> tuple[int, dict[str, bytes]]:
-        remote = LatencySource(MemorySource.from_directory(unsharded_db), LATENCY)
-        source = await open_ocdbt(remote, "", "", None, None)
+        remote = LatencySource(MemorySource.from_directory(interleaved_db), LATENCY)
+        source = await open_ocdbt(remote, "", "", None, None, options=OcdbtOptions(read_ahead=False))
         got: dict[str, bytes] = {}
-        async with opened(source, "--no-read-ahead", named="zarr") as session:
-            nodes = {key: await resolve(session.tree, "arr/" + key) for key in CHUNKS}
+        async with opened(source, "--no-read-ahead") as session:
+            nodes = {key: await resolve(session.tree, "arr/" + key) for key in INTERLEAVED}
             remote.reset_log()
 
             async def one(key: str) -> None:
@@ -88,16 +125,16 @@ def test_neighbouring_chunk_files_read_together_through_a_mount_are_one_request(
 
             if together:
                 async with trio.open_nursery() as nursery:
-                    for key in CHUNKS:
+                    for key in INTERLEAVED:
                         nursery.start_soon(one, key)
             else:
-                for key in CHUNKS:
+                for key in INTERLEAVED:
                     await one(key)
             return len([r for r in remote.log if r.kind == "read"]), got
 
     (merged, a), (single, b) = (trio.run(main, flag, clock=_clock()) for flag in (True, False))
-    assert a == b and len(a) == len(CHUNKS)
-    assert (merged, single) == (1, len(CHUNKS))
+    assert a == b == {key: bytes([i]) * 1000 for i, key in enumerate(INTERLEAVED)}
+    assert (merged, single) == (1, len(INTERLEAVED))
 
 
 class Recorded:
@@ -196,3 +233,87 @@ def test_a_reader_cancelled_while_others_wait_on_its_read_leaves_them_to_ask_aga
 
 async def _store(got: dict[str, bytes], name: str, reads: RangeReads, offset: int, size: int) -> None:
     got[name] = await reads.read("obj", offset, size)
+
+
+def _scan(db: Path, order: list[str]) -> tuple[dict[str, bytes], int, dict[str, int]]:
+    """Each key of `order` read whole, one after another, over a remote base: the bytes, the reads the
+    base was asked for after the lookups, and the database's counters."""
+    remote = LatencySource(MemorySource.from_directory(db), LATENCY)
+
+    async def main() -> tuple[dict[str, bytes], int, dict[str, int]]:
+        source = await open_ocdbt(remote, "", "arr", None, None)
+        for key in order:
+            await source.stat(key)  # lookups first: only value reads are counted
+        remote.reset_log()
+        got = {key: await source.read(key, 0, 1 << 20) for key in order}
+        counters = source.stats()["ocdbt"]
+        await source.aclose()
+        return got, len([r for r in remote.log if r.kind == "read"]), counters  # type: ignore[return-value]
+
+    return trio.run(main, clock=_clock())
+
+
+def test_a_scan_in_key_order_reads_ahead(interleaved_db):
+    """16 values read one after another in key order (as `cp -r`, `tar` or `find` walk an unsharded array):
+    after two reads of consecutive entries, a read also takes the values of the next 4 entries, and every
+    value of the next 16 inside the range that needs (the data file interleaves them), then of the next 8:
+    4 requests instead of 16, nothing read for nothing. Scattered reads read nothing ahead."""
+    scanned, requests, counters = _scan(interleaved_db, INTERLEAVED)
+    assert scanned == {key: bytes([i]) * 1000 for i, key in enumerate(INTERLEAVED)}
+    assert (requests, counters["ahead_reads"], counters["ahead_hits"], counters["ahead_wasted_bytes"]) == (4, 2, 12, 0)
+    scattered, alone, quiet = _scan(interleaved_db, [INTERLEAVED[i] for i in (5, 0, 11, 3, 14, 8, 1, 12)])
+    assert all(scanned[key] == value for key, value in scattered.items())
+    assert (alone, quiet["ahead_bytes"]) == (8, 0)
+
+
+def test_a_scan_of_a_tensorstore_commit_reads_ahead(unsharded_db):
+    """The 16 chunks of an unsharded array TensorStore wrote in one commit, read in key order: at most 6
+    requests (the layout is TensorStore's), each chunk as TensorStore reads it, nothing read for nothing."""
+    truth = ts_keys(f"file://{unsharded_db}/")
+    scanned, requests, counters = _scan(unsharded_db, CHUNKS)
+    assert scanned == {key: truth["arr/" + key] for key in CHUNKS}
+    assert requests <= 6 and counters["ahead_wasted_bytes"] == 0
+
+
+def test_a_scan_through_a_mount_reads_ahead(interleaved_db):
+    """The same through the read path of a mount (the database's keys as plain files): 4 requests; with
+    --no-read-ahead, one per file."""
+    async def main(*args: str) -> tuple[int, list[bytes]]:
+        remote = LatencySource(MemorySource.from_directory(interleaved_db), LATENCY)
+        options = OcdbtOptions(read_ahead="--no-read-ahead" not in args)
+        source = await open_ocdbt(remote, "", "", None, None, options=options)
+        async with opened(source, *args) as session:
+            nodes = [await resolve(session.tree, "arr/" + key) for key in INTERLEAVED]
+            remote.reset_log()
+            got = [await read_file(node) for node in nodes]  # type: ignore[arg-type]
+            return len([r for r in remote.log if r.kind == "read"]), got
+
+    (requests, got), (single, same) = trio.run(main, clock=_clock()), trio.run(main, "--no-read-ahead",
+                                                                                clock=_clock())
+    assert (requests, single) == (4, 16) and got == same == [bytes([i]) * 1000 for i in range(16)]
+
+
+def test_a_value_after_the_scanned_one_past_the_data_file_end_fails_only_its_own_read(tmp_path):
+    """Read ahead takes a following value that claims bytes past the data file's end (a hostile database):
+    the scanned value still reads; the damaged one fails its own read (truncated), and only it."""
+    db = Crafted(tmp_path / "db")
+    values = [bytes([i]) * 100 for i in range(4)]
+    refs = [db.put("d/data", v) for v in values]
+    entries: list[tuple[bytes, bytes | Ref]] = [(b"arr/k%d" % i, ref) for i, ref in enumerate(refs)]
+    entries.append((b"arr/k4", Ref(0, 400, 1 << 20)))
+    db.save(db.put("d/data", leaf(["d/data"], entries)))
+    remote = LatencySource(MemorySource.from_directory(db.root), LATENCY)
+
+    async def main() -> list[bytes | str]:
+        source = await open_ocdbt(remote, "", "arr", None, None)
+        out: list[bytes | str] = []
+        for i in range(5):
+            try:
+                out.append(await source.read(f"k{i}", 0, 1 << 21))
+            except DataError as e:
+                out.append(str(e))
+        await source.aclose()
+        return out
+
+    got = trio.run(main, clock=_clock())
+    assert got[:4] == values and "truncated" in str(got[4])

@@ -23,6 +23,7 @@ from unshardfs.core.versions import VersionsRoot
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource
 from unshardfs.sources.icechunk import IcechunkOptions
+from unshardfs.sources.ocdbt import OcdbtOptions
 from unshardfs.sources.zip import ZipSource, ZipSummary
 from unshardfs.tree.nodes import DirNode
 from unshardfs.util.limits import DataLimits
@@ -62,7 +63,9 @@ class OpenedSource:
         """Open `url` with `options` (the defaults without)."""
         options = options or OpenOptions()
         spec = parse_source(url)
-        source = await open_spec(spec, lambda base: open_source(base, options.remote), options.limits, options.icechunk)
+        ocdbt = OcdbtOptions(read_ahead=options.policy.read_ahead, gap=options.policy.max_gap)
+        source = await open_spec(spec, lambda base: open_source(base, options.remote), options.limits, options.icechunk,
+                                 ocdbt)
         return await cls.over(source, spec.format, options, caches)
 
     @classmethod

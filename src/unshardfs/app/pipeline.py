@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from unshardfs.sources.base import ByteSource
 from unshardfs.sources.icechunk.source import IcechunkOptions
+from unshardfs.sources.ocdbt.source import OcdbtOptions
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.limits import DataLimits
 
@@ -195,10 +196,12 @@ def split_archive(base: str) -> tuple[str, str]:
 
 
 async def open_spec(spec: SourceSpec, open_base: Callable[[str], ByteSource],
-                    limits: DataLimits | None = None, icechunk: IcechunkOptions | None = None) -> ByteSource:
+                    limits: DataLimits | None = None, icechunk: IcechunkOptions | None = None,
+                    ocdbt: OcdbtOptions | None = None) -> ByteSource:
     """The byte source of `spec`: `open_base(url)` opens a path or URL; an archive is read through `ZipSource`,
-    a database (named, or found by its `manifest.ocdbt`) through `OcdbtSource`, a repository (named, or found
-    by branch main's ref) through `IcechunkSource` (`icechunk`: how its virtual references are read)."""
+    a database (named, or found by its `manifest.ocdbt`) through `OcdbtSource` (`ocdbt`: how its values are
+    read), a repository (named, or found by branch main's ref) through `IcechunkSource` (`icechunk`: how its
+    virtual references are read)."""
     source = await _open_archive(spec, open_base, limits)
     try:
         ice = spec.icechunk
@@ -219,7 +222,8 @@ async def open_spec(spec: SourceSpec, open_base: Callable[[str], ByteSource],
         from unshardfs.sources.ocdbt import open_ocdbt
 
         url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
-        return await open_ocdbt(source, "", part.path, part.version, limits, description=f"{url}|ocdbt:")
+        return await open_ocdbt(source, "", part.path, part.version, limits, description=f"{url}|ocdbt:",
+                                options=ocdbt)
     except BaseException:
         await source.aclose()
         raise
