@@ -671,8 +671,8 @@ class OcdbtSource:
         nodes = self.store.nodes
         return {**self.store.inner.stats(), "ocdbt": {
             **self.store.counters, "value_ranges": self.store.values.counters.asked,
-            "value_gap_bytes": self.store.values.counters.gap_bytes, "node_cache_bytes": int(nodes.currsize), "node_cache_entries": len(nodes),
-            "node_cache_hits": nodes.hits, "node_cache_misses": nodes.misses}}
+            "value_gap_bytes": self.store.values.counters.gap_bytes, "node_cache_bytes": int(nodes.currsize),
+            "node_cache_entries": len(nodes), "node_cache_hits": nodes.hits, "node_cache_misses": nodes.misses}}
 
     # -- the VersionedSource capability -----------------------------------------------
 
