@@ -135,3 +135,24 @@ def test_a_server_that_ignores_if_match_is_caught_by_the_etag_it_answers_with(se
         assert [r.status for r in server.requests()] == [206]
     finally:
         trio.run(source.aclose)
+
+
+def test_through_a_mount_a_changed_object_is_eio_and_one_log_line(served, mount):
+    """Mounted (with the server and the local folder allowed): once the served object has changed, its
+    ETag-checked chunk is EIO however often it is read, with one line in the log; the unchecked chunk and
+    the local file's chunk still read, and the daemon stays up."""
+    server, base = served
+    m = mount(base / "repo", "--icechunk-virtual", f"{server.url}/", "--icechunk-virtual",
+              f"file://{base / 'local'}/")
+    assert (m.path / LOCAL).read_bytes() == DATA[4:12]
+    path = base / "objects" / "data.bin"
+    path.write_bytes(bytes(reversed(DATA)))
+    os.utime(path, (path.stat().st_mtime + 86400,) * 2)
+    for _ in range(3):
+        with pytest.raises(OSError) as info:
+            (m.path / "v/c/0/0").read_bytes()
+        assert info.value.errno == errno.EIO
+    assert (m.path / UNCHECKED).read_bytes() == _row(3, bytes(reversed(DATA)))
+    assert m.stats()  # the daemon answers
+    lines = [line for line in m.log_text().splitlines() if "changed after the reference was written" in line]
+    assert len(lines) == 1 and "v/c/0/0" in lines[0] and len(lines[0]) < 1000, lines
