@@ -8,13 +8,14 @@ from __future__ import annotations
 import email.utils
 import errno
 import os
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import trio
 
-from tests.support.icechunk_repos import needs_icechunk, write_checksummed
+from tests.support.icechunk_repos import body_of, needs_icechunk, reframe, write_checksummed
 from unshardfs.sources import LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource
 from unshardfs.sources.icechunk import IcechunkOptions, IcechunkSource, open_icechunk
@@ -40,8 +41,6 @@ def served(tmp_path) -> Iterator[tuple[DatasetServer, Path]]:
     local.parent.mkdir()
     local.write_bytes(DATA)
     with DatasetServer(objects) as server:
-        import urllib.request
-
         head = urllib.request.urlopen(urllib.request.Request(f"{server.url}/data.bin", method="HEAD"))
         etag = head.headers["ETag"]
         modified = int(email.utils.parsedate_to_datetime(head.headers["Last-Modified"]).timestamp())
@@ -156,3 +155,29 @@ def test_through_a_mount_a_changed_object_is_eio_and_one_log_line(served, mount)
     assert m.stats()  # the daemon answers
     lines = [line for line in m.log_text().splitlines() if "changed after the reference was written" in line]
     assert len(lines) == 1 and "v/c/0/0" in lines[0] and len(lines[0]) < 1000, lines
+
+
+def test_an_etag_checksum_that_is_no_entity_tag_is_refused_without_a_request(served):
+    """A manifest whose ETag checksum holds CR LF and another header field (a hostile repository): the
+    reference is refused (DataError, EIO) before any request; nothing is sent in a header."""
+    server, base = served
+    etag = urllib.request.urlopen(urllib.request.Request(f"{server.url}/data.bin", method="HEAD")).headers["ETag"]
+    hostile = (b'"' + b"a" * 10 + b"\r\nX-Evil: 1").ljust(len(etag) - 1, b"b") + b'"'  # as long: offsets stay
+    changed = 0
+    for path in (base / "repo" / "manifests").iterdir():
+        data = path.read_bytes()
+        body = body_of(data)
+        if etag.encode() in body:  # the quoted tag, and inside the weak one
+            path.write_bytes(reframe(data, body.replace(etag.encode(), hostile)))
+            changed += 1
+    assert changed == 1
+    source = _open(server, base)
+    server.reset_log()
+    try:
+        for key in ("v/c/0/0", "v/c/4/0"):
+            with pytest.raises(DataError, match="not an entity tag"):
+                _read(source, key)
+        assert server.requests() == []
+        assert _read(source, UNCHECKED) == _row(3)
+    finally:
+        trio.run(source.aclose)

@@ -194,6 +194,18 @@ class TaggedRead(Protocol):
         tell the object's tag (nothing was read)."""
 
 
+def tag_problem(etag: str) -> str | None:
+    """Why `etag` cannot be an entity tag a server sent (so cannot be sent back in `If-Match`), or None:
+    an opaque tag is visible ASCII but `"`, at most 1,024 characters; a control character (a CR LF that
+    would start another header field), a space or a non-ASCII one is damage."""
+    opaque = opaque_tag(etag)
+    if not opaque or len(opaque) > 1024:
+        return f"an entity tag of {len(opaque)} characters"
+    if any(not 0x21 <= ord(c) <= 0x7E or c == '"' for c in opaque):
+        return f"{etag[:100]!r} is not an entity tag (characters a server cannot send)"
+    return None
+
+
 def opaque_tag(etag: str) -> str:
     """An entity tag without its weakness prefix and quotes (`W/"abc"`, `"abc"` and `abc` are `abc`): how
     a recorded tag is compared with a server's, which may quote it or not."""

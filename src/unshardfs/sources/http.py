@@ -37,7 +37,7 @@ import httpx
 import trio
 
 from unshardfs.sources import h1
-from unshardfs.sources.base import ObjectStat, Version, name_problem, opaque_tag
+from unshardfs.sources.base import ObjectStat, Version, name_problem, opaque_tag, tag_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -465,6 +465,9 @@ class HttpSource:
         """`read` with `If-Match` on the recorded tag (the request itself is the check: no HEAD first). A
         weak tag never matches there (If-Match compares strongly), so it is compared with the tag the
         object's stat names instead (the stat is kept as long as any other)."""
+        problem = tag_problem(etag)
+        if problem is not None:
+            raise SourceError(f"{self.object_url(path)}: {problem}")
         opaque = opaque_tag(etag)
         if etag.strip()[:2] not in ("W/", "w/"):
             return await self.read(path, offset, size, (f'"{opaque}"', None))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
-                                    TaggedRead, normalize_path, read_whole)
+                                    TaggedRead, normalize_path, read_whole, tag_problem)
 from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
                                                Node, RepoConfig, Snapshot, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
@@ -243,6 +243,9 @@ class IcechunkStore:
         """The bytes a virtual reference with an ETag checksum names, read on the condition that its object
         still carries that tag (`If-Match` over HTTP, gs:// and s3://: the request is the check); DataError
         (EIO) when it does not, or when the source cannot tell an object's tag (a zip member)."""
+        problem = tag_problem(etag)
+        if problem is not None:
+            raise DataError(where, f"its virtual reference's ETag checksum: {problem}")
         key = id(source)  # the repository's base, or a source of `_outside`: both live as long as the store
         if key not in self._taggers:
             self._taggers[key] = source if isinstance(source, TaggedRead) else None
