@@ -352,3 +352,41 @@ def test_over_object_stores(repo, s3_endpoint):
             assert shown == _without(repo.keys("branch.main"), *OUTSIDE, INSIDE), label
             _, shown = trio.run(main, "tag.v1")
             assert shown == _without(repo.keys("tag.v1"), *OUTSIDE, INSIDE), label
+
+
+@needs_icechunk
+def test_ranges_of_one_chunk_object_read_together_are_one_request(repo):
+    """Four readers of neighbouring ranges of one chunk object (a shard stored as one Icechunk chunk) at the
+    same moment, over a remote base: one ranged read; one after another, four. Each gets exactly its bytes."""
+    import trio.testing
+
+    from unshardfs.testing.latency import LatencySource
+    from unshardfs.testing.memory import MemorySource
+
+    key = "seg/c/0/0/0"
+    whole = repo.keys("branch.main")[key]
+    ranges = [(i * 1000, 1000) for i in range(4)]
+
+    async def main(together: bool) -> tuple[list[bytes], int]:
+        remote = LatencySource(MemorySource.from_directory(repo.root), 0.02)
+        source = await open_icechunk(remote, "", "", None, None)
+        await source.stat(key)
+        remote.reset_log()
+        got: list[bytes] = [b""] * len(ranges)
+
+        async def one(i: int) -> None:
+            got[i] = await source.read(key, *ranges[i])
+
+        if together:
+            async with trio.open_nursery() as nursery:
+                for i in range(len(ranges)):
+                    nursery.start_soon(one, i)
+        else:
+            for i in range(len(ranges)):
+                await one(i)
+        await source.aclose()
+        return got, len([r for r in remote.log if r.kind == "read"])
+
+    for together, requests in ((True, 1), (False, 4)):
+        got, sent = trio.run(main, together, clock=trio.testing.MockClock(autojump_threshold=0))
+        assert got == [whole[o:o + n] for o, n in ranges] and sent == requests

@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Callable
 
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
                                     TaggedRead, normalize_path, read_whole, tag_problem)
+from unshardfs.sources.coalesce import RangeReads
 from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
                                                Node, RepoConfig, Snapshot, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
@@ -104,6 +105,7 @@ class IcechunkStore:
         self.config: RepoConfig | None = None
         self._outside: dict[str, ByteSource] = {}
         self._taggers: dict[int, TaggedRead | None] = {}  # by source: its `TaggedRead`, decided once
+        self._ranges: dict[int, RangeReads] = {}  # by source: its reads of one moment, joined per object
         self.counters = {"ref_reads": 0, "snapshot_reads": 0, "manifest_reads": 0, "object_bytes": 0,
                          "chunk_reads": 0, "chunk_bytes": 0, "virtual_refused": 0}
 
@@ -229,8 +231,28 @@ class IcechunkStore:
                 return self._counted(data, size, path, where)
             if ref.last_modified:
                 await self._unmodified(source, path, ref.last_modified, where)
-        read = source.read_index if index else source.read
-        return self._counted(await read(path, ref.offset + offset, size), size, path, where)
+        return self._counted(await self._ranged(source, path, ref.offset + offset, size, index), size, path, where)
+
+    @property
+    def chunk_requests(self) -> int:
+        """Requests sent for chunk bytes over remote sources (ranges asked for together count once)."""
+        return sum(ranges.counters.reads for ranges in self._ranges.values())
+
+    async def _ranged(self, source: ByteSource, path: str, offset: int, size: int, index: bool) -> bytes:
+        """Bytes of a chunk object (or a virtual reference's object). Over a remote source, ranges of one
+        object asked for at the same moment (chunks of a shard stored as one chunk object, read by several
+        readers; neighbouring virtual chunks of one file) go out as one ranged read (`RangeReads`); index
+        reads a disk cache keeps are read alone (kept by their exact range)."""
+        if not source.remote or (index and source.index_cache is not None):
+            read = source.read_index if index else source.read
+            return await read(path, offset, size)
+        ranges = self._ranges.get(id(source))
+        if ranges is None:  # one per source: the repository's base and each allowed prefix's
+            async def fetch(at: str, start: int, length: int, index_read: bool) -> bytes:
+                return await (source.read_index if index_read else source.read)(at, start, length)
+
+            ranges = self._ranges[id(source)] = RangeReads(fetch)
+        return await ranges.read(path, offset, size, index)
 
     def _counted(self, data: bytes, size: int, path: str, where: str) -> bytes:
         self.counters["chunk_reads"] += 1
@@ -517,7 +539,9 @@ class IcechunkSource:
             await self.store.inner.aclose()
 
     def stats(self) -> dict[str, object]:
-        return {**self.store.inner.stats(), "icechunk": {**self.store.counters, **self.store.objects.figures("object")}}
+        return {**self.store.inner.stats(), "icechunk": {**self.store.counters,
+                                                         "chunk_requests": self.store.chunk_requests,
+                                                         **self.store.objects.figures("object")}}
 
     @property
     def current(self) -> str:
