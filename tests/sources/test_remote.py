@@ -388,3 +388,45 @@ def test_redirects_are_followed(site, server, mount):
     m = mount(f"{server.url}/old/volume/sharded")
     assert_same_tree(m.path, volume["plain"], ("info",))
     assert any(r.status == 301 for r in server.requests())
+
+
+@pytest.mark.parametrize("tag", ["strong", "weak", "date"])
+def test_versioned_reads_check_the_tag_without_refusing_a_weak_one(tmp_path, tag):
+    """A read made with an object's version is one request whether its ETag is strong (sent in
+    If-Match), weak (If-Match would refuse it on every read: compared with the answer's tag
+    instead) or missing (Last-Modified, sent in If-Unmodified-Since); either way a replaced
+    object is StaleError, never its new bytes."""
+    import os
+
+    import trio
+
+    from unshardfs.sources.http import HttpSource
+    from unshardfs.util.errors import StaleError
+
+    data = np.random.default_rng(5).bytes(4096)
+    (tmp_path / "obj").write_bytes(data)
+    with DatasetServer(tmp_path) as srv:
+        srv.faults.weak_etags = tag == "weak"
+        srv.faults.no_etags = tag == "date"
+
+        async def main() -> None:
+            source = HttpSource(srv.url)
+            try:
+                st = await source.stat("obj")
+                assert st is not None and st.version is not None
+                assert str(st.version[0]).startswith(("W/", '"')[["weak", "strong"].index(tag)]) if tag != "date" \
+                    else "GMT" in str(st.version[0])
+                srv.reset_log()
+                assert await source.read("obj", 100, 50, st.version) == data[100:150]
+                assert [(r.method, r.status) for r in srv.requests()] == [("GET", 206)]
+                replacement = tmp_path / "obj.new"
+                replacement.write_bytes(data[::-1])
+                later = (tmp_path / "obj").stat().st_mtime + 10  # Last-Modified counts whole seconds
+                os.utime(replacement, (later, later))
+                os.replace(replacement, tmp_path / "obj")
+                with pytest.raises(StaleError):
+                    await source.read("obj", 100, 50, st.version)
+            finally:
+                await source.aclose()
+
+        trio.run(main)

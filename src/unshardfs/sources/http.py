@@ -9,8 +9,11 @@ shard. `stat` results (including absences) are cached for `stat_ttl`
 seconds: a lookup would otherwise cost a HEAD round trip every time.
 
 Object versions are the server's ETag (else Last-Modified) plus the size;
-reads made with a version send `If-Match`, so a shard replaced on the server
-is noticed (412 -> StaleError) instead of mixing an old index with new data.
+reads made with a version send `If-Match` (a strong ETag) or
+`If-Unmodified-Since` (a date), and compare the tag the answer names (the
+only check a weak ETag allows: If-Match compares strongly), so a shard
+replaced on the server is noticed (412 or another tag -> StaleError) instead
+of mixing an old index with new data.
 
 Every response is untrusted, so a server can cost us at most what we asked
 for: bodies are streamed raw (never decoded: `Accept-Encoding: identity`,
@@ -423,21 +426,31 @@ class HttpSource:
         url = self.object_url(path)
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
-        conditional = isinstance(tag, str) and tag.startswith(('"', 'W/"'))
-        if conditional:
+        tagged = isinstance(tag, str) and tag.startswith(('"', 'W/"'))
+        dated = isinstance(tag, str) and not tagged and _is_http_date(tag)  # a Last-Modified date
+        if tagged and not cast(str, tag).startswith("W/"):
+            # If-Match compares strongly: a weak tag would be refused (412) on every read, so it
+            # is only compared with the tag the answer names (below).
             headers["If-Match"] = cast(str, tag)
+        elif dated:
+            headers["If-Unmodified-Since"] = cast(str, tag)
         # A 200 is the whole object (the server ignored Range): only the bytes asked for are kept,
         # the ones before them dropped as they arrive, the connection dropped after them.
         whole = slice(offset, offset + size) if offset + size <= self.options.whole_object_limit else 0
         limits: dict[int, int | slice] = {206: size, 200: whole}
         reply = await self.request("GET", url, headers, lambda status: limits.get(status, ERROR_BODY_LIMIT))
         status = reply.status
-        if conditional and status in (200, 206):
+        if tagged and status in (200, 206):
             # A server that ignores If-Match still names the object it answers from.
             answered = reply.headers.get("etag")
             if answered and opaque_tag(answered) != opaque_tag(cast(str, tag)):
                 self._stats.pop(path, None)
                 raise StaleError(path, f"object changed on the server (ETag {answered[:100]}, not {tag})")
+        if dated and status in (200, 206):
+            answered = reply.headers.get("last-modified")
+            if answered and answered.strip() != cast(str, tag).strip():
+                self._stats.pop(path, None)
+                raise StaleError(path, f"object changed on the server (Last-Modified {answered[:100]}, not {tag})")
         if status == 206:
             return ranged_body(f"GET {url}", reply, offset, size)
         if status == 200:
@@ -489,3 +502,11 @@ class HttpSource:
 
 
 _MISSING = object()
+
+
+def _is_http_date(text: str) -> bool:
+    """Whether `text` is an HTTP date (a version from Last-Modified; a listing's own tags are not)."""
+    try:
+        return email.utils.parsedate_to_datetime(text) is not None
+    except (TypeError, ValueError, IndexError):
+        return False

@@ -34,6 +34,8 @@ class Faults:
     no_head: bool = False  # answer HEAD with 405
     moved: str | None = None  # paths under this prefix answer 301 to the same path without it
     no_if_match: bool = False  # ignore If-Match (answer from the object as it is now, as some servers do)
+    weak_etags: bool = False  # send weak entity tags (W/"..."), as servers that compress on the fly do
+    no_etags: bool = False  # send no ETag, only Last-Modified (and honour If-Unmodified-Since)
 
 
 @dataclass
@@ -177,10 +179,18 @@ class DatasetServer:
             return self._reply(h, 404, b"not found", {}, head, rng)
         st = target.stat()
         etag = '"' + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest() + '"'
+        if f.weak_etags:
+            etag = "W/" + etag
         headers = {"ETag": etag, "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
                    "Accept-Ranges": "none" if f.no_range else "bytes"}
+        if f.no_etags:
+            del headers["ETag"]
+            since = h.headers.get("If-Unmodified-Since")
+            if since and int(st.st_mtime) > email.utils.parsedate_to_datetime(since).timestamp():
+                return self._reply(h, 412, b"precondition failed", {}, head, rng)
         match = h.headers.get("If-Match")
-        if match and match != etag and not f.no_if_match:
+        # If-Match compares strongly (RFC 9110, 13.1.1): a weak tag matches nothing, not even itself.
+        if match and (match != etag or etag.startswith("W/")) and not f.no_if_match:
             return self._reply(h, 412, b"precondition failed", {}, head, rng)
         drop = bool(f.drop_every) and not head and n % f.drop_every == 0
         size = st.st_size
