@@ -30,7 +30,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from unshardfs.sources.base import ByteSource
+from unshardfs.core.registry import detection_probes
+from unshardfs.sources.base import ByteSource, stat_all
 from unshardfs.sources.icechunk.source import IcechunkOptions
 from unshardfs.sources.ocdbt.source import OcdbtOptions
 from unshardfs.util.errors import ConfigError, DataError, SourceError
@@ -205,7 +206,13 @@ async def open_spec(spec: SourceSpec, open_base: Callable[[str], ByteSource],
     source = await _open_archive(spec, open_base, limits)
     try:
         ice = spec.icechunk
-        if ice is None and spec.ocdbt is None and spec.format in (None, "zarr") and await _exists(source, ICECHUNK_MAIN):
+        probe_icechunk = ice is None and spec.ocdbt is None and spec.format in (None, "zarr")
+        probe_ocdbt = ice is None and spec.ocdbt is None and spec.format is None
+        if source.remote and (probe_icechunk or probe_ocdbt):
+            # The stores' markers and the format's own, in one round trip instead of one each.
+            await stat_all(source, [*([ICECHUNK_MAIN] if probe_icechunk else []),
+                                    *([OCDBT_MANIFEST] if probe_ocdbt else []), *detection_probes(spec.format)])
+        if probe_icechunk and await _exists(source, ICECHUNK_MAIN):
             ice = IcechunkPart(None, "")
         if ice is not None:
             from unshardfs.sources.icechunk import open_icechunk

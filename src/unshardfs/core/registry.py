@@ -24,7 +24,7 @@ from unshardfs.core.caches import SHARD_INDEX, IndexLevel
 from unshardfs.core.codecs import CODECS, Codec, register_codec
 from unshardfs.core.inventory import InventoryPart
 from unshardfs.core.runtime import Runtime
-from unshardfs.sources.base import ByteSource
+from unshardfs.sources.base import ByteSource, stat_all
 from unshardfs.tree.nodes import DirNode
 from unshardfs.util.errors import ConfigError
 
@@ -59,6 +59,10 @@ class FormatPlugin(ABC):
     index_levels: tuple[IndexLevel, ...] = (SHARD_INDEX,)
     # File names of JSON metadata it shows (besides *.json), served as application/json.
     json_names: tuple[str, ...] = ()
+    # Paths at the source's root that `detect` (and `open` first) stats. A remote source's detection
+    # stats every format's probes at once beforehand, so detection waits one round trip however many
+    # formats look, and the stats are kept for `detect` and `open`. Optional: it only saves time.
+    probes: tuple[str, ...] = ()
 
     def add_options(self, group: argparse._ArgumentGroup) -> None:
         """Add this format's command-line options."""
@@ -186,9 +190,17 @@ def given_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {p.name: opts for p in plugins() if (opts := p.options(args))}
 
 
+def detection_probes(named: str | None = None) -> list[str]:
+    """The probes of the format `named`, or of every registered format (None), in detection order."""
+    chosen = [plugin(named)] if named is not None else plugins()
+    return [path for p in chosen for path in p.probes]
+
+
 async def detect(source: ByteSource, named: str | None, given: dict[str, dict[str, Any]]) -> FormatPlugin:
     if named is not None:
         return plugin(named)
+    if source.remote:
+        await stat_all(source, detection_probes())
     for p in plugins():
         if await p.detect(source, given.get(p.name, {})):
             return p

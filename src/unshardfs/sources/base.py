@@ -5,7 +5,9 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import AsyncIterator, Callable, NamedTuple, Protocol, runtime_checkable
+from typing import AsyncIterator, Callable, Iterable, NamedTuple, Protocol, runtime_checkable
+
+import trio
 
 from unshardfs.util.errors import ConfigError, DataError
 
@@ -179,6 +181,21 @@ async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[Objec
     if isinstance(source, StatTail):
         return await source.stat_tail(path, size)
     return await source.stat(path), None
+
+
+async def stat_all(source: ByteSource, paths: Iterable[str]) -> None:
+    """Stat `paths` of `source` at once, for the stats it keeps (a remote source's stat cache): probes
+    that would each wait a round trip one after another then wait for one together. What fails is
+    left for the stat that needs it, which asks again."""
+    async def one(path: str) -> None:
+        try:
+            await source.stat(path)
+        except Exception:  # the caller's own stat meets it and says what it is
+            pass
+
+    async with trio.open_nursery() as nursery:
+        for path in dict.fromkeys(paths):
+            nursery.start_soon(one, path)
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ class PrecomputedFormat(FormatPlugin):
     prefixes = ("precomputed://",)
     index_levels = (SHARD_INDEX, MINISHARD_INDEX)
     json_names = ("info", "provenance")
+    probes = ("info",)
 
     async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
         st = await source.stat("info")

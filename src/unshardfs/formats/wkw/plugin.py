@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from unshardfs.core.registry import Dataset, FormatPlugin
 from unshardfs.core.runtime import Runtime
+from unshardfs.formats.wkw.properties import PROPERTIES
 from unshardfs.sources.base import ByteSource
 from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.util.fields import DEFAULT_LIMITS, load_json, off_loop
@@ -21,10 +22,11 @@ class WkwFormat(FormatPlugin):
     # else the directory holds (a webKnossos dataset may keep Zarr layers beside WKW ones).
     priority = 10
     json_names = ("datasource-properties.json",)
+    probes = (PROPERTIES, "1/header.wkw")  # the second: where a store that cannot list has a bare mag
 
     async def detect(self, source: ByteSource, options: dict[str, object]) -> bool:
         from unshardfs.formats.wkw.dataset import mag_dirs
-        from unshardfs.formats.wkw.properties import PROPERTIES, has_wkw_layers
+        from unshardfs.formats.wkw.properties import has_wkw_layers
 
         st = await source.stat(PROPERTIES)
         if st is not None and not st.is_dir and st.size <= DEFAULT_LIMITS.metadata_bytes:

@@ -37,6 +37,7 @@ class ZarrFormat(FormatPlugin):
     prefixes = ("zarr3://", "zarr://")
     priority = 10
     json_names = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+    probes = ("zarr.json", *V2_MARKERS)
 
     def add_options(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument("--view", choices=VIEWS, default=None,
