@@ -367,6 +367,13 @@ class ScanScope:
             self._ready(self.ctx.table_of(chunk_id))  # the reader's lookup found the id in its table
         matched = self._one_per_order([stream for stream in self.streams if stream.match(chunk_id)])
         if matched:
+            # Without a listing, readers walking in order walk the names they were given (a
+            # sorted file list, perhaps split between them), not our ids: where name order and
+            # id order agree so far (Zarr's nested keys and their ids, up to c/1/... and
+            # c/10/...), the name stream leads, not the one its reads would leave at the first
+            # name out of the other's order (a round trip's stall there).
+            if not any(stream.order == "listing" for stream in matched):
+                matched.sort(key=lambda stream: stream.order != "name")
             self.streams = matched + [stream for stream in self.streams if stream not in matched]
         return matched
 
