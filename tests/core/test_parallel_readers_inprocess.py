@@ -112,10 +112,12 @@ def test_eight_readers_in_name_order(volumes: dict[str, tuple[Path, Path, list[s
         trips, waited, fetch, kinds = eight_readers(served, reference, files, latency,
                                                     "zarr" if fmt == "zarr" else None)
         assert trips <= TRIPS[fmt, latency] and waited <= WAITS[fmt, latency], (trips, waited)
-        # Nearly every chunk came from a prefetch, and most prefetched bytes were read (the rest:
-        # gaps read to join runs, and chunks the readers had read themselves by the time they came).
+        # Nearly every chunk came from a prefetch, and most prefetched bytes were read. The rest:
+        # gaps read to join runs, chiefly the chunks the readers had read themselves inside a run
+        # that spans a whole shard (one request for a shard's chunks scattered over the names'
+        # order); 5-47% of what was prefetched in the runs above (5-31% before).
         assert fetch["prefetch_hits"] >= 1024 - 5 * READERS
-        assert fetch["prefetch_wasted_bytes"] <= fetch["prefetch_bytes"] // 2
+        assert fetch["prefetch_wasted_bytes"] <= fetch["prefetch_bytes"] * 0.6
         if fmt == "zarr":
             # Each shard's index came with its stat, one request however many readers opened the
             # shard at once, and was taken from there: never a stat beside it nor read again.

@@ -436,11 +436,10 @@ class ScanScope:
         for other in taken:
             stream.seen |= {cast(int, other.first)} | (other.seen & ahead)
             stream.age = max(stream.age, other.age)
-            stream.exact = False
         if taken:
+            # Its cursor stays: the next read may still follow it exactly (one reader going back
+            # a file), and its first window starts there, passing over what was read.
             self.streams = [other for other in self.streams if other not in taken]
-            stream.hits = len(stream.seen)
-            stream.cursor = max(stream.upcoming.index(k) for k in stream.seen) + 1
             stream._confirm()
 
     def _one_per_order(self, matched: list[_Stream]) -> list[_Stream]:
