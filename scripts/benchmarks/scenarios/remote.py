@@ -13,9 +13,10 @@ import random
 import shutil
 import statistics
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..context import KEY, Context
 from ..mounts import mounted
@@ -76,17 +77,23 @@ def _write_zarr(path: Path, data: Any) -> None:
         arr[...] = data
 
 
-def run(ctx: Context) -> None:
+@contextmanager
+def served(root: Path, latency: float) -> Iterator[Any]:
+    """A Range server of `root` answering every request after `latency` seconds."""
     from unshardfs.testing.http_servers import DatasetServer
 
+    with DatasetServer(root) as server:
+        server.faults.delay = latency
+        yield server
+
+
+def run(ctx: Context) -> None:
     datasets, extra = build(ctx)
     for latency in LATENCIES:
         for ds in datasets:
-            with DatasetServer(ds.root) as server:
-                server.faults.delay = latency
+            with served(ds.root, latency) as server:
                 measure(ctx, ds, server, latency)
-        with DatasetServer(extra["meshes"]) as server:
-            server.faults.delay = latency
+        with served(extra["meshes"], latency) as server:
             meshes(ctx, extra["meshes"], server, latency)
 
 
@@ -94,13 +101,10 @@ def run_readers(ctx: Context) -> None:
     """`--only remote-readers`: the 8 readers of `measure` alone (both volumes, both latencies),
     and 8 processes looking up 200 names of one directory of a compressed_segmentation + gzip
     volume at 20 ms against the ideal (each process one lookup per round trip)."""
-    from unshardfs.testing.http_servers import DatasetServer
-
     datasets, _ = build(ctx)
     for latency in LATENCIES:
         for ds in datasets:
-            with DatasetServer(ds.root) as server:
-                server.faults.delay = latency
+            with served(ds.root, latency) as server:
                 readers_rows(ctx, ds, server, latency)
     segmentation_lookups(ctx)
 
@@ -109,7 +113,6 @@ def segmentation_lookups(ctx: Context) -> None:
     """Each size is in its payload's gzip trailer, so each lookup reads a payload: 200 lookups by
     8 processes take at least 200/8 round trips. The first 200 names split round-robin (a joint
     walk in name order, as the engines scenario's lookups) and 200 scattered names."""
-    from unshardfs.testing.http_servers import DatasetServer
     from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
     root = Path(ctx.args.data).resolve() / "remote" / "segmentation"
@@ -123,7 +126,7 @@ def segmentation_lookups(ctx: Context) -> None:
     ideal = LOOKUPS / READERS * latency
     target = f"<= {(1.3 * ideal + 3 * latency) / ideal:.2f} (1.3x + 3 round trips)"
     for label, chosen in (("first names", names[:LOOKUPS]), ("scattered", random.Random(7).sample(names, LOOKUPS))):
-        with DatasetServer(root / "sharded") as server:
+        with served(root / "sharded", 0) as server:
             with mounted("unshardfs", server.url, ctx.work) as m:
                 server.faults.delay = latency
                 server.reset_log()
