@@ -563,8 +563,9 @@ class ScanScope:
         """(position, extent, table) of the stream's upcoming ids from `start` on, and where they stop:
         up to `want`, then (with `stretch`) on while they stay in the last one's blob (a window
         never splits a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW
-        more ids and a quarter of the prefetch budget in bytes; early, at an id whose index table
-        is being read (the next extension goes on from there)."""
+        more ids and a quarter of the prefetch budget in bytes. An id whose index table is being
+        read is passed over (a hole, prefetched once it is read: `_fill_holes`); the window stops
+        early only at one whose table cannot be read yet (OPENS_MAX being read already)."""
         picked: list[Picked] = []
         limit = want + MAX_WINDOW if stretch else want
         budget = self.ctx.fetcher.policy.prefetch_bytes // 4
@@ -638,8 +639,12 @@ class ScanScope:
             scope.wake()
 
     def wake(self) -> None:
-        """Extend the leading streams again in the background (an index table has been read)."""
-        self.pending.append(None)
+        """Extend the leading streams again in the background (an index table has been read):
+        once for the tables read since the last time it did, and only if a stream is confirmed."""
+        if not any(stream.confirmed for stream in self.streams):
+            return  # nothing to extend (`_refill` leads the confirmed streams only)
+        if not self.pending or self.pending[-1] is not None:
+            self.pending.append(None)
         if not self.working:
             self.working = self.ctx.fetcher.spawn(self._work)
 
