@@ -130,6 +130,7 @@ class _Stream:
     # Positions in `upcoming` a window passed while their index tables were being read: each is
     # prefetched once its table is (`_fill_holes`), so the window goes on past them meanwhile.
     holes: list[int] = field(default_factory=list)
+    looked: int = 0  # positions before this one have had their tables asked for (`_window`'s reach)
     ended: bool = False  # no ids are expected after `upcoming` (a listing stream's directory ends)
     # The guess began where a listing batch begins (its first entry, its lowest id): a tool that
     # lists a directory and then reads its files from the first one (`cp -r`, `tar`, `find
@@ -491,6 +492,7 @@ class ScanScope:
             stream.frontier -= passed
             stream.cursor -= passed
             stream.holes = [i - passed for i in stream.holes if i >= passed]
+            stream.looked = max(stream.looked - passed, 0)
         start = max(stream.frontier, stream.cursor)
         if not stream.extended:  # the first window: also what joint readers passed and have not read yet
             start = min((i for i in range(stream.frontier, stream.cursor) if stream.upcoming[i] not in stream.seen),
@@ -603,9 +605,12 @@ class ScanScope:
         if stream.upcoming and not stream.ended and len(stream.upcoming) < reach:
             stream.upcoming.extend(await self._successors(stream.order, stream.upcoming[-1],
                                                           reach - len(stream.upcoming)))
-        for chunk_id in stream.upcoming[i:reach]:
+        at = max(i, stream.looked)  # (asked once per position: each is a hash for hashed shards)
+        for chunk_id in stream.upcoming[at:reach]:
             if self._opened(chunk_id) is None:
                 break
+            at += 1
+        stream.looked = max(stream.looked, at)
         return picked, i
 
     def _opened(self, chunk_id: int) -> bool | None:
