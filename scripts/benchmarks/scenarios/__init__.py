@@ -17,6 +17,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "serve": serve.run,  # unshardfs serve against http.server over the mount and on the unsharded copy
     "scale-out": scaleout.run,  # check/export: one process, --jobs, Dask LocalCluster of 1 and 2 workers
     "remote": remote.run,  # object-store latency (20 / 100 ms): cp -r, readers, ls -lR, viewer, meshes
+    "remote-readers": remote.run_readers,  # of those the 8 readers alone, and lookups of a seg+gzip volume
     "engines": engines.run,  # every figure above that FUSE caps, on the kernel engine and on pyfuse3
     "zipped": zipped.run,  # cp -r through a mount of a zip vs of the unzipped shards, local and at 20 ms
     "versioned": versioned.run,  # first chunk and cp -r through OCDBT and Icechunk vs plain shards, at 20 ms

@@ -15,11 +15,11 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from ..context import KEY, Context
 from ..mounts import PY, mounted
-from ..workloads import in_processes, parallel_read, read_files, rel_files, timed, warm_page_cache, warmed_files
+from ..workloads import parallel_read, read_files, rel_files, stat_lists, timed, warm_page_cache, warmed_files
 from .listing import ls_time
 from .local import best_fresh, rate
 
@@ -113,12 +113,6 @@ def listing(ctx: Context, engines: tuple[str, ...]) -> None:
                        seconds["kernel"])
 
 
-def _stat_proc(paths: list[str], queue: Any) -> None:
-    for p in paths:
-        os.stat(p)
-    queue.put(len(paths))
-
-
 def slow_store(ctx: Context, files: list[str], engines: tuple[str, ...]) -> None:
     """A store answering every request after 20 ms (the test HTTP server's delay)."""
     from unshardfs.testing.http_servers import DatasetServer
@@ -133,7 +127,7 @@ def slow_store(ctx: Context, files: list[str], engines: tuple[str, ...]) -> None
             with mounted("unshardfs", url, ctx.work, *engine(name)) as m:
                 server.faults.delay = LATENCY
                 # Round-robin: process i looks up names i, i+8, ... (one directory).
-                times[name] = in_processes(_stat_proc, [([str(m / n) for n in names[i::8]],) for i in range(8)])[0]
+                times[name] = stat_lists([[str(m / n) for n in names[i::8]] for i in range(8)])
                 server.faults.delay = 0
             with mounted("unshardfs", url, ctx.work, *engine(name)) as m:
                 server.faults.delay = LATENCY

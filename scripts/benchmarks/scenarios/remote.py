@@ -13,17 +13,19 @@ import random
 import shutil
 import statistics
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..context import KEY, Context
 from ..mounts import mounted
-from ..workloads import parallel_read, read_lists, timed
+from ..workloads import parallel_read, read_lists, stat_lists, timed
 
 LATENCIES = (0.02, 0.1)
 READERS = 8
 VIEWER_CHUNKS = 500
+LOOKUPS = 200  # names looked up by READERS processes (`segmentation_lookups`)
 ROUNDS = 5  # local and remote runs of a figure, alternating
 
 
@@ -75,18 +77,82 @@ def _write_zarr(path: Path, data: Any) -> None:
         arr[...] = data
 
 
-def run(ctx: Context) -> None:
+@contextmanager
+def served(root: Path, latency: float) -> Iterator[Any]:
+    """A Range server of `root` answering every request after `latency` seconds."""
     from unshardfs.testing.http_servers import DatasetServer
 
+    with DatasetServer(root) as server:
+        server.faults.delay = latency
+        yield server
+
+
+def run(ctx: Context) -> None:
     datasets, extra = build(ctx)
     for latency in LATENCIES:
         for ds in datasets:
-            with DatasetServer(ds.root) as server:
-                server.faults.delay = latency
+            with served(ds.root, latency) as server:
                 measure(ctx, ds, server, latency)
-        with DatasetServer(extra["meshes"]) as server:
-            server.faults.delay = latency
+        with served(extra["meshes"], latency) as server:
             meshes(ctx, extra["meshes"], server, latency)
+
+
+def run_readers(ctx: Context) -> None:
+    """`--only remote-readers`: the 8 readers of `measure` alone (both volumes, both latencies),
+    and 8 processes looking up 200 names of one directory of a compressed_segmentation + gzip
+    volume at 20 ms against the ideal (each process one lookup per round trip)."""
+    datasets, _ = build(ctx)
+    for latency in LATENCIES:
+        for ds in datasets:
+            with served(ds.root, latency) as server:
+                readers_rows(ctx, ds, server, latency)
+    segmentation_lookups(ctx)
+
+
+def segmentation_lookups(ctx: Context) -> None:
+    """Each size is in its payload's gzip trailer, so each lookup reads a payload: 200 lookups by
+    8 processes take at least 200/8 round trips. The first 200 names split round-robin (a joint
+    walk in name order, as the engines scenario's lookups) and 200 scattered names."""
+    from unshardfs.testing.precomputed import Scale, sharding, write_volume
+
+    root = Path(ctx.args.data).resolve() / "remote" / "segmentation"
+    if not (root / "ready").exists():
+        scale = Scale((256, 256, 128), (16, 16, 16), sharding(minishard=3, shard=2, data_enc="gzip", index_enc="gzip"),
+                      encoding="compressed_segmentation", extra={"compressed_segmentation_block_size": [8, 8, 8]})
+        write_volume(root, [scale], "uint64", volume_type="segmentation")
+        (root / "ready").write_text("ok")
+    names = sorted(os.listdir(root / "plain" / KEY))
+    latency = LATENCIES[0]
+    ideal = LOOKUPS / READERS * latency
+    target = f"<= {(1.3 * ideal + 3 * latency) / ideal:.2f} (1.3x + 3 round trips)"
+    for label, chosen in (("first names", names[:LOOKUPS]), ("scattered", random.Random(7).sample(names, LOOKUPS))):
+        with served(root / "sharded", 0) as server:
+            with mounted("unshardfs", server.url, ctx.work) as m:
+                server.faults.delay = latency
+                server.reset_log()
+                load = os.getloadavg()[0]
+                elapsed = stat_lists([[str(m / KEY / n) for n in chosen[i::READERS]] for i in range(READERS)])
+                server.faults.delay = 0
+            ctx.report.row(f"{READERS} procs look up {LOOKUPS} names, seg+gzip, {label} (20 ms)", elapsed, "s",
+                           f"{LOOKUPS}/{READERS} round trips", ideal, target)
+            ctx.report.fact(f"lookups, seg+gzip, {label} (20 ms)",
+                            {"requests": len(server.requests()), "round_trips": server.round_trips(),
+                             "load_average": round(load, 1)})
+
+
+def readers_rows(ctx: Context, ds: Dataset, server: Any, latency: float) -> None:
+    """The 8 readers over HTTP against TensorStore and against the same readers on local shards."""
+    tag = f"{ds.name}, {latency * 1000:.0f} ms"
+    n = len(ds.files)
+    ts_rate = n / tensorstore_read(ds, server.url)
+    par_local, par_remote = alternating(
+        ctx, f"{READERS} readers ({tag})", lambda: n / readers(ctx, ds.root, ds.files),
+        lambda: n / counted(ctx, server, n, f"{READERS} readers ({tag})",
+                            lambda m: parallel_read([str(m / f) for f in ds.files], READERS)))
+    ctx.report.row(f"{READERS} readers over HTTP ({tag})", par_remote, "files/s", "TensorStore http kvstore", ts_rate,
+                   ">= 1.5")
+    ctx.report.row(f"{READERS} readers over HTTP ({tag})", par_remote, "files/s", f"{READERS} readers, local shards",
+                   par_local, ">= 0.6")
 
 
 def stats(mnt: Path) -> dict[str, Any]:
@@ -103,13 +169,7 @@ def measure(ctx: Context, ds: Dataset, server: Any, latency: float) -> None:
                                                           lambda m: cp_in(ctx, m, ds.chunk_dir)))
     row(f"cp -r over HTTP ({tag})", cp_remote, "files/s", "TensorStore http kvstore", ts_rate)
     row(f"cp -r over HTTP ({tag})", cp_remote, "files/s", "cp -r, local shards", cp_local, ">= 0.6 (or >= TS)")
-    par_local, par_remote = alternating(
-        ctx, f"{READERS} readers ({tag})", lambda: n / readers(ctx, ds.root, ds.files),
-        lambda: n / counted(ctx, server, n, f"{READERS} readers ({tag})",
-                            lambda m: parallel_read([str(m / f) for f in ds.files], READERS)))
-    row(f"{READERS} readers over HTTP ({tag})", par_remote, "files/s", "TensorStore http kvstore", ts_rate, ">= 1.5")
-    row(f"{READERS} readers over HTTP ({tag})", par_remote, "files/s", f"{READERS} readers, local shards",
-        par_local, ">= 0.6")
+    readers_rows(ctx, ds, server, latency)
     with mounted("unshardfs", server.url, ctx.work) as m:
         server.reset_log()
         elapsed = timed(lambda: subprocess.run(["ls", "-lR", str(m / ds.chunk_dir)], capture_output=True,
@@ -127,6 +187,7 @@ def alternating(ctx: Context, label: str, local: Callable[[], float], remote: Ca
     0.6-0.95 between rounds of one run); the ratio of each round, its median and range go into
     the facts (beside the last round's counts, `counted`)."""
     pairs = []
+    load = os.getloadavg()[0]
     for i in range(ROUNDS):
         if i % 2:
             r = remote()
@@ -137,7 +198,8 @@ def alternating(ctx: Context, label: str, local: Callable[[], float], remote: Ca
     ratios = sorted(r / loc for loc, r in pairs)
     ctx.report.fact(f"{label}, remote/local per round", {"median": round(statistics.median(ratios), 2),
                                                          "range": [round(ratios[0], 2), round(ratios[-1], 2)],
-                                                         "rounds": ROUNDS})
+                                                         "rounds": ROUNDS, "load_average": [round(load, 1), round(
+                                                             os.getloadavg()[0], 1)]})
     return statistics.median(loc for loc, _ in pairs), statistics.median(r for _, r in pairs)
 
 

@@ -124,8 +124,10 @@ class ChunkContext:
         self.caches: Caches = store.caches
         self.whole_reads = store.source.remote
         self.scope: ScanScope | None = None
+        self.lookups: ScanScope | None = None  # the scope of lookups by name, beside that of reads
         if read_ahead and self.fetcher.policy.read_ahead:
             self.scope = ScanScope(self)
+            self.lookups = self.scope.of_lookups()
         # Reads of a chunk's stored bytes go straight to the source (see Fetcher.direct).
         self.direct = self.fetcher.direct and codec.transparent and self.scope is None
         self._name_order: NameOrder | None = None  # built when read-ahead first asks
@@ -182,6 +184,8 @@ class ChunkContext:
         small payload whose size needs its trailer is fetched whole, so the
         read that follows costs no further request.
         """
+        if prefetch and self.lookups is not None:
+            self.lookups.note(chunk_id)  # before its table is read: a scan's next tables come along
         found = await self.store.locate(chunk_id)
         if found is None:
             return None

@@ -186,9 +186,11 @@ class Fetcher:
         self._nursery: trio.Nursery | None = None
         self._leader: Fetcher | None = None
         self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
-        # Prefetches queue behind their own limiter, so a backlog of them
-        # never delays a read someone is waiting for.
-        self._prefetch_limiter = trio.CapacityLimiter(max(1, self.policy.concurrency // 2))
+        # Prefetches queue behind their own limiter, so a backlog of them never
+        # delays a read someone is waiting for here; as many may be in flight
+        # as reads (a scan over hashed shards wants dozens of separate ranges
+        # per round trip, and half as many cost its readers a round trip).
+        self._prefetch_limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
 
     # -- background work ---------------------------------------------------------
 
@@ -320,7 +322,10 @@ class Fetcher:
         elif runs or joins:
             async with trio.open_nursery() as nursery:
                 for run in runs:
-                    nursery.start_soon(self._read_run, run, index)
+                    # Visible before its task starts: a batch asked for at the same instant
+                    # (lookups reading one table's neighbours) joins it instead of reading it again.
+                    self._track(run)
+                    nursery.start_soon(self._read_run, run, index, True)
                 for _, _, run in joins:
                     nursery.start_soon(run.done.wait)
         for run in runs:
@@ -412,9 +417,10 @@ class Fetcher:
             del self._in_flight[run.blob.identity]
         run.done.set()
 
-    async def _read_run(self, run: _Run, index: bool) -> None:
+    async def _read_run(self, run: _Run, index: bool, tracked: bool = False) -> None:
         """Read one run; failures are stored on the run (every extent of it shares them)."""
-        self._track(run)
+        if not tracked:
+            self._track(run)
         try:
             async with self._limiter:
                 self.counters.reads += 1

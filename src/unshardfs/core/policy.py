@@ -18,6 +18,10 @@ class CorePolicy:
     # Chunks prefetched ahead of a newly confirmed stream: at 20 ms per request and well under a
     # millisecond per chunk file, 8 were read before a refill arrived (a stall per doubling).
     first_window: int = 32
+    # ... and of a stream confirmed by several readers' reads together (readahead.py: joint
+    # readers), who read as many times as fast: 8 readers of 4 KiB files read about a hundred
+    # chunks per 20 ms round trip, and outran a first window of 32 before its refill arrived.
+    joint_window: int = 128
     # Chunks prefetched at once, before a scan is confirmed, when a read opens a listing at its
     # first entry (in listing order): the scan's second read then joins that prefetch instead of
     # costing a round trip of its own; a tool that lists and reads one file wastes these.
@@ -33,6 +37,10 @@ class CorePolicy:
     joint_confirm: int = 5
     joint_reads: int = 8
     behind: int = 32
+    # Index tables (a shard's stat and index, a minishard index) read at once ahead of a scan's
+    # windows, per directory: each is a chain of requests, and the windows go on past the chunks
+    # they hold meanwhile (formats with hashed shards meet dozens of tables in one window).
+    opens_max: int = 64
     # Listed entries remembered (listing order; id order over sparse ids; the chunks in a
     # prefetch's gaps): about 50 bytes each at most.
     listed_ids_max: int = 1 << 20

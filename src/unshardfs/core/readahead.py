@@ -26,14 +26,27 @@ a guess also becomes a stream once JOINT_CONFIRM of the JOINT_READS reads
 that follow its first read were of distinct chunks among the JOINT_SPAN
 that follow it (dense reading close behind, which scattered reads do not
 do: a viewer's reads would land there now and then over a long time, not
-most of a few), and a stream counts reads up to
-BEHIND chunks behind its furthest one as its own (readers lagging behind).
+most of a few), whatever order the reads of one instant arrive in (a guess
+made behind recent guesses takes what they saw), and a stream counts reads
+up to BEHIND chunks behind its furthest one as its own (readers lagging
+behind). A stream so confirmed starts with a larger window (JOINT_WINDOW).
 A confirmed stream keeps a window of upcoming chunks prefetched (doubling up
 to MAX_WINDOW), coalesced by the fetcher; a window that ends inside a
 shard's run of upcoming chunks is stretched to the end of that run, so each
 run of adjacent chunks costs one request rather than one per window. Several
 streams per directory are tracked at once (parallel readers each scanning
 their part).
+
+A window does not stop at a chunk whose index table (a shard's stat and
+index, a minishard index) nobody has read yet: it reads that table in the
+background, at most OPENS_MAX at once, goes on past the chunks it holds and
+prefetches them once it is read; the tables the next window reaches are read
+too. The lookups by name of a directory are watched the same way by a second
+scope (`of_lookups`), which reads only index tables: readers that look up
+their files before reading them show their scan a chain of index reads
+earlier than their reads do, and the tables of the chunks they reach next are
+there when they do. Neither scope reads anything without a confirmed stream
+(a viewer's scattered lookups and reads read no table ahead).
 """
 
 from __future__ import annotations
@@ -41,7 +54,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Protocol
+from typing import Hashable, Iterable, Protocol, cast
 
 import numpy as np
 
@@ -58,6 +71,7 @@ log = logging.getLogger(__name__)
 
 MAX_STREAMS = POLICY.max_streams
 FIRST_WINDOW = POLICY.first_window
+JOINT_WINDOW = POLICY.joint_window
 OPEN_WINDOW = POLICY.open_window
 MAX_WINDOW = POLICY.max_window
 SLACK = POLICY.slack
@@ -68,6 +82,7 @@ JOINT_SPAN = POLICY.joint_span
 JOINT_CONFIRM = POLICY.joint_confirm
 JOINT_READS = POLICY.joint_reads
 BEHIND = POLICY.behind
+OPENS_MAX = POLICY.opens_max
 READY_MAX = 1 << 16  # index tables remembered as read (a cache may drop them since: then a window waits)
 CARRY = FIRST_WINDOW // 2  # chunks prefetched ahead of an ending stream that still carry a scan alone
 
@@ -112,11 +127,16 @@ class _Stream:
     exact: bool = True  # whether the last read matched so (and every read before it)
     seen: set[int] = field(default_factory=set)  # ids read while a guess
     age: int = 0  # reads observed since the guess was made
+    # Positions in `upcoming` a window passed while their index tables were being read: each is
+    # prefetched once its table is (`_fill_holes`), so the window goes on past them meanwhile.
+    holes: list[int] = field(default_factory=list)
+    looked: int = 0  # positions before this one have had their tables asked for (`_window`'s reach)
     ended: bool = False  # no ids are expected after `upcoming` (a listing stream's directory ends)
     # The guess began where a listing batch begins (its first entry, its lowest id): a tool that
     # lists a directory and then reads its files from the first one (`cp -r`, `tar`, `find
     # -exec`), which a viewer never does; one exact follow confirms it.
     opens: bool = False
+    first: int | None = None  # the id whose read made the guess
 
     def match(self, chunk_id: int) -> bool:
         self.age += 1
@@ -153,8 +173,11 @@ class _Stream:
         self._confirm()
 
     def _confirm(self) -> None:
-        self.confirmed = (self.exact and self.follows >= (1 if self.opens else CONFIRM)) or \
-            (len(self.seen) >= JOINT_CONFIRM and self.age <= JOINT_READS)
+        followed = self.exact and self.follows >= (1 if self.opens else CONFIRM)
+        joint = len(self.seen) >= JOINT_CONFIRM and self.age <= JOINT_READS
+        self.confirmed = followed or joint
+        if joint and not followed and not self.extended:
+            self.window = max(self.window, JOINT_WINDOW)  # several readers read as fast as several
 
     def _find(self, chunk_id: int, lo: int, hi: int) -> int | None:
         try:
@@ -247,6 +270,17 @@ class Listings:
 
 
 @dataclass(eq=False)
+class TableStates:
+    """The index tables of one directory (`table_of`) known to be read, and those being read
+    ahead of its scans: shared by the scope of its reads and the scope of its lookups, each
+    woken when a table has been read (a window may have passed chunks it holds)."""
+
+    ready: BoundedMap[Hashable, bool] = field(default_factory=lambda: BoundedMap(READY_MAX, lru=False, counted=False))
+    opening: set[Hashable] = field(default_factory=set)
+    scopes: list["ScanScope"] = field(default_factory=list)
+
+
+@dataclass(eq=False)
 class ScanScope:
     ctx: ScanTarget
     streams: list[_Stream] = field(default_factory=list)
@@ -254,14 +288,24 @@ class ScanScope:
     pending: deque[tuple[int, list[_Stream] | None] | None] = field(default_factory=lambda: deque(maxlen=4096))
     working: bool = False
     listings: Listings = field(default_factory=Listings)
-    # Index tables (`table_of`) known to be read, and those being read ahead of a scan.
-    ready: BoundedMap[Hashable, bool] = field(default_factory=lambda: BoundedMap(READY_MAX, lru=False, counted=False))
-    opening: set[Hashable] = field(default_factory=set)
+    tables: TableStates = field(default_factory=TableStates)
+    # A scope of lookups rather than reads: its windows read the index tables of the chunks a
+    # scan looks up next, never their payloads (a lookup needs its chunk's table; the payload
+    # is read ahead once reads show the scan, by the scope of reads).
+    lookups: bool = False
+
+    def __post_init__(self) -> None:
+        self.tables.scopes.append(self)
+
+    def of_lookups(self) -> "ScanScope":
+        """The scope of the same directory's lookups, sharing its listings and index tables."""
+        return ScanScope(self.ctx, listings=self.listings, tables=self.tables, lookups=True)
 
     # -- fed by the chunk files and listings --------------------------------------------
 
     def note(self, chunk_id: int) -> None:
-        """Chunk `chunk_id`'s file is being read from its start (cheap: the work happens in the background)."""
+        """Chunk `chunk_id`'s file is being read from its start, or (a scope of lookups) looked
+        up by name, before its table is read (cheap: the work happens in the background)."""
         fetcher = self.ctx.fetcher
         if not fetcher.can_prefetch:
             return
@@ -320,9 +364,17 @@ class ScanScope:
     def _match(self, chunk_id: int) -> list[_Stream]:
         """Move on every stream that predicted the id, not only the first (one per order), and
         put them in front; the streams that did."""
-        self._ready(self.ctx.table_of(chunk_id))  # the reader's lookup found the id in its table
+        if not self.lookups:
+            self._ready(self.ctx.table_of(chunk_id))  # the reader's lookup found the id in its table
         matched = self._one_per_order([stream for stream in self.streams if stream.match(chunk_id)])
         if matched:
+            # Without a listing, readers walking in order walk the names they were given (a
+            # sorted file list, perhaps split between them), not our ids: where name order and
+            # id order agree so far (Zarr's nested keys and their ids, up to c/1/... and
+            # c/10/...), the name stream leads, not the one its reads would leave at the first
+            # name out of the other's order (a round trip's stall there).
+            if not any(stream.order == "listing" for stream in matched):
+                matched.sort(key=lambda stream: stream.order != "name")
             self.streams = matched + [stream for stream in self.streams if stream not in matched]
         return matched
 
@@ -359,8 +411,11 @@ class ScanScope:
                 if upcoming:
                     listings = self.listings
                     opens = order != "name" and (chunk_id in listings.heads or chunk_id in listings.lowests)
-                    stream = _Stream(order, upcoming, opens=opens)
+                    stream = _Stream(order, upcoming, opens=opens, first=chunk_id)
+                    self._take_later_guesses(stream)
                     self.streams.insert(0, stream)
+                    if stream.confirmed:
+                        await self._extend(stream)
                     if order == "listing" and chunk_id in listings.heads:
                         # A listing read from its first entry is most likely read on in its order
                         # (or in id order, where the two agree: a dense directory's). Not so from
@@ -368,6 +423,25 @@ class ScanScope:
                         # scattered over every shard), which waits for a follow.
                         await self._extend(stream, tentative=OPEN_WINDOW)
         del self.streams[MAX_STREAMS:]
+
+    def _take_later_guesses(self, stream: _Stream) -> None:
+        """Joint readers' reads of one instant reach the daemon in any order: a read may come
+        after reads of chunks just after it, whose guesses did not predict it. The new guess made
+        at it takes the recent guesses of its order made at the chunks it predicts next (within
+        JOINT_SPAN): their first reads and what they saw count as seen after its own, so the
+        reads of one round make one guess, however they arrived."""
+        ahead = set(stream.upcoming[:JOINT_SPAN])
+        taken = [other for other in self.streams
+                 if other.order == stream.order and not other.extended and other.first in ahead
+                 and other.age <= JOINT_READS]
+        for other in taken:
+            stream.seen |= {cast(int, other.first)} | (other.seen & ahead)
+            stream.age = max(stream.age, other.age)
+        if taken:
+            # Its cursor stays: the next read may still follow it exactly (one reader going back
+            # a file), and its first window starts there, passing over what was read.
+            self.streams = [other for other in self.streams if other not in taken]
+            stream._confirm()
 
     def _one_per_order(self, matched: list[_Stream]) -> list[_Stream]:
         """The streams that matched an id, one per order: two streams of one order that both
@@ -408,6 +482,8 @@ class ScanScope:
         """Keep `window` chunks prefetched ahead of the stream's reader (but those in `skip`);
         whether it carries the scan (`_carries`). With `tentative`, that many chunks for a guess
         not yet confirmed, its window left as it is."""
+        if stream.holes:
+            await self._fill_holes(stream)
         if not tentative and self._ahead(stream):
             return self._carries(stream)
         if stream.cursor > MAX_WINDOW + BEHIND:  # forget what the readers have passed
@@ -415,12 +491,45 @@ class ScanScope:
             del stream.upcoming[:passed]
             stream.frontier -= passed
             stream.cursor -= passed
+            stream.holes = [i - passed for i in stream.holes if i >= passed]
+            stream.looked = max(stream.looked - passed, 0)
         start = max(stream.frontier, stream.cursor)
         if not stream.extended:  # the first window: also what joint readers passed and have not read yet
             start = min((i for i in range(stream.frontier, stream.cursor) if stream.upcoming[i] not in stream.seen),
                         default=start)
         picked, stop = await self._window(stream, start, stream.cursor + (tentative or stream.window), skip,
                                           stretch=not tentative)
+        taken = self._prefetch(stream, picked) if picked else 0
+        # The frontier passes only what the fetcher took (its budget may stop it
+        # early): the rest is asked for again at the next extension, holes included.
+        stream.frontier = picked[taken][0] if taken < len(picked) else stop
+        stream.holes = [i for i in stream.holes if i < stream.frontier]
+        if not tentative:
+            stream.window = min(stream.window * 2, MAX_WINDOW)
+            stream.extended = True
+        return self._carries(stream)
+
+    async def _fill_holes(self, stream: _Stream) -> None:
+        """Prefetch the chunks a window passed while their index tables were being read, those
+        whose tables are read now; those the readers have passed are left to them."""
+        low = stream.cursor - BEHIND
+        waiting: list[int] = []
+        picked: list[Picked] = []
+        for i in stream.holes:
+            if i < low:
+                continue
+            if not self._opened(stream.upcoming[i]):
+                waiting.append(i)
+                continue
+            found = await self._extent(stream.upcoming[i])
+            if found is not None:
+                picked.append((i, *found))
+        taken = self._prefetch(stream, picked) if picked else 0
+        stream.holes = sorted(waiting + [i for i, _, _ in picked[taken:]])
+
+    def _prefetch(self, stream: _Stream, picked: list[Picked]) -> int:
+        """Prefetch the picked chunks of the stream; how many of them, from the first, the
+        fetcher took (its budget may stop it early)."""
         tables: dict[Identity, dict[int, ChunkTable]] = {}  # blob -> the tables the window's chunks are in
         for _, _, table in picked:
             tables.setdefault(table.blob.identity, {})[id(table)] = table
@@ -436,14 +545,7 @@ class ScanScope:
         # The same over a name-order scan: what lies between its chunks is mostly chunks of later
         # names (those read already are kept for their readers, and not named by `fill`).
         wide = after is not None or stream.order == "name"
-        taken = self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill, wide=wide)
-        # The frontier passes only what the fetcher took (its budget may stop it
-        # early): the rest is asked for again at the next extension.
-        stream.frontier = picked[taken][0] if taken < len(picked) else stop
-        if not tentative:
-            stream.window = min(stream.window * 2, MAX_WINDOW)
-            stream.extended = True
-        return self._carries(stream)
+        return self.ctx.fetcher.prefetch([ext for _, ext, _ in picked], fill, wide=wide)
 
     @staticmethod
     def _ahead(stream: _Stream) -> bool:
@@ -463,8 +565,9 @@ class ScanScope:
         """(position, extent, table) of the stream's upcoming ids from `start` on, and where they stop:
         up to `want`, then (with `stretch`) on while they stay in the last one's blob (a window
         never splits a shard's run of upcoming chunks into two requests), with at most MAX_WINDOW
-        more ids and a quarter of the prefetch budget in bytes; early, at an id whose index table
-        is being read (the next extension goes on from there)."""
+        more ids and a quarter of the prefetch budget in bytes. An id whose index table is being
+        read is passed over (a hole, prefetched once it is read: `_fill_holes`); the window stops
+        early only at one whose table cannot be read yet (OPENS_MAX being read already)."""
         picked: list[Picked] = []
         limit = want + MAX_WINDOW if stretch else want
         budget = self.ctx.fetcher.policy.prefetch_bytes // 4
@@ -478,34 +581,53 @@ class ScanScope:
                     break
                 stream.upcoming.extend(more)
             chunk_id = stream.upcoming[i]
-            if chunk_id in stream.seen or chunk_id in skip:
-                found = None
-            elif not self._opened(chunk_id):
-                break
-            else:
-                found = await self._extent(chunk_id)
+            found: tuple[Extent, ChunkTable] | None = None
+            hole = False
+            if chunk_id not in stream.seen and chunk_id not in skip:
+                opened = self._opened(chunk_id)
+                if opened is None:
+                    break  # as many tables are being read as may be: the window goes on once they are
+                if not opened:
+                    found, hole = None, not self.lookups  # prefetched once its table is read (`_fill_holes`)
+                elif not self.lookups:
+                    found = await self._extent(chunk_id)
             if i >= want and (found is None or not picked or found[0].blob.identity != picked[-1][1].blob.identity):
                 break
-            if found is not None:
+            if hole:
+                stream.holes.append(i)
+            elif found is not None:
                 picked.append((i, *found))
                 budget -= found[0].length
             i += 1
         # The tables the next window reaches, read now in the background (all at once), so
         # neither it nor the readers' lookups wait for them one after another.
-        for chunk_id in stream.upcoming[i:i + min(2 * max(want - start, FIRST_WINDOW), MAX_WINDOW)]:
-            self._opened(chunk_id)
+        reach = i + min(2 * max(want - start, FIRST_WINDOW), MAX_WINDOW)
+        if stream.upcoming and not stream.ended and len(stream.upcoming) < reach:
+            stream.upcoming.extend(await self._successors(stream.order, stream.upcoming[-1],
+                                                          reach - len(stream.upcoming)))
+        at = max(i, stream.looked)  # (asked once per position: each is a hash for hashed shards)
+        for chunk_id in stream.upcoming[at:reach]:
+            if self._opened(chunk_id) is None:
+                break
+            at += 1
+        stream.looked = max(stream.looked, at)
         return picked, i
 
-    def _opened(self, chunk_id: int) -> bool:
-        """Whether the index table of `chunk_id` is known to be read; if not, it is read in the
-        background (once, with a task per table). Without a background, the caller reads it."""
+    def _opened(self, chunk_id: int) -> bool | None:
+        """Whether the index table of `chunk_id` is known to be read (True), or being read in the
+        background (False: started now if it was not, once per table, with a task per table);
+        None when it is neither and OPENS_MAX tables are being read already. Without a
+        background, True: the caller reads it."""
         table = self.ctx.table_of(chunk_id)
-        if table is None or table in self.ready:
+        tables = self.tables
+        if table is None or table in tables.ready:
             return True
-        if table not in self.opening:
+        if table not in tables.opening:
+            if len(tables.opening) >= OPENS_MAX:
+                return None
             if not self.ctx.fetcher.spawn(self._open, table, chunk_id):
                 return True
-            self.opening.add(table)
+            tables.opening.add(table)
         return False
 
     async def _open(self, table: Hashable, chunk_id: int) -> None:
@@ -514,17 +636,27 @@ class ScanScope:
         except DataError:
             pass  # the reader's own lookup reports it
         finally:
-            self.opening.discard(table)
+            self.tables.opening.discard(table)
             self._ready(table)
-        # The window that stopped at this table goes on now, not at the next read: readers
-        # waiting for the same table in their lookups read on as soon as it is there.
-        self.pending.append(None)
+        # The windows that passed or stopped at this table go on now, not at the next read:
+        # readers waiting for the same table in their lookups read on as soon as it is there.
+        for scope in self.tables.scopes:
+            scope.wake()
+
+    def wake(self) -> None:
+        """Extend the leading streams again in the background (an index table has been read):
+        once for the tables read since the last time it did, and only if a stream is confirmed."""
+        if not any(stream.confirmed for stream in self.streams):
+            return  # nothing to extend (`_refill` leads the confirmed streams only)
+        if not self.pending or self.pending[-1] is not None:
+            self.pending.append(None)
         if not self.working:
             self.working = self.ctx.fetcher.spawn(self._work)
 
     def _ready(self, table: Hashable | None) -> None:
-        if table is not None and table not in self.ready:
-            self.ready[table] = True
+        ready = self.tables.ready
+        if table is not None and table not in ready:
+            ready[table] = True
 
     async def _extent(self, chunk_id: int) -> tuple[Extent, ChunkTable] | None:
         """The chunk's extent and the table it is in, if it is worth prefetching."""
@@ -574,6 +706,8 @@ class ScanScope:
         listed_after = self.listings.after(chunk_id, n)
         if listed_after is not None:
             return listed_after
+        if self.lookups:
+            return []  # its table is not read yet: that is what the lookup is reading
         try:  # not listed: the entries after it in its index table
             found = await self.ctx.locate(chunk_id)
         except DataError:
