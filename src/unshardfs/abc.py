@@ -19,7 +19,8 @@ error behaviour. The pieces, bottom up:
 - `ChunkContext` + `ShardedDir`: a directory of chunk files from the above.
 - `FormatPlugin` + `Dataset` (`InventoryPart`, `ChunkInventory`): the
   plug-in, named by an `unshardfs.formats` entry point
-  (`yourpkg.plugin:YourFormat`); `unshardfs.testing.format_conformance.FormatConformance`
+  (`yourpkg.plugin:YourFormat`), generic in its options (a frozen
+  dataclass; `NoOptions` for none); `unshardfs.testing.format_conformance.FormatConformance`
   is the suite it passes through a real mount.
 - `Fields`, `DataLimits`: metadata parsing with typed errors, bounds on
   untrusted sizes. Errors: `DataError` (damage: EIO), `ConfigError`
@@ -37,7 +38,7 @@ from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.geometry import FixedSize, Geometry
 from unshardfs.core.inventory import ChunkInventory, InventoryPart
 from unshardfs.core.naming import DecimalNaming, Naming, parse_decimal
-from unshardfs.core.registry import Dataset, FormatPlugin, register_format, unregister_format
+from unshardfs.core.registry import Dataset, FormatPlugin, NoOptions, register_format, unregister_format
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
 from unshardfs.core.table import ChunkTable
@@ -51,6 +52,6 @@ __all__ = [
     "SHARD_INDEX", "Blob", "ByteSource", "BytesFile", "ChunkContext", "ChunkFile", "ChunkInventory", "ChunkTable",
     "Codec", "ConfigError", "DataError", "Dataset", "DecimalNaming", "DirNode", "Extent", "Fetcher", "Fields",
     "FileNode", "FixedSize", "FormatPlugin", "Geometry", "GeometrySized", "IndexLevel", "InventoryPart", "DataLimits", "MetadataError",
-    "Naming", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_path", "parse_decimal",
+    "Naming", "NoOptions", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_path", "parse_decimal",
     "register_codec", "register_format", "unregister_format",
 ]

@@ -22,6 +22,7 @@ from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.pipeline import archive_lines
 from unshardfs.app.options import open_options
 from unshardfs.app.split import Part, PartResult, run_part
+from unshardfs.core.registry import changed_options
 from unshardfs.tools.atomic import WriteStopped, remove_temporaries
 from unshardfs.tools.inspect import format_report, version_lines
 from unshardfs.tools.ledger import MANIFEST, Ledger, Plan
@@ -103,7 +104,8 @@ def _identity(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     source = args.source
     if "://" not in source and "|" not in source:
         source = os.path.abspath(source)
-    formats = json.loads(json.dumps(open_options(args).formats, default=str, sort_keys=True))
+    given = {name: changed_options(options) for name, options in open_options(args).formats.items()}
+    formats = json.loads(json.dumps(given, default=str, sort_keys=True))
     return source, formats
 
 

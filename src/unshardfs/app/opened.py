@@ -37,9 +37,9 @@ class OpenOptions:
     remote: RemoteOptions = field(default_factory=RemoteOptions)  # http(s)://, gs://, s3:// and --cache-dir
     policy: FetchPolicy = field(default_factory=FetchPolicy)  # the read path: coalescing, prefetch
     limits: DataLimits = field(default_factory=DataLimits)  # bounds on untrusted data
-    # Per format (by plug-in name), the options its plug-in made from the command line; only
-    # formats given any. (Each plug-in's own keys: the formats' extension API.)
-    formats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Per format (by plug-in name), the options its plug-in made from the command line (the
+    # plug-in's own frozen dataclass); only formats given any.
+    formats: dict[str, object] = field(default_factory=dict)
     icechunk: IcechunkOptions = field(default_factory=IcechunkOptions)  # which virtual references may be read
     versions: bool = True  # a versioned store's other versions shown as `@NAME/` directories (`core.versions`)
 

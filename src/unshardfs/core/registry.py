@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
 from unshardfs.core.caches import SHARD_INDEX, IndexLevel
 from unshardfs.core.codecs import CODECS, Codec, register_codec
@@ -39,7 +39,22 @@ class Dataset:
     format: str | None = None  # the plug-in that opened it (set by `open_dataset`)
 
 
-class FormatPlugin(ABC):
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a format that takes none."""
+
+
+OptionsT = TypeVar("OptionsT")
+
+
+def changed_options(options: object) -> dict[str, Any]:
+    """The fields of a format's options that differ from their defaults, by name (what was given)."""
+    default = type(options)()
+    return {f.name: getattr(options, f.name) for f in fields(cast(Any, options))
+            if getattr(options, f.name) != getattr(default, f.name)}
+
+
+class FormatPlugin(ABC, Generic[OptionsT]):
     """One storage format: how to recognise it and how to show it.
 
     Contract: `detect` and `open` only read the source (never write);
@@ -47,7 +62,9 @@ class FormatPlugin(ABC):
     only with a hint for the user; `open` raises ConfigError for bad
     metadata (MetadataError, a ConfigError, names the member) and never
     fails later for it; damage found while serving is the tree's DataError.
-    `options` must be picklable (split check/export ship them to workers).
+    Its options are one frozen dataclass (`options_type`, every field with a default,
+    picklable: split check/export ship them to workers), its fields named as the
+    command-line flags that set them.
     """
 
     name: str
@@ -67,27 +84,34 @@ class FormatPlugin(ABC):
     def add_options(self, group: argparse._ArgumentGroup) -> None:
         """Add this format's command-line options."""
 
-    def options(self, args: argparse.Namespace) -> dict[str, Any]:
-        """This format's options as given on the command line (only those set; picklable)."""
-        return {}
+    # This format's options: a frozen dataclass whose defaults mean "none given".
+    options_type: type[Any] = NoOptions
+
+    def default_options(self) -> OptionsT:
+        """The options when the command line gives none."""
+        return cast(OptionsT, self.options_type())
+
+    def options(self, args: argparse.Namespace) -> OptionsT:
+        """This format's options from the command line (its defaults where none is given)."""
+        return self.default_options()
 
     @abstractmethod
-    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
+    async def detect(self, source: ByteSource, options: OptionsT) -> bool:
         """Whether `source` holds this format (may raise ConfigError with a hint)."""
 
     @abstractmethod
-    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
+    async def open(self, runtime: Runtime, options: OptionsT) -> Dataset:
         """Read and validate the metadata (ConfigError when bad) and build the tree."""
 
 
-_PLUGINS: dict[str, FormatPlugin] = {}
+_PLUGINS: dict[str, FormatPlugin[Any]] = {}
 _loaded = False
 _json_names: frozenset[str] | None = None  # of the registered formats (serve asks on every request)
 FORMAT_GROUP = "unshardfs.formats"
 CODEC_GROUP = "unshardfs.codecs"
 
 
-def register_format(plugin: FormatPlugin | type[FormatPlugin]) -> FormatPlugin:
+def register_format(plugin: FormatPlugin[Any] | type[FormatPlugin[Any]]) -> FormatPlugin[Any]:
     """Register a format (a class is instantiated); the entry points do this for installed packages."""
     instance = plugin() if isinstance(plugin, type) else plugin
     if not isinstance(instance, FormatPlugin):
@@ -131,7 +155,7 @@ def load_plugins() -> None:
             log.warning("format plug-in %s names %r, not a FormatPlugin", ep.name, obj)
 
 
-def plugins() -> list[FormatPlugin]:
+def plugins() -> list[FormatPlugin[Any]]:
     """Every registered format, in detection order."""
     load_plugins()
     return sorted(_PLUGINS.values(), key=lambda p: -p.priority)
@@ -163,7 +187,7 @@ def json_names() -> frozenset[str]:
     return _json_names
 
 
-def plugin(name: str) -> FormatPlugin:
+def plugin(name: str) -> FormatPlugin[Any]:
     for p in plugins():
         if p.name == name:
             return p
@@ -185,9 +209,9 @@ def add_format_options(parser: argparse.ArgumentParser) -> None:
         p.add_options(group)
 
 
-def given_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Per format, the options given on the command line (only formats with any)."""
-    return {p.name: opts for p in plugins() if (opts := p.options(args))}
+def given_options(args: argparse.Namespace) -> dict[str, object]:
+    """Per format, its options as given on the command line (only formats given any)."""
+    return {p.name: opts for p in plugins() if (opts := p.options(args)) != p.default_options()}
 
 
 def detection_probes(named: str | None = None) -> list[str]:
@@ -196,28 +220,29 @@ def detection_probes(named: str | None = None) -> list[str]:
     return [path for p in chosen for path in p.probes]
 
 
-async def detect(source: ByteSource, named: str | None, given: dict[str, dict[str, Any]]) -> FormatPlugin:
+async def detect(source: ByteSource, named: str | None, given: Mapping[str, object]) -> FormatPlugin[Any]:
     if named is not None:
         return plugin(named)
     if source.remote:
         await stat_all(source, detection_probes())
     for p in plugins():
-        if await p.detect(source, given.get(p.name, {})):
+        if await p.detect(source, given.get(p.name, p.default_options())):
             return p
     markers = " nor ".join(f"{p.marker} ({p.description})" for p in reversed(plugins()))
     hint = " (or the store refuses to let us read them: check the URL and credentials)" if source.remote else ""
     raise ConfigError(f"{source.description} has neither {markers}{hint}")
 
 
-async def open_dataset(runtime: Runtime, named: str | None, given: dict[str, dict[str, Any]]) -> Dataset:
+async def open_dataset(runtime: Runtime, named: str | None, given: Mapping[str, object]) -> Dataset:
     """Detect (or take the named) format, refuse options of other formats, open it."""
     chosen = await detect(runtime.source, named, given)
-    for name in given:
+    for name, options in given.items():
         if name != chosen.name:
-            flags = ", ".join("--" + key.replace("_", "-") for key in given[name])
-            verb = "applies" if len(given[name]) == 1 else "apply"
+            changed = changed_options(options)
+            flags = ", ".join("--" + key.replace("_", "-") for key in changed)
+            verb = "applies" if len(changed) == 1 else "apply"
             raise ConfigError(f"{flags} {verb} to {plugin(name).description} stores only; "
                               f"this is {chosen.description}")
-    dataset = await chosen.open(runtime, given.get(chosen.name, {}))
+    dataset = await chosen.open(runtime, given.get(chosen.name, chosen.default_options()))
     dataset.format = chosen.name
     return dataset

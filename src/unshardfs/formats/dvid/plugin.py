@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from dataclasses import dataclass
 
 from unshardfs.core.registry import Dataset, FormatPlugin
 from unshardfs.core.runtime import Runtime
@@ -19,7 +19,13 @@ from unshardfs.util.errors import ConfigError
 from unshardfs.util.fdpath import open_argument
 
 
-class DvidFormat(FormatPlugin):
+@dataclass(frozen=True)
+class DvidOptions:
+    info: str | None = None  # --info: the volume spec (an absolute path)
+    supervoxels: bool = False  # --supervoxels: supervoxel ids instead of agglomerated labels
+
+
+class DvidFormat(FormatPlugin[DvidOptions]):
     name = "dvid"
     description = "DVID export"
     marker = "s0/*.arrow shard files"
@@ -32,19 +38,19 @@ class DvidFormat(FormatPlugin):
         group.add_argument("--supervoxels", action="store_true",
                            help="show supervoxel ids instead of agglomerated labels")
 
-    def options(self, args: argparse.Namespace) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if getattr(args, "info_path", None):
-            out["info"] = os.path.abspath(args.info_path)
-            os.close(open_argument(out["info"], "--info"))  # what it is, before anything runs
-        if getattr(args, "supervoxels", False):
-            out["supervoxels"] = True
-        return out
+    options_type = DvidOptions
 
-    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
+    def options(self, args: argparse.Namespace) -> DvidOptions:
+        info = None
+        if getattr(args, "info_path", None):
+            info = os.path.abspath(args.info_path)
+            os.close(open_argument(info, "--info"))  # what it is, before anything runs
+        return DvidOptions(info, bool(getattr(args, "supervoxels", False)))
+
+    async def detect(self, source: ByteSource, options: DvidOptions) -> bool:
         from unshardfs.formats.dvid.export import looks_like_export
 
-        if options.get("info"):
+        if options.info:
             return True
         if not source.listable or not await looks_like_export(source):
             return False
@@ -54,9 +60,9 @@ class DvidFormat(FormatPlugin):
                               "give the volume spec it was exported against with --info SPEC.json")
         return True
 
-    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
+    async def open(self, runtime: Runtime, options: DvidOptions) -> Dataset:
         from unshardfs.formats.dvid.export import DvidExport
 
-        export = DvidExport(runtime, options.get("info"), bool(options.get("supervoxels")))
+        export = DvidExport(runtime, options.info, options.supervoxels)
         return Dataset(await export.build(), export.inventory)
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from unshardfs.core.caches import SHARD_INDEX
-from unshardfs.core.registry import Dataset, FormatPlugin
+from unshardfs.core.registry import Dataset, FormatPlugin, NoOptions
 from unshardfs.core.runtime import Runtime
 from unshardfs.sources.base import ByteSource
 from unshardfs.volume.sharding import MINISHARD_INDEX
 
 
-class PrecomputedFormat(FormatPlugin):
+class PrecomputedFormat(FormatPlugin[NoOptions]):
     name = "precomputed"
     description = "Neuroglancer precomputed"
     marker = "an info file"
@@ -20,11 +18,11 @@ class PrecomputedFormat(FormatPlugin):
     json_names = ("info", "provenance")
     probes = ("info",)
 
-    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
+    async def detect(self, source: ByteSource, options: NoOptions) -> bool:
         st = await source.stat("info")
         return st is not None and not st.is_dir
 
-    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
+    async def open(self, runtime: Runtime, options: NoOptions) -> Dataset:
         from unshardfs.formats.precomputed.dataset import PrecomputedDataset
 
         dataset = PrecomputedDataset(runtime)

@@ -6,7 +6,7 @@ directories (`1`, `2-2-1`, ...) holding a `header.wkw` (a bare layer).
 
 from __future__ import annotations
 
-from unshardfs.core.registry import Dataset, FormatPlugin
+from unshardfs.core.registry import Dataset, FormatPlugin, NoOptions
 from unshardfs.core.runtime import Runtime
 from unshardfs.formats.wkw.properties import PROPERTIES
 from unshardfs.sources.base import ByteSource
@@ -14,7 +14,7 @@ from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.util.fields import DEFAULT_LIMITS, load_json, off_loop
 
 
-class WkwFormat(FormatPlugin):
+class WkwFormat(FormatPlugin[NoOptions]):
     name = "wkw"
     description = "webKnossos WKW"
     marker = "a datasource-properties.json with WKW layers or mag directories with header.wkw"
@@ -24,7 +24,7 @@ class WkwFormat(FormatPlugin):
     json_names = ("datasource-properties.json",)
     probes = (PROPERTIES, "1/header.wkw")  # the second: where a store that cannot list has a bare mag
 
-    async def detect(self, source: ByteSource, options: dict[str, object]) -> bool:
+    async def detect(self, source: ByteSource, options: NoOptions) -> bool:
         from unshardfs.formats.wkw.dataset import mag_dirs
         from unshardfs.formats.wkw.properties import has_wkw_layers
 
@@ -39,7 +39,7 @@ class WkwFormat(FormatPlugin):
                 return True  # a broken properties file: `open` says what is wrong with it
         return bool(await mag_dirs(source))
 
-    async def open(self, runtime: Runtime, options: dict[str, object]) -> Dataset:
+    async def open(self, runtime: Runtime, options: NoOptions) -> Dataset:
         from unshardfs.formats.wkw.dataset import WkwDataset
 
         dataset = WkwDataset(runtime)

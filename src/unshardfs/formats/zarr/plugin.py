@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from unshardfs.core.registry import Dataset, FormatPlugin
@@ -30,7 +31,12 @@ async def _v2_store(runtime: Runtime) -> Dataset:
     return Dataset(PassthroughDir(runtime.source, "", st), nothing_sharded)
 
 
-class ZarrFormat(FormatPlugin):
+@dataclass(frozen=True)
+class ZarrOptions:
+    view: str | None = None  # --view: "zarr3" (None: the same) or "zarr2"
+
+
+class ZarrFormat(FormatPlugin[ZarrOptions]):
     name = "zarr"
     description = "Zarr v3"
     marker = "a zarr.json"
@@ -43,21 +49,23 @@ class ZarrFormat(FormatPlugin):
         group.add_argument("--view", choices=VIEWS, default=None,
                            help="show unsharded Zarr v3 (default) or Zarr v2 for legacy readers")
 
-    def options(self, args: argparse.Namespace) -> dict[str, Any]:
-        return {"view": args.view} if getattr(args, "view", None) else {}
+    options_type = ZarrOptions
 
-    async def detect(self, source: ByteSource, options: dict[str, Any]) -> bool:
+    def options(self, args: argparse.Namespace) -> ZarrOptions:
+        return ZarrOptions(getattr(args, "view", None))
+
+    async def detect(self, source: ByteSource, options: ZarrOptions) -> bool:
         for marker in ("zarr.json", *V2_MARKERS):
             st = await source.stat(marker)
             if st is not None and not st.is_dir:
                 return True
         return False
 
-    async def open(self, runtime: Runtime, options: dict[str, Any]) -> Dataset:
+    async def open(self, runtime: Runtime, options: ZarrOptions) -> Dataset:
         from unshardfs.formats.zarr.hierarchy import ZarrHierarchy
 
         if await runtime.source.stat("zarr.json") is None:
             return await _v2_store(runtime)
-        hierarchy = ZarrHierarchy(runtime, options.get("view") or "zarr3")
+        hierarchy = ZarrHierarchy(runtime, options.view or "zarr3")
         return Dataset(await hierarchy.build(), hierarchy.inventory)
 
