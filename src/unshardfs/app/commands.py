@@ -309,7 +309,7 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
             if is_object_url(args.dest):
                 out.clear()  # uploads a lost worker left unfinished: every file is in place now
             tail += f"; manifest {out.where(MANIFEST)}"
-        except WriteStopped as e:
+        except (WriteStopped, DataError) as e:  # DataError: a ledger entry read back does not add up
             stopped, finished = str(e), False
         finally:
             out.close()

@@ -260,11 +260,8 @@ class ObjectStore:
     def fail(self, method: str, what: str, answer: Answer) -> StoreError:
         """The error an unexpected answer is: 412 `Exists`, else a StoreError naming the status."""
         code = _error_code(answer.body)
-        hint = {403: " (no permission: check the credentials)", 401: " (not authenticated: no credentials?)",
-                404: " (no such bucket?)" if code in ("", "NoSuchBucket", "The specified bucket does not exist.")
-                else ""}.get(answer.status, "")
         kind = Exists if answer.status == 412 else StoreError
-        return kind(f"{method} {what}: HTTP {answer.status} {code}".rstrip() + hint, answer.status)
+        return kind(f"{method} {what}: HTTP {answer.status} {code}".rstrip(), answer.status)
 
     # -- the sink's operations (per store below) --------------------------------------
 
@@ -314,7 +311,9 @@ class ObjectStore:
         try:
             next(iter(self.list("", delimiter=True)), None)
         except StoreError as e:
-            raise ConfigError(f"{self.description}: {e}") from None
+            why = {404: f"bucket {self.bucket} does not exist", 403: "no permission to list it (check the credentials)",
+                   401: "not authenticated (no credentials found?)"}.get(e.status)
+            raise ConfigError(f"{self.description}: {why} ({e})" if why else f"{self.description}: {e}") from None
 
 
 class Upload:
@@ -459,8 +458,6 @@ class S3Store(ObjectStore):
 
     def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
-        if self.prefix and not rel:
-            prefix += "/"
         query = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
         if delimiter:
             query["delimiter"] = "/"
@@ -679,8 +676,6 @@ class GcsStore(ObjectStore):
 
     def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
-        if self.prefix and not rel:
-            prefix += "/"
         what = self.where(rel)
         token: str | None = None
         seen: set[str] = set()

@@ -231,8 +231,10 @@ class Ledger:
     def write_manifest(self, plan: Plan, sync: bool = True) -> tuple[int, int]:
         """Gather every task's file lines into the manifest (streamed); (files, bytes)."""
         files = size = 0
+        totals = []
         for task in range(plan.tasks):
             f, b = self.task_totals(task)
+            totals.append(f)
             files, size = files + f, size + b
         header = {"format": MANIFEST_FORMAT, "version": VERSION, "source": plan.source, "files": files,
                   "bytes": size, "checksum": "crc32c"}
@@ -241,11 +243,15 @@ class Ledger:
             yield json.dumps(header).encode() + b"\n"
             for task in range(plan.tasks):
                 batch: list[bytes] = []
+                count = 0
                 for record in self.records(task):
                     batch.append(record.line().encode())
+                    count += 1
                     if len(batch) >= 4096:
                         yield b"".join(batch)
                         batch = []
+                if count != totals[task]:  # read back short (or grown): the manifest would lie
+                    raise DataError(task_file(task), f"{count:,} file lines, its closing line counts {totals[task]:,}")
                 yield b"".join(batch)
         self.dest.write(MANIFEST, pieces(), sync=sync, create=False)
         return files, size

@@ -193,8 +193,12 @@ class ObjectDest:
               task: int | None = None, create: bool = True) -> int:
         self._key(rel)
         pending = _StoreFile(self, rel, create)
-        for piece in pieces:
-            pending.add(piece)
+        try:
+            for piece in pieces:
+                pending.add(piece)
+        except BaseException:
+            pending.abort()
+            raise
         pending.commit(pending.size, mtime_ns)
         return pending.size
 
