@@ -30,8 +30,17 @@ MANIFEST = f"{PREFIX}/.unshardfs/manifest.jsonl"
 
 @pytest.fixture(scope="module")
 def volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """512 chunk files of 1 KiB in shards, 64 plain files and the info."""
+    """64 chunk files of 1 KiB in 4 shards, 8 plain files and the info."""
     root = tmp_path_factory.mktemp("objvol")
+    paths = write_volume(root, [Scale((32, 32, 32), (8, 8, 8), sharding(minishard=1, shard=2)),
+                                Scale((16, 16, 16), (8, 8, 8), None, resolution=(2, 2, 2))], "uint16")
+    return Path(paths["sharded"])
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """512 chunk files of 1 KiB in shards, 64 plain files and the info: enough to kill a run midway."""
+    root = tmp_path_factory.mktemp("objmany")
     paths = write_volume(root, [Scale((64, 64, 64), (8, 8, 8), sharding(minishard=2, shard=2)),
                                 Scale((32, 32, 32), (8, 8, 8), None, resolution=(2, 2, 2))], "uint16")
     return Path(paths["sharded"])
@@ -55,6 +64,11 @@ def _reference(source: Path, dest: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def reference(volume: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     return _reference(volume, tmp_path_factory.mktemp("objref") / "out")
+
+
+@pytest.fixture(scope="module")
+def many_reference(many: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    return _reference(many, tmp_path_factory.mktemp("objmanyref") / "out")
 
 
 @pytest.fixture(scope="module")
@@ -173,15 +187,17 @@ def test_s3_check_manifest_names_every_difference(s3, volume, reference):
     assert lines[-1].endswith("1 missing, 2 differing, 1 extra")
 
 
-def test_s3_resume_after_the_client_is_killed_rewrites_no_complete_file(s3, volume, reference):
+@pytest.mark.slow
+def test_s3_resume_after_the_client_is_killed_rewrites_no_complete_file(s3, many, many_reference):
     proxy, client = s3
+    volume, reference = many, many_reference
     proxy.delay = 0.01
     command = [*UNSHARDFS, "export", "-q", "--jobs", "2", "--s3-endpoint", proxy.endpoint, str(volume),
                f"s3://out/{PREFIX}/"]
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while sum(1 for a in list(proxy.answered) if a[0] == "PUT" and a[2] == 200) < 150:
+        while sum(1 for a in list(proxy.answered) if a[0] == "PUT" and a[2] == 200) < 100:
             assert child.poll() is None and time.monotonic() < deadline, "the export ended before it was killed"
             time.sleep(0.01)
         os.kill(child.pid, signal.SIGKILL)
@@ -205,6 +221,7 @@ def test_s3_resume_after_the_client_is_killed_rewrites_no_complete_file(s3, volu
     assert s3_check(proxy).returncode == 0
 
 
+@pytest.mark.slow
 def test_s3_export_and_check_on_a_dask_cluster(s3, volume, reference):
     pytest.importorskip("distributed")
     proxy, client = s3
@@ -216,6 +233,7 @@ def test_s3_export_and_check_on_a_dask_cluster(s3, volume, reference):
     assert " 0 missing, 0 differing, 0 extra" in checked.stdout
 
 
+@pytest.mark.slow
 def test_s3_big_files_go_in_parts_and_a_failed_part_leaves_nothing(s3, big_volume, big_reference):
     proxy, client = s3
     big = sorted(rel for rel, data in big_reference.items() if len(data) > 8 << 20)
@@ -334,6 +352,7 @@ def test_gcs_export_equals_a_local_export_and_verifies_from_the_stores_checksums
     assert "differs: " in gs_check(gcs).stdout
 
 
+@pytest.mark.slow
 def test_gcs_big_files_use_resumable_uploads_and_planted_objects_are_replaced_only_when_different(
         gcs, big_volume, big_reference):
     names = sorted(big_reference)
