@@ -273,9 +273,22 @@ class ObjectStore:
     def head(self, rel: str) -> Stored | None:
         raise NotImplementedError
 
+    def address(self, rel: str, media: bool = False) -> str:
+        """The URL of the object `rel` (`media`: of its bytes, where the API tells them apart)."""
+        raise NotImplementedError
+
     def get(self, rel: str, limit: int, tail: int | None = None) -> bytes | None:
         """The object's bytes (its last `tail` bytes), None if absent; StoreError beyond `limit` bytes."""
-        raise NotImplementedError
+        what = self.where(rel)
+        answer = self.request("GET", self.address(rel, media=True), what,
+                              {"Range": f"bytes=-{tail}"} if tail else None, ok_limit=limit)
+        if answer.status == 404:
+            return None
+        if answer.status == 416:
+            return b""
+        if answer.status not in (200, 206):
+            raise self.fail("GET", what, answer)
+        return answer.body
 
     def read(self, rel: str, size: int) -> Iterator[bytes]:
         """An object of `size` bytes, in pieces of at most PART bytes (ranged GETs)."""
@@ -288,10 +301,22 @@ class ObjectStore:
             yield piece
 
     def get_range(self, rel: str, offset: int, size: int) -> bytes:
-        raise NotImplementedError
+        what = self.where(rel)
+        answer = self.request("GET", self.address(rel, media=True), what,
+                              {"Range": f"bytes={offset}-{offset + size - 1}"}, ok_limit=size)
+        if answer.status == 416:
+            return b""
+        if answer.status == 200 and offset == 0:  # the whole object (of at most `size` bytes)
+            return answer.body
+        if answer.status != 206:
+            raise self.fail("GET", what, answer)
+        return answer.body
 
     def delete(self, rel: str) -> None:
-        raise NotImplementedError
+        what = self.where(rel)
+        answer = self.request("DELETE", self.address(rel), what)
+        if answer.status not in (200, 204, 404):
+            raise self.fail("DELETE", what, answer)
 
     def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
         """(path relative to the prefix, size, the store's crc32c if the listing states it) of every
@@ -364,6 +389,9 @@ class S3Store(ObjectStore):
         path = quote(self.key(rel), safe="/") if rel else ""
         return f"{self.base}/{path}" + (f"?{urlencode(sorted(query.items()))}" if query else "")
 
+    def address(self, rel: str, media: bool = False) -> str:
+        return self.url(rel)
+
     def _checked(self, rel: str, digest: Digest, answer: Answer, what: str) -> None:
         """The store's answer to a PUT must describe our bytes: its CRC-32C echo, else an MD5 ETag."""
         echoed = answer.headers.get("x-amz-checksum-crc32c")
@@ -405,36 +433,6 @@ class S3Store(ObjectStore):
         # A multipart object's checksum is of its parts ("...-N"): not the object's, not used.
         crc = answer.headers.get("x-amz-checksum-crc32c")
         return Stored(int(length), crc_from_b64(crc) if crc and "-" not in crc else None, _etag(answer.headers))
-
-    def get(self, rel: str, limit: int, tail: int | None = None) -> bytes | None:
-        what = self.where(rel)
-        answer = self.request("GET", self.url(rel), what, {"Range": f"bytes=-{tail}"} if tail else None,
-                              ok_limit=limit)
-        if answer.status == 404:
-            return None
-        if answer.status == 416:
-            return b""
-        if answer.status not in (200, 206):
-            raise self.fail("GET", what, answer)
-        return answer.body
-
-    def get_range(self, rel: str, offset: int, size: int) -> bytes:
-        what = self.where(rel)
-        answer = self.request("GET", self.url(rel), what, {"Range": f"bytes={offset}-{offset + size - 1}"},
-                              ok_limit=size)
-        if answer.status == 416:
-            return b""
-        if answer.status == 200 and offset == 0:
-            return answer.body[:size]
-        if answer.status != 206:
-            raise self.fail("GET", what, answer)
-        return answer.body
-
-    def delete(self, rel: str) -> None:
-        what = self.where(rel)
-        answer = self.request("DELETE", self.url(rel), what)
-        if answer.status not in (200, 204, 404):
-            raise self.fail("DELETE", what, answer)
 
     def _pages(self, query: dict[str, str], what: str) -> Iterator[tuple[ET.Element, str]]:
         token: str | None = None
@@ -599,7 +597,7 @@ class GcsStore(ObjectStore):
             return {}
         return {"Authorization": f"Bearer {google_token(self._credentials)}"}
 
-    def object_url(self, rel: str, media: bool = False) -> str:
+    def address(self, rel: str, media: bool = False) -> str:
         name = quote(self.key(rel), safe="")
         return f"{self.endpoint}/storage/v1/b/{self.bucket}/o/{name}" + ("?alt=media" if media else "")
 
@@ -638,41 +636,13 @@ class GcsStore(ObjectStore):
 
     def head(self, rel: str) -> Stored | None:
         what = self.where(rel)
-        answer = self.request("GET", self.object_url(rel) + "?fields=size,crc32c,generation", what,
+        answer = self.request("GET", self.address(rel) + "?fields=size,crc32c,generation", what,
                               ok_limit=ERROR_BODY_LIMIT)
         if answer.status == 404:
             return None
         if answer.status != 200:
             raise self.fail("GET", what, answer)
         return self.resource(answer, f"GET {what}")
-
-    def get(self, rel: str, limit: int, tail: int | None = None) -> bytes | None:
-        what = self.where(rel)
-        answer = self.request("GET", self.object_url(rel, media=True), what,
-                              {"Range": f"bytes=-{tail}"} if tail else None, ok_limit=limit)
-        if answer.status == 404:
-            return None
-        if answer.status == 416:
-            return b""
-        if answer.status not in (200, 206):
-            raise self.fail("GET", what, answer)
-        return answer.body
-
-    def get_range(self, rel: str, offset: int, size: int) -> bytes:
-        what = self.where(rel)
-        answer = self.request("GET", self.object_url(rel, media=True), what,
-                              {"Range": f"bytes={offset}-{offset + size - 1}"}, ok_limit=size)
-        if answer.status == 416:
-            return b""
-        if answer.status not in (200, 206) or (answer.status == 200 and offset):
-            raise self.fail("GET", what, answer)
-        return answer.body
-
-    def delete(self, rel: str) -> None:
-        what = self.where(rel)
-        answer = self.request("DELETE", self.object_url(rel), what)
-        if answer.status not in (200, 204, 404):
-            raise self.fail("DELETE", what, answer)
 
     def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
