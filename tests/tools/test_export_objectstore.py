@@ -210,6 +210,8 @@ def test_s3_resume_after_the_client_is_killed_rewrites_no_complete_file(s3, many
     proxy.answered.clear()
     resumed = s3_export(proxy, volume, "--resume")
     assert resumed.returncode == 0, resumed.stderr
+    # Counted as written: exactly the files that were not in DEST.
+    assert f"({len(reference) - len(before):,} written, {len(before):,} already complete" in resumed.stdout
     # A file already complete was never written again: every PUT to one was refused (412) or not sent.
     rewritten = [path for method, path, status, _ in proxy.answered
                  if method == "PUT" and status == 200 and path.split(f"/{PREFIX}/", 1)[1] in before]
@@ -362,6 +364,7 @@ def test_gcs_big_files_use_resumable_uploads_and_planted_objects_are_replaced_on
     kept = gcs.buckets["bkt"][f"{PREFIX}/{same}"].generation
     result = gs_export(gcs, big_volume)
     assert result.returncode == 0, result.stderr
+    assert f"({len(big_reference) - 1:,} written, 1 already complete" in result.stdout
     assert data_of(gcs.objects()) == big_reference
     assert gcs.buckets["bkt"][f"{PREFIX}/{same}"].generation == kept  # never rewritten
     assert any("uploadType=resumable" in p for m, p in gcs.faults.seen if m == "POST")

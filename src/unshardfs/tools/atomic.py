@@ -127,8 +127,9 @@ class Pending:
             self.write_at(piece, self.offset)
         self.offset += len(piece)
 
-    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> None:
-        """Size it (holes left by skipped zero pieces included), stamp it, flush it, rename it into place."""
+    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> bool:
+        """Size it (holes left by skipped zero pieces included), stamp it, flush it, rename it into
+        place; True (written)."""
         try:
             os.ftruncate(self.fd, size)
             if mtime_ns is not None:
@@ -153,6 +154,7 @@ class Pending:
             raise
         os.close(self.dirfd)
         self.dirfd = -1
+        return True
 
     def abort(self) -> None:
         """Close and remove the temporary (best effort: a full disk still allows unlinking)."""

@@ -32,7 +32,9 @@ class PendingFile(Protocol):
 
     def add(self, piece: bytes) -> None: ...
 
-    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> None: ...
+    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> bool:
+        """Put it in place; False when an identical complete file was there already (kept)."""
+        ...
 
     def abort(self) -> None: ...
 
@@ -69,10 +71,10 @@ class Dest(Protocol):
         ...
 
     def write(self, rel: str, pieces: Iterable[bytes], mtime_ns: int | None = None, sync: bool = True,
-              task: int | None = None, create: bool = True) -> int:
-        """Write `rel` whole from `pieces`; its size. `create`: a complete file already there is kept
-        when it holds these bytes (object stores: conditional create); the ledger's own records
-        pass False and replace."""
+              task: int | None = None, create: bool = True) -> bool:
+        """Write `rel` whole from `pieces`; False when it was not written because a complete file
+        holding these bytes was there (`create`: object stores create conditionally); the ledger's
+        own records pass `create=False` and replace."""
         ...
 
     def open_file(self, rel: str, task: int | None) -> PendingFile:
@@ -220,9 +222,10 @@ class LocalDest:
             raise DataError(rel, "exists and is not a directory (a symlink is never followed)")
 
     def write(self, rel: str, pieces: Iterable[bytes], mtime_ns: int | None = None, sync: bool = True,
-              task: int | None = None, create: bool = True) -> int:
+              task: int | None = None, create: bool = True) -> bool:
         # A rename replaces a regular file there; one this run journaled is never rewritten (the caller).
-        return write_file(self.out, rel, pieces, mtime_ns, sync, task)
+        write_file(self.out, rel, pieces, mtime_ns, sync, task)
+        return True
 
     def open_file(self, rel: str, task: int | None) -> PendingFile:
         return Pending(self.out, rel, task)

@@ -78,23 +78,25 @@ class _StoreFile:
             self.abort()
             raise WriteStopped(self.rel, str(e)) from None
 
-    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> None:
+    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> bool:
+        """In place; False when the object there already held these bytes (kept, not written)."""
         if size != self.size:
             self.abort()
             raise DataError(self.rel, f"{self.size:,} bytes written, {size:,} expected")
         data = b"".join(self.held)
         try:
             if self.upload is None:
-                self.dest.put(self.rel, data, self.crc, self.create)
-                return
+                return self.dest.put(self.rel, data, self.crc, self.create) is not None
             self.upload.add(data)
             try:
                 self.upload.complete()
+                return True
             except Exists:
                 self.upload.abort()
                 if not self.dest.holds(self.rel, self.size, self.crc):
                     raise DataError(self.rel, "DEST holds another object under this name; it is not replaced "
                                               "by a file of several parts (remove it, then --resume)") from None
+                return False
         except StoreError as e:
             self.abort()
             raise WriteStopped(self.rel, str(e)) from None
@@ -190,7 +192,7 @@ class ObjectDest:
         return self.store.put(rel, data, replace=there.tag)
 
     def write(self, rel: str, pieces: Iterable[bytes], mtime_ns: int | None = None, sync: bool = True,
-              task: int | None = None, create: bool = True) -> int:
+              task: int | None = None, create: bool = True) -> bool:
         self._key(rel)
         pending = _StoreFile(self, rel, create)
         try:
@@ -199,8 +201,7 @@ class ObjectDest:
         except BaseException:
             pending.abort()
             raise
-        pending.commit(pending.size, mtime_ns)
-        return pending.size
+        return pending.commit(pending.size, mtime_ns)
 
     def open_file(self, rel: str, task: int | None) -> PendingFile:
         self._key(rel)

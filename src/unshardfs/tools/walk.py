@@ -73,10 +73,11 @@ async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
         yield data
 
 
-def _write_whole(dest: Dest, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> int:
-    """Write a file of one piece (complete under its name, or not at all); its crc32c."""
-    dest.write(rel, [data], mtime_ns, sync, task)
-    return crc32c.crc32c(data)
+def _write_whole(dest: Dest, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> tuple[int, bool]:
+    """Write a file of one piece (complete under its name, or not at all); its crc32c, and whether
+    it was written (not found complete already)."""
+    written = dest.write(rel, [data], mtime_ns, sync, task)
+    return crc32c.crc32c(data), written
 
 
 def _add_piece(pending: PendingFile, piece: bytes, crc: int) -> int:
@@ -115,11 +116,15 @@ class _Run:
         if self.scope is not None:
             self.scope.cancel()
 
-    def landed(self, rel: str, node: FileNode, crc: int) -> None:
-        """A file is in place: count it and journal it."""
+    def landed(self, rel: str, node: FileNode, crc: int, written: bool = True) -> None:
+        """A file is in place (`written`, or found there complete with these bytes): count it and
+        journal it."""
         if self.journal is not None:
             source, offset, length = source_of(node.xattrs())
             self.journal.add(FileRecord(rel, node.size, crc, node.mtime_ns, source, offset, length))
+        if not written:
+            self.summary.skipped += 1
+            return
         self.summary.written += 1
         self.summary.bytes += node.size
 
@@ -211,9 +216,10 @@ async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter:
 async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object, rel: str, node: FileNode,
                            data: bytes) -> None:
     try:
-        crc = await trio.to_thread.run_sync(_write_whole, run.dest, rel, data, node.mtime_ns, run.sync, run.task,
+        crc, written = await trio.to_thread.run_sync(_write_whole, run.dest, rel, data, node.mtime_ns, run.sync,
+                                                     run.task,
                                             limiter=trio.CapacityLimiter(1))
-        run.landed(rel, node, crc)
+        run.landed(rel, node, crc, written)
     except WriteStopped as e:
         run.stop(e)
     except OSError as e:  # e.g. ELOOP: a symlink where the file's directory goes
@@ -234,9 +240,9 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
             crc = 0
             async for piece in file_bytes(node, rel):
                 crc = await trio.to_thread.run_sync(_add_piece, pending, piece, crc)
-            await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
+            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
             pending = None
-            run.landed(rel, node, crc)
+            run.landed(rel, node, crc, written)
         except WriteStopped as e:
             run.stop(e)
         except OSError as e:  # writing (reads fail with our own errors)
