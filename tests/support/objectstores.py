@@ -4,7 +4,6 @@ x-goog-hash checks), and a proxy in front of moto's S3 that injects faults. Both
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import re
@@ -13,8 +12,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from typing import TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import crc32c
 import httpx
@@ -63,7 +62,30 @@ class _Object:
                 "crc32c": _b64(crc.to_bytes(4, "big")), "md5Hash": _b64(hashlib.md5(self.data).digest())}
 
 
-class FakeGcs:
+_S = TypeVar("_S", bound="_Served")
+
+
+class _Served:
+    """A threaded HTTP server on 127.0.0.1 for the handler `_handler` makes, stopped on exit."""
+
+    def __init__(self) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+    def __enter__(self: _S) -> _S:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeGcs(_Served):
     """Buckets of objects behind the GCS JSON API subset export uses: list (paged, with delimiter),
     metadata, media download with Range, delete, media and resumable uploads honouring
     `ifGenerationMatch` and refusing a body whose `x-goog-hash` does not match (400)."""
@@ -75,9 +97,7 @@ class FakeGcs:
         self.page = page
         self.generation = 1000
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        super().__init__()
 
     def objects(self, bucket: str = "bkt") -> dict[str, bytes]:
         with self.lock:
@@ -235,16 +255,7 @@ class FakeGcs:
 
         return Handler
 
-    def __enter__(self) -> "FakeGcs":
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class FaultyProxy:
+class FaultyProxy(_Served):
     """A forwarding proxy to `upstream` (moto's S3) that applies `faults` first: an injected status,
     a dropped connection, or ("lie") a success whose ETag and checksum are not the body's."""
 
@@ -254,9 +265,7 @@ class FaultyProxy:
         self.delay = 0.0  # seconds each PUT waits before it is forwarded
         self.answered: list[tuple[str, str, int, dict[str, str]]] = []  # (method, path, status, request headers)
         self.client = httpx.Client(timeout=30)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
@@ -305,21 +314,6 @@ class FaultyProxy:
 
         return Handler
 
-    def __enter__(self) -> "FaultyProxy":
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__exit__(*exc)
         self.client.close()
-
-
-@contextlib.contextmanager
-def fake_gcs(buckets: tuple[str, ...] = ("bkt",)) -> Iterator[FakeGcs]:
-    with FakeGcs(buckets) as fake:
-        yield fake
-
-
-def gcs_key(name: str) -> str:
-    return quote(name, safe="")

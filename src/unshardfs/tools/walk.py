@@ -1,4 +1,4 @@
-"""Walk a virtual tree outside FUSE: export it to a directory, or check it.
+"""Walk a virtual tree outside FUSE: export it to a DEST (a directory or object storage), or check it.
 
 Both are format-agnostic: they see exactly what the mount would show, in
 the tree's own listing order, which for sharded data is shard by shard and
@@ -145,7 +145,7 @@ class _Run:
 async def export(root: DirNode, dest: Dest, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None,
                  journal: Journal | None = None, sync: bool = True) -> WalkSummary:
-    """Write the tree under `dest`, every file under a temporary name renamed into place when whole.
+    """Write the tree under `dest`, every file appearing under its name only when whole (`Dest.write`).
 
     Reads happen on the event loop in listing order (sequential in the
     shards); up to `jobs` file writes run in worker threads meanwhile. Files
