@@ -15,7 +15,8 @@ from tests.support.tmpfs import remount, small_tmpfs
 from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files, walk_files
-from unshardfs.tools.walk import Dest, export
+from unshardfs.tools.dest import LocalDest
+from unshardfs.tools.walk import export
 from unshardfs.tree.nodes import DirNode, FileNode
 
 SHARDED, PLAIN = "1_1_1", "2_2_2"
@@ -215,7 +216,7 @@ def test_names_that_would_leave_dest_or_take_its_own_are_not_exported(tmp_path):
                  (".unshardfs", _Dir([("plan.json", _File(b"{}"))])),
                  (".f.unshardfs-tmp-0123456789ab", _File(b"temp")), ("ok", _File(b"fine"))])
     dest_dir = tmp_path / "dest"
-    dest = Dest.open(dest_dir)
+    dest = LocalDest.open(dest_dir)
     try:
         summary = trio.run(export, root, dest)
     finally:
@@ -284,8 +285,8 @@ def test_dest_as_a_file_url_is_its_path_and_other_schemes_are_refused(volume, re
     dest = tmp_path / "out"
     assert run_cli("export", "-q", str(volume), f"file://{dest}").returncode == 0
     same_tree(dest, reference)
-    refused = run_cli("export", "-q", str(volume), "s3://bucket/prefix")
+    refused = run_cli("export", "-q", str(volume), "https://example.org/prefix")
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
-        "unshardfs: DEST s3://bucket/prefix: export writes to a local or shared file system (a path or "
-        "file:///path); s3:// is not supported as DEST"]
-    assert not Path("s3:").exists()
+        "unshardfs: DEST https://example.org/prefix: export writes to a directory (a path or file:///path), "
+        "s3:// or gs://; https:// is not supported as DEST"]
+    assert not Path("https:").exists()

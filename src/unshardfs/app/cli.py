@@ -139,17 +139,21 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("source", metavar="SOURCE|DEST")
     c.add_argument("--manifest", metavar="MANIFEST",
                    help="verify the copy DEST against this manifest (written by export): every file's presence, "
-                        "size and crc32c, and no file more; one line per difference and a summary")
+                        "size and crc32c, and no file more; one line per difference and a summary. MANIFEST and "
+                        "DEST may be s3:// or gs:// URLs")
     add_walk_options(c, 1, "worker processes (threads with --manifest)")
 
     e = command("export", help="write SOURCE's unsharded tree to DEST (resumable, verified)",
-                       epilog="Each file is written under a temporary name and renamed into place when complete;\n"
-                              "a full disk stops the export with one line. DEST/.unshardfs/ holds the plan, the\n"
-                              "ledger of finished tasks and, at the end, the manifest of every file.\n"
+                       epilog="Each file is written under a temporary name and renamed into place when complete\n"
+                              "(in s3:// or gs://: one conditional PUT, or an upload in parts completed when whole);\n"
+                              "a full disk or a refused upload stops the export with one line. DEST/.unshardfs/ holds\n"
+                              "the plan, the ledger of finished tasks and, at the end, the manifest of every file.\n"
                               "examples:\n  unshardfs export --jobs 8 /data/ds /scratch/ds-unsharded\n"
-                              "  unshardfs export --resume /data/ds /scratch/ds-unsharded   # after a kill or a full disk")
+                              "  unshardfs export --resume /data/ds /scratch/ds-unsharded   # after a kill or a full disk\n"
+                              "  unshardfs export --jobs 16 /data/ds s3://bucket/ds-unsharded/")
     e.add_argument("source", metavar="SOURCE")
-    e.add_argument("dest", metavar="DEST")
+    e.add_argument("dest", metavar="DEST", help="a directory (made if missing), file:///path, or s3://BUCKET/PREFIX/ "
+                   "or gs://BUCKET/PREFIX/ in an existing bucket")
     e.add_argument("--resume", action="store_true",
                    help="continue the export DEST holds: finished tasks are skipped, files of unfinished ones kept "
                         "where DEST still matches their journal (size and crc32c), temporaries removed")

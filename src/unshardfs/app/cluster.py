@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from unshardfs.app.split import Part, PartResult, run_part
-from unshardfs.tools.walk import Dest, WalkSummary
+from unshardfs.sources import RemoteOptions
+from unshardfs.tools.dest import is_object_url, open_dest
+from unshardfs.tools.walk import WalkSummary
 from unshardfs.util.errors import ConfigError
 
 
@@ -114,10 +116,26 @@ def default_parts(client: Any) -> int:
     return max(1, 4 * int(sum(client.nthreads().values())))
 
 
-def check_dest_visible(client: Any, dest: Path) -> None:
-    """Refuse a DEST some worker cannot see (export writes there from every worker)."""
-    Dest.open(dest).close()  # made if missing; a DEST that is not a directory is a one-line error
-    marker = dest / f".unshardfs-probe-{uuid.uuid4().hex}"
+def _reaches(dest: str, remote: RemoteOptions) -> str | None:
+    """On a worker: None if it can open DEST (an object store prefix), else why not."""
+    try:
+        open_dest(dest, remote).close()
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def check_dest_visible(client: Any, dest: str, remote: RemoteOptions) -> None:
+    """Refuse a DEST some worker cannot see (export writes there from every worker): a directory all
+    workers share, or an object store prefix every worker reaches with its own credentials."""
+    if is_object_url(dest):
+        found = client.run(_reaches, dest, remote)
+        blind = sorted(f"{worker}: {why}" for worker, why in found.items() if why is not None)
+        if not found or blind:
+            raise ConfigError(f"{dest} cannot be written by every Dask worker ({'; '.join(blind) or 'no workers'})")
+        return
+    open_dest(dest).close()  # made if missing; a DEST that is not a directory is a one-line error
+    marker = Path(dest) / f".unshardfs-probe-{uuid.uuid4().hex}"
     marker.write_text("probe")
     try:
         seen = client.run(os.path.exists, str(marker))

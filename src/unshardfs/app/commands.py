@@ -23,10 +23,11 @@ from unshardfs.app.pipeline import archive_lines
 from unshardfs.app.options import open_options
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.core.registry import changed_options
-from unshardfs.tools.atomic import WriteStopped, remove_temporaries
+from unshardfs.tools.atomic import WriteStopped
+from unshardfs.tools.dest import dest_name, is_object_url, open_dest
 from unshardfs.tools.inspect import format_report, version_lines
 from unshardfs.tools.ledger import MANIFEST, Ledger, Plan
-from unshardfs.tools.walk import Dest, WalkSummary, check
+from unshardfs.tools.walk import WalkSummary, check
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.logonce import collect_problems
 
@@ -94,7 +95,7 @@ def _checks(args: argparse.Namespace, parts: int) -> list[Part]:
 
 def _exports(args: argparse.Namespace, plan: Plan, tasks: list[int]) -> list[Part]:
     """The export's tasks, run with this command line's tuning (concurrency, timeouts, caches)."""
-    return [Part(plan.source, _one_version(args), i, plan.tasks, str(Path(args.dest).absolute()), args.jobs,
+    return [Part(plan.source, _one_version(args), i, plan.tasks, dest_name(args.dest), args.jobs,
                  not args.no_fsync) for i in tasks]
 
 
@@ -221,12 +222,12 @@ def _plan(args: argparse.Namespace, ledger: Ledger, default_tasks: int) -> Plan:
 
 def _prepare(args: argparse.Namespace, default_tasks: int) -> tuple[Plan, list[int], list[PartResult]]:
     """Open DEST, fix the plan, clear a killed run's temporaries; (plan, tasks to run, tasks done)."""
-    out = Dest.open(Path(args.dest))
+    out = open_dest(args.dest, open_options(args).remote)
     try:
-        ledger = Ledger(out.out)
+        ledger = Ledger(out)
         plan = _plan(args, ledger, default_tasks)
         if args.resume:
-            remove_temporaries(out.out)
+            out.clear()  # temporaries, unfinished uploads
         done = ledger.complete() & set(range(plan.tasks))
         finished = []
         for task in sorted(done):
@@ -259,19 +260,8 @@ def _export_here(args: argparse.Namespace, jobs: list[Part]) -> list[PartResult]
     return results
 
 
-def _local_dest(dest: str) -> str:
-    """DEST as a local path: a file:// URL's path; a URL of any other scheme is refused."""
-    scheme, sep, rest = dest.partition("://")
-    if not sep:
-        return dest
-    if scheme.lower() == "file" and rest.startswith("/"):
-        return rest
-    raise ConfigError(f"DEST {dest}: export writes to a local or shared file system (a path or file:///path); "
-                      f"{scheme}:// is not supported as DEST")
-
-
 def _export(args: argparse.Namespace) -> int:
-    args.dest = _local_dest(args.dest)
+    args.dest = dest_name(args.dest)
     try:
         return _export_run(args)
     except WriteStopped as e:  # writing the plan: DEST is full before the first task
@@ -286,7 +276,7 @@ def _export_run(args: argparse.Namespace) -> int:
             from unshardfs.app.cluster import check_dest_visible, default_parts
 
             client = _client(args)
-            check_dest_visible(client, Path(args.dest))
+            check_dest_visible(client, args.dest, open_options(args).remote)
             plan, pending, finished = _prepare(args, default_parts(client))
             results = _on_cluster(args, client, _exports(args, plan, pending), "task")
         else:
@@ -312,14 +302,16 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
     tail = f"; {len(failures)} failed" if failures else ""
     finished = complete == plan.tasks and stopped is None
     if finished:
-        out = Dest.open(Path(args.dest))
+        out = open_dest(args.dest, open_options(args).remote)
         try:
-            ledger = Ledger(out.out)
+            ledger = Ledger(out)
             # Ledger entries never change once written: a manifest gathered from them stays right.
             if not ledger.has_manifest() or not all(r.recorded for r in results):
                 ledger.write_manifest(plan, not args.no_fsync)
-            tail += f"; manifest {Path(args.dest) / MANIFEST}"
-        except WriteStopped as e:
+            if is_object_url(args.dest):
+                out.clear()  # uploads a lost worker left unfinished: every file is in place now
+            tail += f"; manifest {out.where(MANIFEST)}"
+        except (WriteStopped, DataError) as e:  # DataError: a ledger entry read back does not add up
             stopped, finished = str(e), False
         finally:
             out.close()

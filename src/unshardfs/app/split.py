@@ -17,15 +17,15 @@ from __future__ import annotations
 import zlib
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import trio
 
 from unshardfs.app.opened import OpenedSource, OpenOptions
-from unshardfs.tools.atomic import WriteStopped, sync_dir
+from unshardfs.tools.atomic import WriteStopped
+from unshardfs.tools.dest import Dest, open_dest
 from unshardfs.tools.ledger import Journal, Ledger
-from unshardfs.tools.walk import Dest, Select, WalkSummary, check, export
+from unshardfs.tools.walk import Select, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
 
 # Files held in a shard carry their chunk id (passthrough files only their source path).
@@ -40,7 +40,7 @@ class Part:
     options: OpenOptions
     part: int
     parts: int
-    dest: str | None = None  # export: where every worker writes (a shared file system)
+    dest: str | None = None  # export: where every worker writes (a shared file system, s3:// or gs://)
     write_jobs: int = 4
     sync: bool = True  # export: flush each file before its rename, and the ledger entry's directories
 
@@ -98,12 +98,12 @@ async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] 
     """Export one task into DEST: skipped whole if its ledger entry is there; else its journal's
     files are kept where DEST still matches them, the others written, and the entry written once
     every file of the task is in place (none failed, no listing problem)."""
-    ledger = Ledger(out.out)
+    ledger = Ledger(out)
     if job.part in ledger.complete():
         files, _ = ledger.task_totals(job.part)
         return PartResult([], WalkSummary(files=files, skipped=files), 0, job.part, complete=True, recorded=True)
     try:
-        journal = Journal.open(out.out, job.part)
+        journal = Journal.open(out, job.part)
     except WriteStopped as e:
         return PartResult([], WalkSummary(stopped=str(e)), 0, job.part)
     try:
@@ -128,14 +128,14 @@ def _finish(ledger: Ledger, journal: Journal, sync: bool) -> None:
     """Flush the directories the task renamed files into, then write its ledger entry."""
     if sync:
         for parent in sorted({path.rpartition("/")[0] for path in journal.done}):
-            sync_dir(ledger.out, parent)
+            ledger.dest.sync_dir(parent)
     ledger.finish(journal, sync)
 
 
 async def _run(job: Part, progress: Callable[[WalkSummary], None] | None = None) -> PartResult:
     if job.dest is None:
         return await _check(job, progress)
-    out = Dest.open(Path(job.dest))
+    out = open_dest(job.dest, job.options.remote)
     try:
         return await _export(job, out, progress)
     finally:

@@ -14,15 +14,19 @@ import argparse
 import os
 import stat as statmod
 import sys
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from unshardfs.tools.atomic import is_temp, measure
-from unshardfs.tools.ledger import LEDGER_DIR, FileRecord, read_manifest
-from unshardfs.util.errors import ConfigError
+from unshardfs.app.options import open_options
+from unshardfs.sources import RemoteOptions
+from unshardfs.tools.dest import Dest, LocalDest, is_object_url, local_path, open_dest
+from unshardfs.tools.ledger import FileRecord, read_manifest
+from unshardfs.tools.objectdest import ObjectDest
+from unshardfs.util.errors import ConfigError, one_line
 from unshardfs.util.fdpath import Beneath
 
 BATCH = 512  # files per task: large enough that a task's overhead is small beside reading its files
@@ -39,13 +43,33 @@ class Verdict:
     differing: int = 0
 
 
-def verify_batch(dest: str, records: list[FileRecord]) -> Verdict:
-    """Compare each record's file beneath `dest` with the record (runs in a thread or a Dask worker)."""
-    out = Beneath(dest, links=False)
+_OPENED: dict[tuple[str, RemoteOptions], Dest] = {}
+_OPENED_LOCK = threading.Lock()
+
+
+def _opened(dest: str, remote: RemoteOptions) -> Dest:
+    """An object store DEST opened once per process (its connections pooled, shared by threads)."""
+    with _OPENED_LOCK:
+        found = _OPENED.get((dest, remote))
+        if found is None:
+            found = _OPENED[(dest, remote)] = open_dest(dest, remote)
+        return found
+
+
+def verify_batch(dest: str, records: list[FileRecord], remote: RemoteOptions | None = None) -> Verdict:
+    """Compare each record's file in `dest` with the record (runs in a thread or a Dask worker)."""
+    remote = remote or RemoteOptions()
+    if is_object_url(dest):
+        out: Dest = _opened(dest, remote)
+    else:
+        try:
+            out = LocalDest(Beneath(dest, links=False), dest)
+        except OSError as e:
+            raise ConfigError(f"DEST {dest}: {e.strerror}") from None
     verdict = Verdict()
     try:
         for record in records:
-            found = measure(out, record.path)
+            found = out.measure(record.path)
             verdict.files += 1
             if found.problem == "missing":
                 verdict.missing += 1
@@ -63,7 +87,8 @@ def verify_batch(dest: str, records: list[FileRecord]) -> Verdict:
             else:
                 verdict.bytes += found.size
     finally:
-        out.close()
+        if not out.remote:
+            out.close()
     return verdict
 
 
@@ -82,25 +107,6 @@ def batches(records: Iterable[FileRecord], names: set[str]) -> Iterator[list[Fil
         yield batch
 
 
-def extras(out: Beneath, names: set[str], rel: str = "") -> Iterator[str]:
-    """Entries beneath DEST the manifest does not name (the ledger's own directory aside)."""
-    fd = out.open(rel, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with os.scandir(fd) as entries:
-            listed = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in entries)
-    finally:
-        os.close(fd)
-    for name, is_dir, is_link in listed:
-        child = f"{rel}/{name}" if rel else name
-        if child == LEDGER_DIR:
-            continue
-        if is_dir:
-            yield from extras(out, names, child)
-        elif child not in names:
-            kind = " (a symlink)" if is_link else " (a leftover temporary: run export --resume)" if is_temp(name) else ""
-            yield f"{child}{kind}"
-
-
 def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any], Verdict],
               work: Iterator[list[FileRecord]], window: int, each: Callable[[Verdict], None]) -> None:
     """Keep at most `window` batches in flight (the manifest is streamed, never held whole)."""
@@ -114,47 +120,56 @@ def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any],
 
 
 def verify_copy(args: argparse.Namespace) -> int:
-    dest = args.source
-    header, records = read_manifest(args.manifest)
-    try:
-        out = Beneath(dest, links=False)
-    except OSError as e:
-        raise ConfigError(f"DEST {dest}: {e.strerror}") from None
-    if not statmod.S_ISDIR(os.fstat(out.fd).st_mode):
-        out.close()
-        raise ConfigError(f"DEST {dest} is not a directory")
+    remote = open_options(args).remote
+    dest = args.source if is_object_url(args.source) else local_path(args.source)
+    header, records = read_manifest(args.manifest, remote)
+    out: Dest
+    if is_object_url(dest):
+        out = ObjectDest.open(dest, remote)
+    else:
+        try:
+            out = LocalDest(Beneath(dest, links=False), dest)
+        except OSError as e:
+            raise ConfigError(f"DEST {dest}: {e.strerror}") from None
+        if not statmod.S_ISDIR(os.fstat(out.out.fd).st_mode):
+            out.close()
+            raise ConfigError(f"DEST {dest} is not a directory")
     names: set[str] = set()
     total = Verdict()
 
     def each(verdict: Verdict) -> None:
         for line in verdict.lines:
-            print(line)
+            print(one_line(line))
         total.files += verdict.files
         total.bytes += verdict.bytes
         total.missing += verdict.missing
         total.differing += verdict.differing
 
     work = batches(records, names)
+    where = dest if is_object_url(dest) else str(Path(dest).resolve())
     if args.scheduler is not None:
         from unshardfs.app.cluster import close_client, open_client
 
         client = open_client(args.scheduler, args.debug, args.quiet)
         try:
             threads = max(1, sum(client.nthreads().values()))
-            _windowed(lambda b: client.submit(verify_batch, str(Path(dest).resolve()), b, pure=False),
+            _windowed(lambda b: client.submit(verify_batch, where, b, remote, pure=False),
                       lambda f: f.result(), work, 4 * threads, each)
         finally:
             close_client(client)
     else:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             def submit(batch: list[FileRecord]) -> Future[Verdict]:
-                return pool.submit(verify_batch, dest, batch)
+                return pool.submit(verify_batch, dest, batch, remote)
             _windowed(submit, lambda f: f.result(), work, 4 * max(1, args.jobs), each)
     extra = 0
-    for line in extras(out, names):
-        print(f"extra: {line}")
-        extra += 1
-    out.close()
+    try:
+        for path, note in out.files():
+            if path not in names:
+                print(one_line(f"extra: {path}{note}"))
+                extra += 1
+    finally:
+        out.close()
     expected = header.get("files")
     if isinstance(expected, int) and expected != total.files:
         print(f"unshardfs: the manifest's header counts {expected:,} files but lists {total.files:,}", file=sys.stderr)

@@ -221,11 +221,8 @@ class GcsSource(_PrefixListing):
         creds = self._credentials
         if creds is None:
             return
-        if not creds.valid:
-            import google.auth.transport.requests
-
-            await trio.to_thread.run_sync(creds.refresh, google.auth.transport.requests.Request())
-        request.headers["Authorization"] = f"Bearer {creds.token}"
+        token = creds.token if creds.valid else await trio.to_thread.run_sync(google_token, creds)
+        request.headers["Authorization"] = f"Bearer {token}"
 
     async def page(self, prefix: str, limit: int | None, token: str | None
                    ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
@@ -251,21 +248,47 @@ class GcsSource(_PrefixListing):
         return objects, prefixes, following
 
 
-def _google_credentials() -> Any:  # google.auth's Credentials (untyped), or None
+GCS_READ = "https://www.googleapis.com/auth/devstorage.read_only"
+
+
+def _google_credentials(scope: str = GCS_READ) -> Any:  # google.auth's Credentials (untyped), or None
     try:
         import google.auth
         from google.auth.exceptions import DefaultCredentialsError
     except ImportError:
         return None
     try:
-        creds, _project = google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_only"])
+        creds, _project = google.auth.default(scopes=[scope])
     except DefaultCredentialsError:
         return None
     log.info("gs:// requests use Google application default credentials")
     return creds
 
 
+def google_token(creds: Any) -> str:
+    """A valid bearer token of google-auth credentials, refreshed first when needed (blocking)."""
+    if not creds.valid:
+        import google.auth.transport.requests
+
+        creds.refresh(google.auth.transport.requests.Request())
+    return str(creds.token)
+
+
 S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+def aws_region(region: str | None = None) -> str:
+    return region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
+def s3_bucket_url(bucket: str, region: str, endpoint: str | None) -> str:
+    """The URL a bucket's keys are appended to (after a '/')."""
+    if endpoint:
+        return f"{endpoint.rstrip('/')}/{bucket}"  # path style, as S3-compatible servers expect
+    if "." in bucket:
+        # Virtual-hosted names with dots fail TLS (the certificate is *.s3.<region>.amazonaws.com).
+        return f"https://s3.{region}.amazonaws.com/{bucket}"
+    return f"https://{bucket}.s3.{region}.amazonaws.com"
 
 
 class S3Source(_PrefixListing):
@@ -274,15 +297,8 @@ class S3Source(_PrefixListing):
     def __init__(self, bucket: str, prefix: str, options: HttpOptions | None = None, endpoint: str | None = None,
                  region: str | None = None) -> None:
         check_bucket(bucket, self.scheme)
-        self.region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        if endpoint:
-            base = f"{endpoint.rstrip('/')}/{bucket}"  # path style, as S3-compatible servers expect
-        elif "." in bucket:
-            # Virtual-hosted names with dots fail TLS (the certificate is *.s3.<region>.amazonaws.com).
-            base = f"https://s3.{self.region}.amazonaws.com/{bucket}"
-        else:
-            base = f"https://{bucket}.s3.{self.region}.amazonaws.com"
-        super().__init__(bucket, base, prefix, options)
+        self.region = aws_region(region)
+        super().__init__(bucket, s3_bucket_url(bucket, self.region, endpoint), prefix, options)
         self._signer = _aws_signer(self.region)
 
     def is_absent(self, status: int) -> bool:
@@ -327,8 +343,14 @@ class S3Source(_PrefixListing):
         return objects, prefixes, following
 
 
-def _aws_signer(region: str) -> Callable[[h1.ClientRequest], None] | None:
-    """A function signing requests with SigV4, or None for anonymous access."""
+# What SigV4 adds to a request; the caller copies these onto what it sends.
+SIGNATURE_HEADERS = ("Authorization", "X-Amz-Date", "X-Amz-Security-Token", "X-Amz-Content-SHA256")
+# (method, url, headers to sign, body) -> the signature's headers
+AwsSign = Callable[[str, str, "dict[str, str]", bytes], "dict[str, str]"]
+
+
+def aws_signature(region: str) -> AwsSign | None:
+    """A function computing SigV4 headers from the botocore credential chain, or None (anonymous)."""
     try:
         import botocore.session
         from botocore.auth import S3SigV4Auth
@@ -341,14 +363,23 @@ def _aws_signer(region: str) -> Callable[[h1.ClientRequest], None] | None:
     credentials = botocore.session.get_session().get_credentials()
     if credentials is None:
         return None
-    frozen = credentials  # refreshable credentials re-resolve on get_frozen_credentials()
     log.info("s3:// requests are signed with AWS credentials (%s)", getattr(credentials, "method", "?"))
 
+    def signature(method: str, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
+        aws = AWSRequest(method=method, url=url, headers=headers, data=body)
+        # refreshable credentials re-resolve on get_frozen_credentials()
+        S3SigV4Auth(credentials.get_frozen_credentials(), "s3", region).add_auth(aws)
+        return {name: aws.headers[name] for name in SIGNATURE_HEADERS if name in aws.headers}
+    return signature
+
+
+def _aws_signer(region: str) -> Callable[[h1.ClientRequest], None] | None:
+    """A function signing read requests with SigV4, or None for anonymous access."""
+    signature = aws_signature(region)
+    if signature is None:
+        return None
+
     def sign(request: h1.ClientRequest) -> None:
-        aws = AWSRequest(method=request.method, url=str(request.url),
-                         headers={k: v for k, v in request.headers.items() if k.lower() in ("range", "if-match")})
-        S3SigV4Auth(frozen.get_frozen_credentials(), "s3", region).add_auth(aws)
-        for name in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token", "X-Amz-Content-SHA256"):
-            if name in aws.headers:
-                request.headers[name] = aws.headers[name]
+        signed = {k: v for k, v in request.headers.items() if k.lower() in ("range", "if-match")}
+        request.headers.update(signature(request.method, str(request.url), signed, b""))
     return sign

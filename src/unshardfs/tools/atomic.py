@@ -38,8 +38,13 @@ READ_PIECE = 8 << 20
 class WriteStopped(Exception):
     """The destination cannot take more: the one line that ends the run."""
 
-    def __init__(self, rel: str, error: OSError) -> None:
+    def __init__(self, rel: str, error: OSError | str) -> None:
+        """`error`: the OSError of a file system, or the one-line reason an object store gave."""
         self.rel = rel
+        if isinstance(error, str):
+            self.errno = None
+            super().__init__(f"cannot write {rel or '.'}: {error}")
+            return
         self.errno = error.errno
         code = errno.errorcode.get(error.errno or 0, "?")
         super().__init__(f"cannot write {rel or '.'}: {error.strerror or error} ({code})")
@@ -91,6 +96,7 @@ class Pending:
             if stops(e):
                 raise WriteStopped(rel, e) from None
             raise
+        self.offset = 0  # where `add` writes next
         self.temp = temp_name(self.name, task)
         try:
             self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -114,8 +120,16 @@ class Pending:
                 raise WriteStopped(self.rel, e) from None
             raise
 
-    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> None:
-        """Size it (holes left by skipped zero pieces included), stamp it, flush it, rename it into place."""
+    def add(self, piece: bytes) -> None:
+        """The file's next piece; one of zeros only moves on (a hole, as `cp --sparse=auto` leaves,
+        which `commit`'s sizing keeps)."""
+        if piece.count(0) != len(piece):
+            self.write_at(piece, self.offset)
+        self.offset += len(piece)
+
+    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> bool:
+        """Size it (holes left by skipped zero pieces included), stamp it, flush it, rename it into
+        place; True (written)."""
         try:
             os.ftruncate(self.fd, size)
             if mtime_ns is not None:
@@ -140,6 +154,7 @@ class Pending:
             raise
         os.close(self.dirfd)
         self.dirfd = -1
+        return True
 
     def abort(self) -> None:
         """Close and remove the temporary (best effort: a full disk still allows unlinking)."""

@@ -23,19 +23,15 @@ for files copied whole)}.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import re
-import stat as statmod
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
-from unshardfs.tools.atomic import WriteStopped, is_temp, stops, write_file
+from unshardfs.sources import RemoteOptions
+from unshardfs.tools.atomic import WriteStopped, is_temp, stops
+from unshardfs.tools.dest import LEDGER_DIR, LINE_LIMIT, Dest, JournalLog, is_object_url, split_lines
 from unshardfs.util.errors import ConfigError, DataError
-from unshardfs.util.fdpath import Beneath, regular_file
-
-LEDGER_DIR = ".unshardfs"
 PLAN = f"{LEDGER_DIR}/plan.json"
 TASKS = f"{LEDGER_DIR}/tasks"
 MANIFEST = f"{LEDGER_DIR}/manifest.jsonl"
@@ -46,7 +42,7 @@ _TASK_FILE = re.compile(r"^(\d{6})\.jsonl$")
 # One ledger document (the plan, a line) read back is at most this big: the ledger is ours, but DEST
 # is writable by others too.
 _PLAN_LIMIT = 1 << 20
-_LINE_LIMIT = 1 << 16
+_LINE_LIMIT = LINE_LIMIT
 
 
 def reserved(rel: str) -> bool:
@@ -120,109 +116,55 @@ def task_file(task: int, suffix: str = "jsonl") -> str:
     return f"{TASKS}/{task:06d}.{suffix}"
 
 
-def _read_small(out: Beneath, rel: str, limit: int) -> bytes | None:
-    """A ledger file's bytes (None if absent); at most `limit` bytes, no link followed."""
-    try:
-        fd = out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise ConfigError(f"{rel} in DEST cannot be read: {e.strerror}") from None
-    try:
-        regular_file(fd, rel)
-    except OSError:
-        raise ConfigError(f"{rel} in DEST is not a regular file") from None
-    try:
-        data = os.read(fd, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ConfigError(f"{rel} in DEST is bigger than {limit:,} bytes: not ours")
-    return data
-
-
-def _lines(out: Beneath, rel: str) -> Iterator[bytes]:
-    """A ledger file's lines, streamed (tasks hold many files); nothing if it is absent."""
-    try:
-        fd = out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return
-    try:
-        regular_file(fd, rel)
-    except OSError:
-        raise DataError(rel, "not a regular file") from None
-    with os.fdopen(fd, "rb") as f:
-        while True:
-            line = f.readline(_LINE_LIMIT)
-            if not line:
-                return
-            yield line
-
-
 @dataclass
 class Journal:
     """The files of one task already in place: loaded from its journal, appended as files land."""
 
-    out: Beneath
+    dest: Dest
     task: int
     known: dict[str, FileRecord] = field(default_factory=dict)
     done: dict[str, FileRecord] = field(default_factory=dict)  # this run's, in the order they landed
-    fd: int = -1
+    log: JournalLog | None = None
     rerun: bool = False  # the task ran before (its journal was there): it may have left temporaries
 
     @classmethod
-    def open(cls, out: Beneath, task: int) -> "Journal":
-        journal = cls(out, task)
-        for raw in _lines(out, task_file(task, "journal")):
+    def open(cls, dest: Dest, task: int) -> "Journal":
+        journal = cls(dest, task)
+        rel = task_file(task, "journal")
+        for raw in dest.journal_lines(rel):
             try:
                 record = FileRecord.parse(json.loads(raw))
             except ValueError:
                 continue  # a line cut short by a kill: that file is simply written again
             journal.known[record.path] = record
-        rel = task_file(task, "journal")
-        try:
-            try:
-                journal.fd = out.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NONBLOCK, 0o644)
-            except FileExistsError:
-                journal.rerun = True
-                journal.fd = out.open(rel, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
-            regular_file(journal.fd, rel)
-        except OSError as e:
-            journal.fd = -1
-            if stops(e):
-                raise WriteStopped(rel, e) from None
-            raise DataError(rel, f"cannot open: {e.strerror}") from None
+        journal.log = dest.journal(rel)
+        journal.rerun = journal.log.rerun
         return journal
 
     def add(self, record: FileRecord) -> None:
-        """Record a file renamed into place (one write: a kill cuts at most this line)."""
+        """Record a file in place."""
         self.done[record.path] = record
-        line = record.line().encode()
-        try:
-            os.write(self.fd, line)
-        except OSError as e:
-            if stops(e):
-                raise WriteStopped(task_file(self.task, "journal"), e) from None
-            raise
+        assert self.log is not None
+        self.log.append(record.line().encode())
 
     def keep(self, record: FileRecord) -> None:
         """A file found complete from an earlier run: part of this task's record, already journaled."""
         self.done[record.path] = record
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
 class Ledger:
     """The plan, the finished tasks and the manifest of an export, beneath DEST."""
 
-    def __init__(self, out: Beneath) -> None:
-        self.out = out
+    def __init__(self, dest: Dest) -> None:
+        self.dest = dest
 
     def plan(self) -> Plan | None:
-        raw = _read_small(self.out, PLAN, _PLAN_LIMIT)
+        raw = self.dest.read_small(PLAN, _PLAN_LIMIT)
         if raw is None:
             return None
         try:
@@ -242,76 +184,57 @@ class Ledger:
         rel = LEDGER_DIR
         try:
             for rel in (LEDGER_DIR, TASKS):
-                if not self.out.mkdir(rel) and not statmod.S_ISDIR(self.out.lstat(rel).st_mode):
-                    raise OSError(errno.ENOTDIR, "exists and is not a directory (a symlink is never followed)")
+                self.dest.make_dir(rel)
             rel = PLAN
-            write_file(self.out, PLAN, [json.dumps(plan.doc(), indent=1).encode() + b"\n"])
+            self.dest.write(PLAN, [json.dumps(plan.doc(), indent=1).encode() + b"\n"], create=False)
         except WriteStopped:
             raise
-        except OSError as e:
-            if stops(e):
+        except (OSError, DataError) as e:
+            if isinstance(e, OSError) and stops(e):
                 raise WriteStopped(rel, e) from None
-            raise ConfigError(f"cannot write {rel} in DEST: {e.strerror}") from None
+            why = e.strerror if isinstance(e, OSError) else e
+            raise ConfigError(f"cannot write {rel} in DEST: {why}") from None
 
     def complete(self) -> set[int]:
         """The tasks whose ledger entry is in place."""
-        try:
-            fd = self.out.open(TASKS, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return set()
-        with os.scandir(fd) as entries:
-            found = {int(m.group(1)) for e in entries if (m := _TASK_FILE.match(e.name))}
-        os.close(fd)
-        return found
+        return {int(m.group(1)) for name in self.dest.names(TASKS) if (m := _TASK_FILE.match(name))}
 
     def finish(self, journal: Journal, sync: bool = True) -> None:
         """Write the task's ledger entry (every file it holds, flushed first), then drop its journal."""
         records = list(journal.done.values())
         closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records)}
         pieces = (r.line().encode() for r in records)
-        write_file(self.out, task_file(journal.task), [b"".join(pieces), json.dumps(closing).encode() + b"\n"],
-                   sync=sync, task=journal.task)
         journal.close()
-        parent = self.out.open(TASKS, os.O_PATH | os.O_DIRECTORY)
-        try:
-            os.unlink(f"{journal.task:06d}.journal", dir_fd=parent)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(parent)
+        self.dest.write(task_file(journal.task), [b"".join(pieces), json.dumps(closing).encode() + b"\n"],
+                        sync=sync, task=journal.task, create=False)
+        self.dest.drop_journal(task_file(journal.task, "journal"))
 
     def task_totals(self, task: int) -> tuple[int, int]:
         """(files, bytes) of a complete task, from its closing line (the file's tail, not all of it)."""
         rel = task_file(task)
         try:
-            fd = self.out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                size = regular_file(fd, rel).st_size
-                tail = os.pread(fd, _LINE_LIMIT, max(0, size - _LINE_LIMIT))
-            finally:
-                os.close(fd)
+            tail = self.dest.tail(rel, _LINE_LIMIT)
             doc = json.loads(tail.rstrip(b"\n").rpartition(b"\n")[2])
             return int(doc["files"]), int(doc["bytes"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, DataError, ValueError, KeyError, TypeError):
             raise DataError(rel, "ledger entry unreadable or without its closing line") from None
 
     def records(self, task: int) -> Iterator[FileRecord]:
-        for raw in _lines(self.out, task_file(task)):
+        for raw in self.dest.lines(task_file(task)):
             doc = json.loads(raw)
             if "path" in doc:
                 yield FileRecord.parse(doc)
 
     def has_manifest(self) -> bool:
-        try:
-            return statmod.S_ISREG(self.out.lstat(MANIFEST).st_mode)
-        except OSError:
-            return False
+        return self.dest.exists(MANIFEST)
 
     def write_manifest(self, plan: Plan, sync: bool = True) -> tuple[int, int]:
         """Gather every task's file lines into the manifest (streamed); (files, bytes)."""
         files = size = 0
+        totals = []
         for task in range(plan.tasks):
             f, b = self.task_totals(task)
+            totals.append(f)
             files, size = files + f, size + b
         header = {"format": MANIFEST_FORMAT, "version": VERSION, "source": plan.source, "files": files,
                   "bytes": size, "checksum": "crc32c"}
@@ -320,35 +243,63 @@ class Ledger:
             yield json.dumps(header).encode() + b"\n"
             for task in range(plan.tasks):
                 batch: list[bytes] = []
+                count = 0
                 for record in self.records(task):
                     batch.append(record.line().encode())
+                    count += 1
                     if len(batch) >= 4096:
                         yield b"".join(batch)
                         batch = []
+                if count != totals[task]:  # read back short (or grown): the manifest would lie
+                    raise DataError(task_file(task), f"{count:,} file lines, its closing line counts {totals[task]:,}")
                 yield b"".join(batch)
-        write_file(self.out, MANIFEST, pieces(), sync=sync)
+        self.dest.write(MANIFEST, pieces(), sync=sync, create=False)
         return files, size
 
 
-def read_manifest(path: str) -> tuple[dict[str, Any], Iterator[FileRecord]]:
-    """A manifest's header and its file lines (streamed); ConfigError for a file that is not one."""
+def _manifest_lines(path: str, remote: RemoteOptions | None) -> Generator[bytes, None, None]:
+    """The lines of a manifest in a file or an object (s3://, gs://), streamed."""
+    if is_object_url(path):
+        from unshardfs.sources.objectsink import StoreError, open_store
+        from unshardfs.tools.objectdest import sink_options
+
+        parent, _, name = path.rstrip("/").rpartition("/")
+        if "://" not in parent or not name:
+            raise ConfigError(f"manifest {path}: not the URL of an object")
+        store = open_store(parent, sink_options(path.partition("://")[0].lower(), remote or RemoteOptions()))
+        try:
+            there = store.head(name)
+            if there is None:
+                raise ConfigError(f"manifest {path}: no such object")
+            yield from split_lines(store.read(name, there.size))
+        except StoreError as e:
+            raise ConfigError(f"manifest {path}: {e}") from None
+        finally:
+            store.close()
+        return
     try:
         f = open(path, "rb")
     except OSError as e:
         raise ConfigError(f"manifest {path}: {e.strerror}") from None
+    with f:
+        yield from iter(lambda: f.readline(_LINE_LIMIT), b"")
+
+
+def read_manifest(path: str, remote: RemoteOptions | None = None) -> tuple[dict[str, Any], Iterator[FileRecord]]:
+    """A manifest's header and its file lines (streamed); ConfigError for one that is not one."""
+    lines = _manifest_lines(path, remote)
     try:
-        header = json.loads(f.readline(_LINE_LIMIT))
+        header = json.loads(next(lines, b""))
         if not isinstance(header, dict) or header.get("format") != MANIFEST_FORMAT:
             raise ValueError("no manifest header")
     except ValueError as e:
-        f.close()
+        lines.close()
         raise ConfigError(f"manifest {path} is not an unshardfs manifest ({e})") from None
 
     def records() -> Iterator[FileRecord]:
-        with f:
-            for number, raw in enumerate(iter(lambda: f.readline(_LINE_LIMIT), b""), start=2):
-                try:
-                    yield FileRecord.parse(json.loads(raw))
-                except ValueError as e:
-                    raise ConfigError(f"manifest {path} line {number}: {e}") from None
+        for number, raw in enumerate(lines, start=2):
+            try:
+                yield FileRecord.parse(json.loads(raw))
+            except ValueError as e:
+                raise ConfigError(f"manifest {path} line {number}: {e}") from None
     return header, records()

@@ -1,4 +1,4 @@
-"""Walk a virtual tree outside FUSE: export it to a directory, or check it.
+"""Walk a virtual tree outside FUSE: export it to a DEST (a directory or object storage), or check it.
 
 Both are format-agnostic: they see exactly what the mount would show, in
 the tree's own listing order, which for sharded data is shard by shard and
@@ -7,24 +7,20 @@ minishard by minishard, i.e. close to sequential in the backing files.
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import stat as statmod
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import AsyncIterator, Callable
 
 import crc32c
 import trio
 
 from unshardfs.sources.base import name_problem
-from unshardfs.tools.atomic import Pending, WriteStopped, measure, remove_temporaries, stops, write_file
+from unshardfs.tools.atomic import WriteStopped
+from unshardfs.tools.dest import Dest, PendingFile
 from unshardfs.tools.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
-from unshardfs.util.errors import ConfigError, DataError
-from unshardfs.util.fdpath import Beneath
+from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
 
 log = logging.getLogger(__name__)
@@ -77,58 +73,16 @@ async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
         yield data
 
 
-@dataclass
-class Dest:
-    """DEST held open as a directory; everything export writes is opened beneath this fd with no
-    symlink followed (`fdpath.Beneath(links=False)`), never by a path rebuilt from strings."""
-
-    out: Beneath
-
-    @classmethod
-    def open(cls, dest: Path) -> "Dest":
-        """Open (creating it and its parents if missing) before anything runs: a DEST that cannot
-        be a directory is a one-line ConfigError. DEST itself may be a symlink to a directory
-        (the user's own choice, as for `cp -r`); nothing below it is ever followed."""
-        try:
-            os.makedirs(dest, exist_ok=True)
-        except OSError as e:
-            if e.errno == errno.EEXIST or isinstance(e, FileExistsError):
-                raise ConfigError(f"DEST {dest} exists and is not a directory") from None
-            raise ConfigError(f"DEST {dest}: cannot create it: {e.strerror}") from None
-        try:
-            return cls(Beneath(str(dest), links=False))  # O_PATH: a FIFO there does not block
-        except OSError as e:
-            problem = "exists and is not a directory" if e.errno == errno.ENOTDIR else e.strerror
-            raise ConfigError(f"DEST {dest} {problem}") from None
-
-    def close(self) -> None:
-        self.out.close()
+def _write_whole(dest: Dest, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> tuple[int, bool]:
+    """Write a file of one piece (complete under its name, or not at all); its crc32c, and whether
+    it was written (not found complete already)."""
+    written = dest.write(rel, [data], mtime_ns, sync, task)
+    return crc32c.crc32c(data), written
 
 
-def _make_dir(out: Beneath, rel: str) -> bool:
-    """Create the directory `rel` beneath DEST (False if it was there); refuse anything but a real directory."""
-    try:
-        if out.mkdir(rel):
-            return True
-    except OSError as e:
-        if stops(e):
-            raise WriteStopped(rel, e) from None
-        raise
-    if not statmod.S_ISDIR(out.lstat(rel).st_mode):
-        raise DataError(rel, "exists and is not a directory (a symlink is never followed)")
-    return False
-
-
-def _write_whole(out: Beneath, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> int:
-    """Write a file of one piece (temporary, then rename); its crc32c."""
-    write_file(out, rel, [data], mtime_ns, sync, task)
-    return crc32c.crc32c(data)
-
-
-def _write_piece(pending: Pending, piece: bytes, offset: int, crc: int) -> int:
-    """One piece of a streamed file: written unless all zero (left as a hole); the running crc32c."""
-    if piece.count(0) != len(piece):
-        pending.write_at(piece, offset)
+def _add_piece(pending: PendingFile, piece: bytes, crc: int) -> int:
+    """One piece of a streamed file written; the running crc32c."""
+    pending.add(piece)
     return crc32c.crc32c(piece, crc)
 
 
@@ -139,8 +93,8 @@ def _cannot_write(rel: str, error: OSError) -> str:
 class _Run:
     """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
 
-    def __init__(self, out: Beneath, journal: Journal | None, sync: bool, summary: WalkSummary) -> None:
-        self.out = out
+    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary) -> None:
+        self.dest = dest
         self.journal = journal
         self.sync = sync
         self.summary = summary
@@ -153,7 +107,7 @@ class _Run:
         parent = rel.rpartition("/")[0]
         if self.swept is not None and parent not in self.swept:
             self.swept.add(parent)
-            await trio.to_thread.run_sync(lambda: remove_temporaries(self.out, parent, self.task, deep=False))
+            await trio.to_thread.run_sync(self.dest.sweep, parent, self.task)
 
     def stop(self, error: WriteStopped) -> None:
         """The first stop wins; later ones (the same full disk, seen by other writes) are dropped."""
@@ -162,11 +116,15 @@ class _Run:
         if self.scope is not None:
             self.scope.cancel()
 
-    def landed(self, rel: str, node: FileNode, crc: int) -> None:
-        """A file is in place: count it and journal it."""
+    def landed(self, rel: str, node: FileNode, crc: int, written: bool = True) -> None:
+        """A file is in place (`written`, or found there complete with these bytes): count it and
+        journal it."""
         if self.journal is not None:
             source, offset, length = source_of(node.xattrs())
             self.journal.add(FileRecord(rel, node.size, crc, node.mtime_ns, source, offset, length))
+        if not written:
+            self.summary.skipped += 1
+            return
         self.summary.written += 1
         self.summary.bytes += node.size
 
@@ -176,7 +134,7 @@ class _Run:
         record = None if self.journal is None else self.journal.known.get(rel)
         if record is None or record.size != node.size or record.mtime_ns != node.mtime_ns:
             return False
-        found = await trio.to_thread.run_sync(measure, self.out, rel)
+        found = await trio.to_thread.run_sync(self.dest.measure, rel)
         if found.problem is not None or found.size != record.size or found.crc32c != record.crc32c:
             return False
         assert self.journal is not None
@@ -187,7 +145,7 @@ class _Run:
 async def export(root: DirNode, dest: Dest, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None,
                  journal: Journal | None = None, sync: bool = True) -> WalkSummary:
-    """Write the tree under `dest`, every file under a temporary name renamed into place when whole.
+    """Write the tree under `dest`, every file appearing under its name only when whole (`Dest.write`).
 
     Reads happen on the event loop in listing order (sequential in the
     shards); up to `jobs` file writes run in worker threads meanwhile. Files
@@ -199,7 +157,7 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     ends the walk: `summary.stopped` says which file and why.
     """
     summary = WalkSummary()
-    run = _Run(dest.out, journal, sync, summary)
+    run = _Run(dest, journal, sync, summary)
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
@@ -211,7 +169,7 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
 
 async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter: trio.CapacityLimiter,
                        progress: Callable[[WalkSummary], None] | None, select: Select | None) -> None:
-    out, summary = run.out, run.summary
+    summary = run.summary
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
     async for rel, node in walk(root):
         if summary.stopped is not None:
@@ -224,7 +182,10 @@ async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter:
             continue
         if isinstance(node, DirNode):
             try:
-                _make_dir(out, rel)
+                await trio.to_thread.run_sync(run.dest.make_dir, rel)
+            except WriteStopped as e:
+                run.stop(e)
+                return
             except (DataError, OSError) as e:
                 summary.failures.append(f"{rel}/: {e}")
                 skip.add(rel)
@@ -255,13 +216,16 @@ async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter:
 async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object, rel: str, node: FileNode,
                            data: bytes) -> None:
     try:
-        crc = await trio.to_thread.run_sync(_write_whole, run.out, rel, data, node.mtime_ns, run.sync, run.task,
+        crc, written = await trio.to_thread.run_sync(_write_whole, run.dest, rel, data, node.mtime_ns, run.sync,
+                                                     run.task,
                                             limiter=trio.CapacityLimiter(1))
-        run.landed(rel, node, crc)
+        run.landed(rel, node, crc, written)
     except WriteStopped as e:
         run.stop(e)
     except OSError as e:  # e.g. ELOOP: a symlink where the file's directory goes
         run.summary.failures.append(_cannot_write(rel, e))
+    except DataError as e:  # e.g. DEST holds another object there it does not replace
+        run.summary.failures.append(f"{rel}: {e}")
     finally:
         limiter.release_on_behalf_of(token)
 
@@ -270,16 +234,15 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
     """Copy a file of several pieces: each piece read on the loop, then written by a worker before
     the next is read. All-zero pieces are skipped (left as holes), as `cp --sparse=auto` would."""
     async with limiter:
-        pending: Pending | None = None
+        pending: PendingFile | None = None
         try:
-            pending = await trio.to_thread.run_sync(Pending, run.out, rel, run.task)
-            offset = crc = 0
+            pending = await trio.to_thread.run_sync(run.dest.open_file, rel, run.task)
+            crc = 0
             async for piece in file_bytes(node, rel):
-                crc = await trio.to_thread.run_sync(_write_piece, pending, piece, offset, crc)
-                offset += len(piece)
-            await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
+                crc = await trio.to_thread.run_sync(_add_piece, pending, piece, crc)
+            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
             pending = None
-            run.landed(rel, node, crc)
+            run.landed(rel, node, crc, written)
         except WriteStopped as e:
             run.stop(e)
         except OSError as e:  # writing (reads fail with our own errors)
