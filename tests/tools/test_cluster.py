@@ -1,4 +1,4 @@
-"""check and export as tasks on a Dask cluster (a LocalCluster of 2 worker processes)."""
+"""check and export as tasks on a Dask cluster (a scheduler and 2 worker processes, started as `dask` commands)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,11 +28,34 @@ distributed = pytest.importorskip("distributed")
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A scheduler with 2 worker processes (restarted by their nannies if killed)."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
-            distributed.Client(lc) as client:
-        yield lc.scheduler_address, client
+def cluster(tmp_path_factory):
+    """A scheduler and 2 worker processes under a nanny (restarted if killed), started with Dask's
+    own commands as a batch system starts them: every server socket lives in those processes."""
+    where = tmp_path_factory.mktemp("dask")
+    scheduler_file = where / "scheduler.json"
+    dask = str(Path(sys.executable).parent / "dask")
+    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error"}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    started = [subprocess.Popen([dask, "scheduler", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
+                                 "--port", "0", "--no-dashboard"], **quiet)]
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            assert started[0].poll() is None and time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.1)
+        started.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
+                                         "--nthreads", "1", "--no-dashboard"], **quiet))
+        with distributed.Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+            yield client.scheduler.address, client
+    finally:
+        for proc in reversed(started):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
