@@ -200,6 +200,10 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         async for outer in walk((), root):
             yield outer
 
+    def holds(self, shard: tuple[int, ...], within: object) -> bool:
+        lead: tuple[int, ...] = tuple(cast(Iterable[int], within or ()))
+        return shard[:len(lead)] == lead
+
     def _outer_ok(self, outer: tuple[int, ...]) -> bool:
         return all(o < g for o, g in zip(outer, self.shard_grid))
 
