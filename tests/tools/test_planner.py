@@ -76,12 +76,14 @@ def test_dealing_bounds_every_task():
 def test_the_task_list_round_trips_and_refuses_what_is_not_ours():
     found = Survey([("a", None), ("a/b", 3)], [("z/c", "z", (1, 2)), ("z/c", "z", (1, 3)), ("", ".", 7)])
     works = deal(found, per_task=2)
-    assert parse_tasks(list(task_lines(works)), "tasks") == works
+    assert parse_tasks(list(task_lines(works)), "tasks", len(works)) == works
+    with pytest.raises(ConfigError):
+        parse_tasks(list(task_lines(works)), "tasks", len(works) - 1)
     for bad in ({"task": 0, "files": ["../up"]}, {"task": 0, "files": ["/abs"]}, {"task": 0, "dirs": ["a//b"]},
                 {"task": 1}, {"task": 0, "groups": [{"dir": "x", "store": "x", "shards": [True]}]},
                 {"task": 0, "groups": [{"dir": "x", "store": "x", "shards": []}]}, [0]):
         with pytest.raises(ConfigError):
-            parse_tasks([json.dumps(bad).encode()], "tasks")
+            parse_tasks([json.dumps(bad).encode()], "tasks", 1)
 
 
 @pytest.mark.slow

@@ -222,7 +222,7 @@ def _plan(args: argparse.Namespace, ledger: Ledger, threads: int) -> tuple[Plan,
     if (found.source, found.formats) != (source, formats):
         raise ConfigError(f"DEST {args.dest} holds an export of {found.source} with options {found.formats}: "
                           "--resume must name the same SOURCE and options")
-    works = parse_tasks(ledger.task_list(), "the task list")
+    works = parse_tasks(ledger.task_list(), "the task list", found.tasks)
     if len(works) != found.tasks:
         raise ConfigError(f"DEST {args.dest}: its task list holds {len(works):,} tasks, its plan "
                           f"{found.tasks:,}: not an unshardfs export")

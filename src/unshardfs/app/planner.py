@@ -159,11 +159,13 @@ def task_lines(works: list[TaskWork]) -> Iterable[bytes]:
         yield json.dumps(work.doc(task), separators=(",", ":")).encode() + b"\n"
 
 
-def parse_tasks(lines: Iterable[bytes], where: str) -> list[TaskWork]:
-    """The tasks of a recorded plan, numbered 0, 1, ... in order; ConfigError for anything else
-    (DEST may be written by others)."""
+def parse_tasks(lines: Iterable[bytes], where: str, most: int) -> list[TaskWork]:
+    """The `most` tasks of a recorded plan, numbered 0, 1, ... in order; ConfigError for anything
+    else (DEST may be written by others)."""
     works: list[TaskWork] = []
     for number, raw in enumerate(lines, start=1):
+        if number > most:
+            raise ConfigError(f"{where} in DEST holds more tasks than its plan ({most:,})")
         try:
             doc = json.loads(raw)
             if not isinstance(doc, dict) or doc.get("task") != len(works):
