@@ -48,9 +48,11 @@ def dataset(data: Path) -> Path:
 
 
 def run(ctx: Context) -> None:
-    from distributed import LocalCluster
+    import distributed
 
     from unshardfs.testing.http_servers import DatasetServer
+
+    local_cluster: Any = distributed.LocalCluster  # (untyped)
 
     source = dataset(Path(ctx.args.data))
     warm_page_cache(source)
@@ -62,7 +64,7 @@ def run(ctx: Context) -> None:
         url = f"{server.url}/{source.name}"
         seconds[("local", "1 process", 1)] = _best(ctx, str(source), [], loads, "local, 1 process")
         for n in WORKERS:
-            with LocalCluster(n_workers=n, threads_per_worker=1, dashboard_address=None) as cluster:
+            with local_cluster(n_workers=n, threads_per_worker=1, dashboard_address=None) as cluster:
                 address = cluster.scheduler_address
                 seconds[("local", "Dask", n)] = _best(ctx, str(source), ["--scheduler", address], loads,
                                                       f"local, Dask {n}")

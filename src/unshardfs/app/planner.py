@@ -19,19 +19,22 @@ No task lists what another task reads, and no task lists a directory.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable
 
 import trio
 
 from unshardfs.app.opened import OpenedSource, OpenOptions
+from unshardfs.core.chunks import ChunkFile
+from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
 from unshardfs.tools.ledger import reserved
-from unshardfs.tools.walk import walk
 from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError
@@ -362,24 +365,73 @@ async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
             yield entry
 
 
+AHEAD_FILES = 1024  # chunk files a task asks the fetcher to prefetch at once (the fetcher's byte budget bounds it)
+AHEAD_EVERY = 64  # ... topped up after this many files
+
+
+class _Ahead:
+    """A task knows the very chunks it reads next (its listing, in order): their payloads are
+    prefetched ahead of the walk through the fetcher's coalesced, budgeted prefetch, so a
+    remote task waits on the store about once per prefetch window, not once per chunk."""
+
+    def __init__(self) -> None:
+        self.pending: deque[tuple[int, Extent]] = deque()  # (position in the listing, extent) not asked for yet
+        self.fetcher: Fetcher | None = None
+        self.added = 0
+
+    def add(self, node: FileNode) -> None:
+        if isinstance(node, ChunkFile) and not node.ctx.direct:
+            self.fetcher = node.ctx.fetcher
+            self.pending.append((self.added, node.extent))
+        self.added += 1
+
+    def reached(self, count: int) -> None:
+        """`count` files of the listing are being read: those not prefetched are no more wanted."""
+        while self.pending and self.pending[0][0] < count:
+            self.pending.popleft()
+        if self.fetcher is not None and self.pending and count % AHEAD_EVERY == 0:
+            window = [ext for _, ext in itertools.islice(self.pending, AHEAD_FILES)]
+            for _ in range(self.fetcher.prefetch(window)):
+                self.pending.popleft()
+
+
 async def _chunk_entries(node: DirNode, rel: str) -> AsyncIterator[tuple[str, FileNode | DirNode]]:
     """The chunk files (and nested chunk directories) of one directory's chunk listing: of an
-    overlay its computed entries only (its other entries are planned by path)."""
-    listing = node.virtual_entries() if isinstance(node, OverlayDir) else node.entries()
+    overlay its computed entries only (its other entries are planned by path). The listing is
+    read up to AHEAD_FILES files ahead of the walk, across shards, and their payloads prefetched."""
+    listing = (node.virtual_entries() if isinstance(node, OverlayDir) else node.entries()).__aiter__()
     prefix = f"{rel}/" if rel else ""
+    ahead = _Ahead()
+    buffer: deque[tuple[str, FileNode | DirNode]] = deque()
+    listed = True
+    files = 0
     try:
-        async for batch in listing:
-            for name, child in batch:
-                if name_problem(name) is not None:
-                    continue  # computed names never have one; a walk that writes must not trust that
-                path = prefix + name
-                if isinstance(child, DirNode):
-                    yield path, child
-                    async for item in walk(child, path + "/"):
-                        if item[1].is_dir or CHUNK_XATTR in item[1].xattrs():
-                            yield item
-                elif isinstance(child, FileNode) and CHUNK_XATTR in child.xattrs():
-                    yield path, child
+        while True:
+            while listed and ahead.added - files < AHEAD_FILES:
+                try:
+                    batch = await listing.__anext__()
+                except StopAsyncIteration:
+                    listed = False
+                    break
+                for name, child in batch:
+                    if name_problem(name) is not None:
+                        continue  # computed names never have one; a walk that writes must not trust that
+                    if isinstance(child, DirNode):
+                        buffer.append((prefix + name, child))
+                    elif isinstance(child, FileNode) and CHUNK_XATTR in child.xattrs():
+                        buffer.append((prefix + name, child))
+                        ahead.add(child)
+            if not buffer:
+                return
+            path, child = buffer.popleft()
+            if isinstance(child, DirNode):
+                yield path, child
+                async for item in _chunk_entries(child, path):  # nested chunk directories
+                    yield item
+                continue
+            ahead.reached(files)
+            files += 1
+            yield path, child
     finally:
         if isinstance(listing, Closable):
             await listing.aclose()
@@ -415,5 +467,7 @@ async def _plan(source: str, options: OpenOptions, threads: int, parts: int | No
                 found = await survey(session.tree, scope, skip_reserved)
     finally:
         await session.aclose()
-    works = deal(found, shards_per_task(len(found.shards), threads, parts), named=session.dataset.format)
+    # Tasks open SOURCE as the named format (no probing for one); a versioned store is found again.
+    named = session.dataset.format if session.versioned is None else None
+    works = deal(found, shards_per_task(len(found.shards), threads, parts), named=named)
     return Planned(works, list(problems), len(found.shards), found.dirs)
