@@ -1,5 +1,6 @@
 """export with N worker processes, N = 1, 2, 4, 8: over the Range server answering every request after
-100 ms (an object store's first byte), and on local shards.
+100 ms (an object store's first byte), and on local shards, into a local DEST with `--no-fsync` (the
+cost of a flush is DEST's file system's, not the export's).
 
 Each N runs on a Dask LocalCluster of N single-threaded worker processes (started before the timing,
 as a real cluster would already be running) and, for comparison, in one process with `--jobs N`
@@ -27,14 +28,14 @@ from ..workloads import timed, warm_page_cache
 LATENCY = 0.1
 WORKERS = (1, 2, 4, 8)
 ROUNDS = 1  # runs of each figure (the best is kept); raise on a quiet machine
-GRID = (16, 16, 16)  # 4,096 chunks ...
-SHARD_BITS = 6  # ... in 64 shards of 64 chunks ...
+GRID = (32, 32, 16)  # 16,384 chunks ...
+SHARD_BITS = 6  # ... in 64 shards of 256 chunks ...
 EDGE = 16
-PAYLOAD = EDGE ** 3  # ... of 4 KiB each (16^3 uint8 voxels): 16 MiB
+PAYLOAD = EDGE ** 3  # ... of 4 KiB each (16^3 uint8 voxels): 64 MiB
 
 
 def dataset(data: Path) -> Path:
-    root = data.resolve() / "exportscale"
+    root = data.resolve() / f"exportscale-{GRID[0] * GRID[1] * GRID[2]}"
     marker = root / "ready"
     if not marker.exists():
         print("building the export-scale dataset (once) ...", flush=True)
@@ -69,32 +70,58 @@ def run(ctx: Context) -> None:
                 seconds[("local", "Dask", n)] = _best(ctx, str(source), ["--scheduler", address], loads,
                                                       f"local, Dask {n}")
                 server.faults.delay = LATENCY
-                seconds[("remote", "Dask", n)] = _best(ctx, url, ["--scheduler", address], loads, f"100 ms, Dask {n}")
+                seconds[("remote", "Dask", n)] = _best(ctx, url, ["--scheduler", address], loads, f"100 ms, Dask {n}",
+                                                       server)
                 server.faults.delay = 0
             seconds[("local", "--jobs", n)] = _best(ctx, str(source), ["--jobs", str(n)], loads, f"local, --jobs {n}")
             server.faults.delay = LATENCY
-            seconds[("remote", "--jobs", n)] = _best(ctx, url, ["--jobs", str(n)], loads, f"100 ms, --jobs {n}")
+            seconds[("remote", "--jobs", n)] = _best(ctx, url, ["--jobs", str(n)], loads, f"100 ms, --jobs {n}",
+                                                     server)
             server.faults.delay = 0
+        planning(ctx, server, url)
     report(ctx, seconds, files, size)
     ctx.report.fact("export-scale load average (1 min) before each run", loads)
     ctx.report.fact("export-scale dataset", {"files": files + 1, "chunks": files, "shards": 1 << SHARD_BITS,
                                              "bytes": size, "latency_s": LATENCY, "rounds": ROUNDS})
 
 
-def _best(ctx: Context, source: str, options: list[str], loads: dict[str, list[float]], label: str) -> float:
+def planning(ctx: Context, server: Any, url: str) -> None:
+    """The client's plan alone over the store at 100 ms: its time and requests (a plain HTTP server
+    cannot list: every possible shard name is probed, concurrently)."""
+    from unshardfs.app.opened import OpenOptions
+    from unshardfs.app.planner import plan_tasks
+
+    server.faults.delay = LATENCY
+    server.reset_log()
+    seconds = timed(lambda: plan_tasks(url, OpenOptions(versions=False), max(WORKERS)))
+    server.faults.delay = 0
+    ctx.report.fact("export-scale planning at 100 ms", {
+        "seconds": round(seconds, 3), "requests": len(server.log), "round_trips": server.round_trips()})
+
+
+def _best(ctx: Context, source: str, options: list[str], loads: dict[str, list[float]], label: str,
+          server: Any = None) -> float:
+    """The best time of ROUNDS exports; over `server`, its requests of the last one are a fact."""
     dest = ctx.work / "export-scale"
 
     def once() -> None:
         shutil.rmtree(dest, ignore_errors=True)
-        result = subprocess.run([*UNSHARDFS, "export", "-q", *options, source, str(dest)], capture_output=True,
-                                text=True)
+        result = subprocess.run([*UNSHARDFS, "export", "-q", "--no-fsync", *options, source, str(dest)],
+                                capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"export {label} failed: {result.stderr[-2000:]}")
 
     best = float("inf")
     for _ in range(ROUNDS):
         loads.setdefault(label, []).append(round(os.getloadavg()[0], 2))
+        if server is not None:
+            server.reset_log()
         best = min(best, timed(once))
+    if server is not None:
+        log = server.log
+        ctx.report.fact(f"export-scale requests, {label}", {
+            "HEAD": sum(e.method == "HEAD" for e in log), "GET": sum(e.method == "GET" for e in log),
+            "bytes": sum(e.sent for e in log), "round_trips": server.round_trips()})
     shutil.rmtree(dest, ignore_errors=True)
     return best
 
