@@ -378,6 +378,7 @@ class _Ahead:
         self.pending: deque[tuple[int, Extent]] = deque()  # (position in the listing, extent) not asked for yet
         self.fetcher: Fetcher | None = None
         self.added = 0
+        self.front = 0  # the listing position up to which prefetches were asked for
 
     def add(self, node: FileNode) -> None:
         if isinstance(node, ChunkFile) and not node.ctx.direct:
@@ -389,10 +390,15 @@ class _Ahead:
         """`count` files of the listing are being read: those not prefetched are no more wanted."""
         while self.pending and self.pending[0][0] < count:
             self.pending.popleft()
-        if self.fetcher is not None and self.pending and count % AHEAD_EVERY == 0:
-            window = [ext for _, ext in itertools.islice(self.pending, AHEAD_FILES)]
-            for _ in range(self.fetcher.prefetch(window)):
-                self.pending.popleft()
+        if self.fetcher is None or not self.pending:
+            return
+        # Topped up every AHEAD_EVERY files, and at every file while fewer than that are on their
+        # way (big files: the byte budget holds only a few at once).
+        if count % AHEAD_EVERY and self.front - count >= AHEAD_EVERY:
+            return
+        window = [ext for _, ext in itertools.islice(self.pending, AHEAD_FILES)]
+        for _ in range(self.fetcher.prefetch(window)):
+            self.front = self.pending.popleft()[0] + 1
 
 
 async def _chunk_entries(node: DirNode, rel: str) -> AsyncIterator[tuple[str, FileNode | DirNode]]:
