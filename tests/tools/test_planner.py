@@ -145,6 +145,18 @@ def test_resume_runs_the_recorded_tasks(volume, tmp_path):
     assert again.returncode == 0, again.stderr
     assert (dest / ".unshardfs" / "tasks.jsonl").read_bytes() == listed
     assert "0 written" not in again.stdout and "already complete" in again.stdout
+    # A task list naming shards the store cannot have: those are skipped with one line each, and
+    # the task stays unfinished.
+    lines = listed.decode().splitlines()
+    last = json.loads(lines[-1])
+    last["groups"][0]["shards"] = [[1, 2], "x", 10**30]
+    (dest / ".unshardfs" / "tasks.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+    task_files[-1].unlink()
+    planted = run_cli("export", "-q", "--resume", str(src), str(dest))
+    assert planted.returncode == 1 and "Traceback" not in planted.stderr, planted.stderr
+    assert sorted(planted.stderr.strip().splitlines()) == [
+        f"not exported: listing {SHARDED}: the task names shard {bad}, which this store cannot have; skipped"
+        for bad in ("'x'", "(1, 2)", str(10**30))], planted.stderr
     (dest / ".unshardfs" / "tasks.jsonl").write_text('{"task": 0, "files": ["../../etc/passwd"]}\n')
     refused = run_cli("export", "-q", "--resume", str(src), str(dest))
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr

@@ -408,9 +408,13 @@ class ChunkContext:
 
 
 async def _given(store: ShardedStore[Any, Any], shards: tuple[Shard, ...], within: object) -> AsyncIterator[Shard]:
-    """The shards a task was given, those `within` only: no listing of the directory."""
+    """The shards a task was given, those `within` only: no listing of the directory. A name that
+    cannot be one of the store's shards (a task list garbled in DEST) is logged and skipped."""
     for shard in shards:
-        if store.holds(shard, within):
+        if not store.accepts(shard):
+            log_once(log, f"given:{store.label}:{shard!r:.100}", "listing %s: the task names shard %.100r, which "
+                     "this store cannot have; skipped", store.label, shard)
+        elif store.holds(shard, within):
             yield shard
 
 
