@@ -24,6 +24,7 @@ import json
 import logging
 import math
 from collections import deque
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable
 
@@ -323,7 +324,7 @@ async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
     shown: set[str] = {""}
     gone: set[str] = set()
 
-    async def above(rel: str) -> AsyncIterator[tuple[str, DirNode]]:
+    async def above(rel: str) -> AsyncGenerator[tuple[str, DirNode], None]:
         """The directories down to `rel` (itself included) not shown yet."""
         parts = rel.split("/") if rel else []
         for depth in range(1, len(parts) + 1):
@@ -341,12 +342,14 @@ async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
             yield path, node
 
     for rel in work.dirs:
-        async for item in above(rel):
-            yield item
+        async with aclosing(above(rel)) as dirs:
+            async for item in dirs:
+                yield item
     for rel in work.files:
         parent = rel.rpartition("/")[0]
-        async for item in above(parent):
-            yield item
+        async with aclosing(above(parent)) as dirs:
+            async for item in dirs:
+                yield item
         if parent not in shown:
             continue
         node = await resolver.node(rel)
@@ -355,14 +358,16 @@ async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
             continue
         yield rel, node
     for group in work.groups:
-        async for item in above(group.dir):
-            yield item
+        async with aclosing(above(group.dir)) as dirs:
+            async for item in dirs:
+                yield item
         at = await resolver.dir(group.dir)
         if at is None:
             continue  # reported by `above`
         scope.give(group.store, group.shards)
-        async for entry in _chunk_entries(at, group.dir):
-            yield entry
+        async with aclosing(_chunk_entries(at, group.dir)) as chunks:
+            async for entry in chunks:
+                yield entry
 
 
 AHEAD_FILES = 1024  # chunk files a task asks the fetcher to prefetch at once (the fetcher's byte budget bounds it)
@@ -401,7 +406,7 @@ class _Ahead:
             self.front = self.pending.popleft()[0] + 1
 
 
-async def _chunk_entries(node: DirNode, rel: str) -> AsyncIterator[tuple[str, FileNode | DirNode]]:
+async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
     """The chunk files (and nested chunk directories) of one directory's chunk listing: of an
     overlay its computed entries only (its other entries are planned by path). The listing is
     read up to AHEAD_FILES files ahead of the walk, across shards, and their payloads prefetched."""
@@ -432,8 +437,9 @@ async def _chunk_entries(node: DirNode, rel: str) -> AsyncIterator[tuple[str, Fi
             path, child = buffer.popleft()
             if isinstance(child, DirNode):
                 yield path, child
-                async for item in _chunk_entries(child, path):  # nested chunk directories
-                    yield item
+                async with aclosing(_chunk_entries(child, path)) as nested:  # nested chunk directories
+                    async for item in nested:
+                        yield item
                 continue
             ahead.reached(files)
             files += 1

@@ -68,8 +68,10 @@ async def _opened(job: Part) -> AsyncIterator[tuple[OpenedSource, Entries, list[
     try:
         with collect_problems() as problems:
             async with session.running():
-                yield session, entries, problems, missing
-                await entries.aclose()  # a walk that stopped early leaves it part way
+                try:
+                    yield session, entries, problems, missing
+                finally:
+                    await entries.aclose()  # a walk that stopped early leaves it part way
     finally:
         await session.aclose()
 
