@@ -250,12 +250,13 @@ def deal(found: Survey, per_task: int, files: int = TASK_FILES, size: int = TASK
     paths: list[str] = []
     held = names = 0
     for path, length in found.entries:
+        cost = len(json.dumps(path)) + 1  # what the path takes in the task's line
         if dirs or paths:
-            if len(dirs) + len(paths) >= files or names + len(path) > TASK_NAMES or \
+            if len(dirs) + len(paths) >= files or names + cost > TASK_NAMES or \
                     (length is not None and held + length > size and paths):
                 works.append(TaskWork(tuple(dirs), tuple(paths), format=named))
                 dirs, paths, held, names = [], [], 0, 0
-        names += len(json.dumps(path)) + 1
+        names += cost
         if length is None:
             dirs.append(path)
         else:
