@@ -117,16 +117,17 @@ class _Run:
             self.scope.cancel()
 
     def landed(self, rel: str, node: FileNode, crc: int, written: bool = True) -> None:
-        """A file is in place (`written`, or found there complete with these bytes): count it and
-        journal it."""
+        """A file is in place (`written`, or found there complete with these bytes): count it, then
+        journal it (a journal that DEST has no room for stops the run, and the file, whole under
+        its final name, is counted all the same)."""
+        if written:
+            self.summary.written += 1
+            self.summary.bytes += node.size
+        else:
+            self.summary.skipped += 1
         if self.journal is not None:
             source, offset, length = source_of(node.xattrs())
             self.journal.add(FileRecord(rel, node.size, crc, node.mtime_ns, source, offset, length))
-        if not written:
-            self.summary.skipped += 1
-            return
-        self.summary.written += 1
-        self.summary.bytes += node.size
 
     async def already_there(self, rel: str, node: FileNode) -> bool:
         """The file is journaled by an earlier run and what is in DEST still matches its record
