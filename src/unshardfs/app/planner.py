@@ -47,11 +47,11 @@ log = logging.getLogger(__name__)
 CHUNK_XATTR = "user.unshardfs.chunk_id"
 
 TASK_SHARDS_MAX = 16  # shards in one task unless --parts asks for fewer, bigger tasks
-TASK_SHARDS_LIMIT = 16384  # ... whatever --parts asks (a task's line in the task list stays small)
+TASK_SHARDS_LIMIT = 1024  # ... whatever --parts asks (a task's line in the task list stays within a ledger line)
 TASKS_PER_THREAD = 4  # below that many shards per task, enough tasks to keep every worker thread busy
 TASK_FILES = 4096  # directories and files with no shard in one task
 TASK_BYTES = 1 << 30  # ... and their bytes (a bigger file is a task of its own)
-TASK_NAMES = 1 << 18  # ... and the length of their paths (a task's line in the task list stays small)
+TASK_NAMES = 48 << 10  # ... and the length of their paths (a task's line in the task list stays within a ledger line)
 
 
 @dataclass(frozen=True)
