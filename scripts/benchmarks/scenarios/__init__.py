@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..context import Context
-from . import calls, decode, engines, http, listing, local, remote, scaleout, sequential, serve, versioned, zipped
+from . import calls, decode, engines, exportscale, http, listing, local, remote, scaleout, sequential, serve, versioned, zipped
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "local": local.run,  # small-file reads: warm, first, parallel, backing reads
@@ -16,6 +16,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "http": http.run,  # first read through a local HTTP server
     "serve": serve.run,  # unshardfs serve against http.server over the mount and on the unsharded copy
     "scale-out": scaleout.run,  # check/export: one process, --jobs, Dask LocalCluster of 1 and 2 workers
+    "export-scale": exportscale.run,  # export with 1, 2, 4, 8 Dask workers / --jobs, at 100 ms and local
     "remote": remote.run,  # object-store latency (20 / 100 ms): cp -r, readers, ls -lR, viewer, meshes
     "remote-readers": remote.run_readers,  # of those the 8 readers alone, and lookups of a seg+gzip volume
     "engines": engines.run,  # every figure above that FUSE caps, on the kernel engine and on pyfuse3

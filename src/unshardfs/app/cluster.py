@@ -111,9 +111,9 @@ def close_client(client: Any) -> None:
         cluster.close()
 
 
-def default_parts(client: Any) -> int:
-    """Four parts per worker thread: long-running tasks, with room to even out slow ones."""
-    return max(1, 4 * int(sum(client.nthreads().values())))
+def worker_threads(client: Any) -> int:
+    """The cluster's worker threads now (what a plan's task sizes are chosen for)."""
+    return max(1, int(sum(client.nthreads().values())))
 
 
 def _reaches(dest: str, remote: RemoteOptions) -> str | None:

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable
 
 import trio
@@ -21,6 +20,7 @@ from unshardfs.app.cluster import close_client
 from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.pipeline import archive_lines
 from unshardfs.app.options import open_options
+from unshardfs.app.planner import Planned, TaskWork, parse_tasks, plan_tasks, shards_per_task, task_lines
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.core.registry import changed_options
 from unshardfs.tools.atomic import WriteStopped
@@ -89,13 +89,16 @@ async def _one_part(args: argparse.Namespace) -> PartResult:
     return PartResult(list(problems), summary, session.source.counters.reads)
 
 
-def _checks(args: argparse.Namespace, parts: int) -> list[Part]:
-    return [Part(args.source, _one_version(args), i, parts) for i in range(parts)]
+def _checks(args: argparse.Namespace, threads: int) -> tuple[list[Part], PartResult]:
+    """The check's tasks, planned here; and what planning found (its problems, as a result)."""
+    planned = plan_tasks(args.source, _one_version(args), threads, args.parts)
+    parts = [Part(args.source, _one_version(args), i, work) for i, work in enumerate(planned.works)]
+    return parts, PartResult(planned.problems, WalkSummary(), 0, -1)
 
 
-def _exports(args: argparse.Namespace, plan: Plan, tasks: list[int]) -> list[Part]:
+def _exports(args: argparse.Namespace, plan: Plan, works: list[TaskWork], tasks: list[int]) -> list[Part]:
     """The export's tasks, run with this command line's tuning (concurrency, timeouts, caches)."""
-    return [Part(plan.source, _one_version(args), i, plan.tasks, dest_name(args.dest), args.jobs,
+    return [Part(plan.source, _one_version(args), i, works[i], dest_name(args.dest), args.jobs,
                  not args.no_fsync) for i in tasks]
 
 
@@ -155,18 +158,20 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _check_results(args: argparse.Namespace) -> list[PartResult]:
     if args.scheduler is not None:
-        from unshardfs.app.cluster import default_parts
+        from unshardfs.app.cluster import worker_threads
 
         client = _client(args)
         try:
-            return _on_cluster(args, client, _checks(args, args.parts or default_parts(client)), "part")
+            parts, planning = _checks(args, worker_threads(client))
+            return [planning] + _on_cluster(args, client, parts, "task")
         finally:
             close_client(client)
     if args.jobs > 1:
         # The format layer is single-threaded by design; parallel checking
-        # splits the shards over processes, each with its own tree and caches.
+        # deals the shards to processes, each with its own tree and caches.
+        parts, planning = _checks(args, args.jobs)
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            return pool.map(run_part, _checks(args, args.jobs))
+            return [planning] + pool.map(run_part, parts, chunksize=1)
     return [trio.run(_one_part, args)]
 
 
@@ -197,46 +202,55 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
-LOCAL_TASKS = 8  # tasks of an export run in one process: what a killed run redoes at most is one of them
+LOCAL_THREADS = 2  # an export in one process is planned as for two threads: 8 tasks or more
 
 
-def _plan(args: argparse.Namespace, ledger: Ledger, default_tasks: int) -> Plan:
-    """The export's plan: the one DEST already holds (with --resume), else a new one."""
+def _plan(args: argparse.Namespace, ledger: Ledger, threads: int) -> tuple[Plan, list[TaskWork], list[str]]:
+    """The export's plan and its tasks: those DEST already holds (with --resume), else new ones;
+    and the problems planning met (a name skipped, say)."""
     found = ledger.plan()
-    wanted = Plan(*_identity(args), args.parts or default_tasks)
+    source, formats = _identity(args)
     if found is None:
-        ledger.start(wanted)
-        return wanted
+        planned: Planned = plan_tasks(source, _one_version(args), threads, args.parts, skip_reserved=True)
+        wanted = Plan(source, formats, len(planned.works))
+        ledger.start(wanted, task_lines(planned.works))
+        return wanted, planned.works, planned.problems
     if not args.resume:
         done = len(ledger.complete())
         raise ConfigError(f"DEST {args.dest} holds an export of {found.source} ({done:,} of {found.tasks:,} tasks "
                           "complete): add --resume to continue it, or choose another DEST")
-    if (found.source, found.formats) != (wanted.source, wanted.formats):
+    if (found.source, found.formats) != (source, formats):
         raise ConfigError(f"DEST {args.dest} holds an export of {found.source} with options {found.formats}: "
                           "--resume must name the same SOURCE and options")
-    if args.parts and args.parts != found.tasks:
+    works = parse_tasks(ledger.task_list(), "the task list", found.tasks)
+    if len(works) != found.tasks:
+        raise ConfigError(f"DEST {args.dest}: its task list holds {len(works):,} tasks, its plan "
+                          f"{found.tasks:,}: not an unshardfs export")
+    if args.parts and shards_per_task(sum(w.shards for w in works), 1, args.parts) != \
+            max(w.shards for w in works):
         raise ConfigError(f"DEST {args.dest} holds an export planned as {found.tasks:,} tasks: --parts must "
                           "be left out or the same with --resume")
-    return found
+    return found, works, []
 
 
-def _prepare(args: argparse.Namespace, default_tasks: int) -> tuple[Plan, list[int], list[PartResult]]:
-    """Open DEST, fix the plan, clear a killed run's temporaries; (plan, tasks to run, tasks done)."""
+def _prepare(args: argparse.Namespace, threads: int) -> tuple[Plan, list[TaskWork], list[int], list[PartResult]]:
+    """Open DEST, fix the plan, clear a killed run's temporaries; (plan, its tasks, tasks to run,
+    tasks done)."""
     out = open_dest(args.dest, open_options(args).remote)
     try:
         ledger = Ledger(out)
-        plan = _plan(args, ledger, default_tasks)
+        plan, works, problems = _plan(args, ledger, threads)
         if args.resume:
             out.clear()  # temporaries, unfinished uploads
         done = ledger.complete() & set(range(plan.tasks))
-        finished = []
+        finished = [PartResult(problems, WalkSummary(), 0, -1)] if problems else []
         for task in sorted(done):
             files, _ = ledger.task_totals(task)
             finished.append(PartResult([], WalkSummary(files=files, skipped=files), 0, task, complete=True,
                                        recorded=True))
     finally:
         out.close()
-    return plan, [t for t in range(plan.tasks) if t not in done], finished
+    return plan, works, [t for t in range(plan.tasks) if t not in done], finished
 
 
 def _export_here(args: argparse.Namespace, jobs: list[Part]) -> list[PartResult]:
@@ -273,31 +287,30 @@ def _export_run(args: argparse.Namespace) -> int:
     client = None
     try:
         if args.scheduler is not None:
-            from unshardfs.app.cluster import check_dest_visible, default_parts
+            from unshardfs.app.cluster import check_dest_visible, worker_threads
 
             client = _client(args)
             check_dest_visible(client, args.dest, open_options(args).remote)
-            plan, pending, finished = _prepare(args, default_parts(client))
-            results = _on_cluster(args, client, _exports(args, plan, pending), "task")
+            plan, works, pending, finished = _prepare(args, worker_threads(client))
+            results = _on_cluster(args, client, _exports(args, plan, works, pending), "task")
         else:
-            plan, pending, finished = _prepare(args, LOCAL_TASKS)
-            results = _export_here(args, _exports(args, plan, pending))
+            plan, works, pending, finished = _prepare(args, LOCAL_THREADS)
+            results = _export_here(args, _exports(args, plan, works, pending))
     finally:
         if client is not None:
             close_client(client)
-    return _export_report(args, plan, finished + results)
+    return _export_report(args, plan, finished + results, sum(len(w.dirs) for w in works))
 
 
-def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResult]) -> int:
+def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResult], dirs: int) -> int:
     problems = sorted(dict.fromkeys(line for r in results for line in r.problems))
-    failures = sorted(dict.fromkeys(f for r in results for f in r.summary.failures))  # every task walks every directory
+    failures = sorted(dict.fromkeys(f for r in results for f in r.summary.failures))
     stopped = next((r.summary.stopped for r in results if r.summary.stopped is not None), None)
     for line in problems + failures:
         print(f"not exported: {line}", file=sys.stderr)
     written = sum(r.summary.written for r in results)
     skipped = sum(r.summary.skipped for r in results)
     size = sum(r.summary.bytes for r in results)
-    dirs = max([r.summary.dirs for r in results] or [0])  # every part walks every directory
     complete = sum(r.complete for r in results)
     tail = f"; {len(failures)} failed" if failures else ""
     finished = complete == plan.tasks and stopped is None

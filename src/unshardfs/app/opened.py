@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
@@ -59,14 +59,19 @@ class OpenedSource:
         return self.runtime.caches
 
     @classmethod
-    async def open(cls, url: str, options: OpenOptions | None = None, caches: Caches | None = None) -> "OpenedSource":
-        """Open `url` with `options` (the defaults without)."""
+    async def open(cls, url: str, options: OpenOptions | None = None, caches: Caches | None = None,
+                   named: str | None = None, layer: Callable[[ByteSource], ByteSource] | None = None
+                   ) -> "OpenedSource":
+        """Open `url` with `options` (the defaults without): its format the one the URL names, else
+        `named`, else detected; its byte source seen through `layer` if given."""
         options = options or OpenOptions()
         spec = parse_source(url)
+        if spec.format is None and named is not None:
+            spec = replace(spec, format=named)  # (so no versioned store is probed for either)
         ocdbt = OcdbtOptions(read_ahead=options.policy.read_ahead, gap=options.policy.max_gap)
         source = await open_spec(spec, lambda base: open_source(base, options.remote), options.limits, options.icechunk,
                                  ocdbt)
-        return await cls.over(source, spec.format, options, caches)
+        return await cls.over(source if layer is None else layer(source), spec.format, options, caches)
 
     @classmethod
     async def over(cls, source: ByteSource, named: str | None = None, options: OpenOptions | None = None,

@@ -1,45 +1,44 @@
-"""One `check` or `export` split into parts by shard, for worker processes or a Dask cluster.
+"""One `check` or `export` split into planned tasks, for worker processes or a Dask cluster.
 
-A part is a small, picklable description (the SOURCE, the options, which
-part of how many); the worker opens the source itself (remote sources take
-credentials from the worker's own environment), walks the whole tree
-but its listings show only the shards that hash to its part, so each
-shard's indexes and payloads are read by exactly one part, in order. Files
-with no shard (metadata, unsharded data) go by their path.
-Only counts and problem lines travel back. An export part is a task of the
-export's plan: its files are journaled as they land in DEST and its ledger
-entry written when all are in place, so a part run again (a lost worker, a
-`--resume`) keeps what is there and rewrites nothing complete.
+A task is a small, picklable description (the SOURCE, the options, its
+number and its work as the client planned it, `planner.TaskWork`); the
+worker opens the source itself (remote sources take credentials from the
+worker's own environment), goes by path to the directories and files the
+task names and reads the indexes and chunks of its own shards only, in
+shard order, through the same coalesced, bounded fetcher a mount uses. No
+task lists a directory. Only counts and problem lines travel back. An
+export task is a task of the export's recorded plan: its files are journaled
+as they land in DEST and its ledger entry written when all are in place,
+so a task run again (a lost worker, a `--resume`) keeps what is there and
+rewrites nothing complete.
 """
 
 from __future__ import annotations
 
-import zlib
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 import trio
 
 from unshardfs.app.opened import OpenedSource, OpenOptions
+from unshardfs.app.planner import KnownDirs, TaskWork, task_entries
+from unshardfs.core.runtime import ShardScope
 from unshardfs.tools.atomic import WriteStopped
 from unshardfs.tools.dest import Dest, open_dest
 from unshardfs.tools.ledger import Journal, Ledger
-from unshardfs.tools.walk import Select, WalkSummary, check, export
+from unshardfs.tools.walk import Entries, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
-
-# Files held in a shard carry their chunk id (passthrough files only their source path).
-CHUNK_XATTR = "user.unshardfs.chunk_id"
 
 
 @dataclass(frozen=True)
 class Part:
-    """One task: part `part` of `parts` of a check, or of an export into `dest`."""
+    """One task: task `part` of a check, or of an export into `dest`, doing `work`."""
 
     source: str
     options: OpenOptions
     part: int
-    parts: int
+    work: TaskWork
     dest: str | None = None  # export: where every worker writes (a shared file system, s3:// or gs://)
     write_jobs: int = 4
     sync: bool = True  # export: flush each file before its rename, and the ledger entry's directories
@@ -55,49 +54,39 @@ class PartResult:
     recorded: bool = False  # ... and was before this run began
 
 
-def _bucket(text: str, parts: int) -> int:
-    return zlib.crc32(text.encode()) % parts
-
-
-def shard_filter(part: int, parts: int) -> Callable[[str, str], bool]:
-    """Listings of this part show only the shards that hash to it (so only their indexes are read);
-    shards are named by their store's token, the same in every process."""
-    return lambda label, token: _bucket(f"{label}\0{token}", parts) == part
-
-
-def selector(part: int, parts: int) -> Select | None:
-    """Files of this part: every chunk file its listings show (their shards are its own), and the
-    files with no shard (metadata, unsharded data) whose path hashes to it."""
-    if parts <= 1:
-        return None
-    return lambda rel, node: CHUNK_XATTR in node.xattrs() or _bucket(rel, parts) == part
-
-
 @asynccontextmanager
-async def _opened(job: Part) -> AsyncIterator[tuple[OpenedSource, list[str]]]:
-    """The part's own opened SOURCE, listing only the part's shards, running; and the problems
-    logged meanwhile."""
-    session = await OpenedSource.open(job.source, job.options)
-    if job.parts > 1:
-        session.runtime.shard_filter = shard_filter(job.part, job.parts)
+async def _opened(job: Part) -> AsyncIterator[tuple[OpenedSource, Entries, list[str], list[str]]]:
+    """The task's own opened SOURCE, running, and what the task visits; the problems logged
+    meanwhile, and the paths the plan names that SOURCE no longer holds."""
+    dirs = job.work.directories()
+    session = await OpenedSource.open(job.source, job.options, named=job.work.format,
+                                      layer=lambda source: KnownDirs(source, dirs))
+    scope = ShardScope(planning=False)
+    session.runtime.shard_scope = scope
+    missing: list[str] = []
+    entries = task_entries(session.tree, scope, job.work, missing)
     try:
         with collect_problems() as problems:
             async with session.running():
-                yield session, problems
+                try:
+                    yield session, entries, problems, missing
+                finally:
+                    await entries.aclose()  # a walk that stopped early leaves it part way
     finally:
         await session.aclose()
 
 
 async def _check(job: Part, progress: Callable[[WalkSummary], None] | None) -> PartResult:
-    async with _opened(job) as (session, problems):
-        summary = await check(session.tree, progress, selector(job.part, job.parts))
+    async with _opened(job) as (session, entries, problems, missing):
+        summary = await check(session.tree, progress, entries)
+    summary.failures += missing
     return PartResult(list(problems), summary, session.source.counters.reads, job.part)
 
 
 async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] | None) -> PartResult:
     """Export one task into DEST: skipped whole if its ledger entry is there; else its journal's
     files are kept where DEST still matches them, the others written, and the entry written once
-    every file of the task is in place (none failed, no listing problem)."""
+    every file of the task is in place (none failed, none missing, no listing problem)."""
     ledger = Ledger(out)
     if job.part in ledger.complete():
         files, _ = ledger.task_totals(job.part)
@@ -107,9 +96,9 @@ async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] 
     except WriteStopped as e:
         return PartResult([], WalkSummary(stopped=str(e)), 0, job.part)
     try:
-        async with _opened(job) as (session, problems):
-            summary = await export(session.tree, out, job.write_jobs, progress, selector(job.part, job.parts),
-                                   journal, job.sync)
+        async with _opened(job) as (session, entries, problems, missing):
+            summary = await export(session.tree, out, job.write_jobs, progress, entries, journal, job.sync)
+        summary.failures += missing
         complete = False
         if summary.stopped is None and not summary.failures and not problems:
             try:

@@ -147,10 +147,20 @@ class ChunkContext:
         return self._name_order
 
     async def locate(self, chunk_id: int) -> tuple[ChunkTable, int] | None:
+        if not self._in_scope(chunk_id):
+            return None  # a planned task's read-ahead stays within its own shards
         return await self.store.locate(chunk_id)
 
     def table_of(self, chunk_id: int) -> Hashable | None:
+        if not self._in_scope(chunk_id):
+            return None
         return self.store.table_of(chunk_id)
+
+    def _in_scope(self, chunk_id: int) -> bool:
+        """Whether the chunk's shard is one this source may read ahead in: any, except in a planned
+        task, which reads its own shards only (another task reads the others)."""
+        scope = self.store.runtime.shard_scope
+        return scope is None or scope.planning or scope.holds(self.store.label, self.store.shard_of(chunk_id))
 
     def has_payload(self, ext: Extent) -> bool:
         return ext.key in self.caches.encoded_chunk
@@ -268,8 +278,12 @@ class ChunkContext:
         store = self.store
         ahead: deque[Shard] = deque()
         window = max(1, self.fetcher.policy.concurrency) if self.fetcher.background and store.source.remote else 0
-        shards = store.shards(within).__aiter__()
-        keep = store.runtime.shard_filter
+        scope = store.runtime.shard_scope
+        if scope is not None and scope.planning:
+            async for shard in store.shards(within):
+                scope.record(store.label, store.token(shard), shard)
+            return
+        shards = (store.shards(within) if scope is None else _given(store, scope.given(store.label), within)).__aiter__()
         exhausted = False
         while True:
             while not exhausted and len(ahead) <= window:
@@ -278,8 +292,6 @@ class ChunkContext:
                 except StopAsyncIteration:
                     exhausted = True
                     break
-                if keep is not None and not keep(store.label, store.token(shard)):
-                    continue  # another part of a split check/export lists this shard
                 ahead.append(shard)
                 if window and len(ahead) > 1:
                     self.fetcher.spawn(self._warm, shard)
@@ -393,6 +405,17 @@ class ChunkContext:
 
     def _where(self, table: ChunkTable, i: int) -> str:
         return f"{table.blob.label} {self.store.describe(int(table.ids[i]))}"
+
+
+async def _given(store: ShardedStore[Any, Any], shards: tuple[Shard, ...], within: object) -> AsyncIterator[Shard]:
+    """The shards a task was given, those `within` only: no listing of the directory. A name that
+    cannot be one of the store's shards (a task list garbled in DEST) is logged and skipped."""
+    for shard in shards:
+        if not store.accepts(shard):
+            log_once(log, f"given:{store.label}:{shard!r:.100}", "listing %s: the task names shard %.100r, which "
+                     "this store cannot have; skipped", store.label, shard)
+        elif store.holds(shard, within):
+            yield shard
 
 
 class ChunkBatch(EntryBatch):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Hashable
 
 from unshardfs.core.caches import Caches
 from unshardfs.core.fetch import Fetcher, FetchPolicy
@@ -17,9 +17,9 @@ class Runtime:
     caches: Caches = field(default_factory=Caches)
     limits: DataLimits = field(default_factory=DataLimits)
     policy: FetchPolicy | None = None
-    # Which shards listings show, by (directory label, shard token): a part of a
-    # check/export split over workers lists (and so reads) only its own shards.
-    shard_filter: Callable[[str, str], bool] | None = None
+    # Which shards chunk listings read (None: every shard the store lists). A
+    # planned check/export records them once, and each task lists only its own.
+    shard_scope: "ShardScope | None" = None
     fetcher: Fetcher = field(init=False)
 
     def __post_init__(self) -> None:
@@ -27,3 +27,43 @@ class Runtime:
 
     def stats(self) -> dict[str, object]:
         return {"fetch": self.fetcher.stats()}
+
+
+class ShardScope:
+    """Which shards the chunk listings of one opened source read, for a planned check or export.
+
+    Planning (`planning=True`): a listing enumerates its store's shards (the
+    store's own listing of its directory, once) and records each as
+    (`where`, store label, shard handle) without reading any index, and
+    shows no chunk. A task (`planning=False`): a listing reads only the shards
+    `give` handed it for that store, without listing the directory at all;
+    a store it was given nothing for shows no chunk.
+    """
+
+    def __init__(self, planning: bool) -> None:
+        self.planning = planning
+        self.where = ""  # planning: the tree path of the directory being listed
+        self.recorded: list[tuple[str, str, Hashable]] = []
+        self._seen: set[tuple[str, str, str]] = set()
+        self._given: dict[str, tuple[Hashable, ...]] = {}
+        self._held: dict[str, frozenset[Hashable]] = {}
+
+    def record(self, label: str, token: str, shard: Hashable) -> None:
+        """A shard the listing of `where` reads (once per directory, however often it is listed)."""
+        key = (self.where, label, token)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.recorded.append((self.where, label, shard))
+
+    def give(self, label: str, shards: tuple[Hashable, ...]) -> None:
+        """The shards listings of the store `label` read from now on (the others: none)."""
+        self._given = {label: shards}
+        self._held = {label: frozenset(shards)}
+
+    def given(self, label: str) -> tuple[Hashable, ...]:
+        return self._given.get(label, ())
+
+    def holds(self, label: str, shard: Hashable | None) -> bool:
+        """Whether `shard` of the store `label` is one this task was given (read-ahead reads no other)."""
+        held = self._held.get(label)
+        return held is not None and shard in held

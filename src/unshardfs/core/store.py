@@ -151,6 +151,16 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         masks = [self.placed(shard, table) for table in tables]
         return None if all(mask.all() for mask in masks) else masks
 
+    def accepts(self, shard: object) -> bool:
+        """Whether `shard` is a handle of this store's kind (a task's list of shards, read back from
+        DEST, may name anything). Default: any (stores whose handles are not plain numbers say)."""
+        return True
+
+    def holds(self, shard: ShardT, within: object) -> bool:
+        """Whether `shards(within)` would include `shard` (were it listed): a task given its shards
+        by name narrows them as the listing would. Default: `within` narrows nothing."""
+        return True
+
     def token(self, shard: ShardT) -> str:
         """Text naming the shard that is the same in every process (split check/export hash it)."""
         return shard_token(shard)

@@ -5,6 +5,8 @@ so nothing is written outside it and the record travels with the copy):
 
     plan.json              the source, its format options and the number of tasks, fixed
                            by the first run; `--resume` refuses a different source
+    tasks.jsonl            what each task does (one JSON line per task, written before
+                           plan.json): a resume runs the very same tasks
     tasks/NNNNNN.journal   one JSON line per file of task NNNNNN renamed into place, appended
                            as it happens (a killed task leaves it; `--resume` re-verifies
                            each line's file and writes only the others)
@@ -26,13 +28,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 from unshardfs.sources import RemoteOptions
 from unshardfs.tools.atomic import WriteStopped, is_temp, stops
 from unshardfs.tools.dest import LEDGER_DIR, LINE_LIMIT, Dest, JournalLog, is_object_url, split_lines
 from unshardfs.util.errors import ConfigError, DataError
 PLAN = f"{LEDGER_DIR}/plan.json"
+TASK_LIST = f"{LEDGER_DIR}/tasks.jsonl"
 TASKS = f"{LEDGER_DIR}/tasks"
 MANIFEST = f"{LEDGER_DIR}/manifest.jsonl"
 MANIFEST_FORMAT = "unshardfs-manifest"
@@ -179,12 +182,15 @@ class Ledger:
             raise ConfigError(f"{PLAN} in DEST is not an unshardfs export plan ({e})") from None
         return Plan(source, formats, tasks)
 
-    def start(self, plan: Plan) -> None:
-        """Make the ledger's directories and write the plan (before any task runs)."""
+    def start(self, plan: Plan, tasks: Iterable[bytes] = ()) -> None:
+        """Make the ledger's directories and write the task list, then the plan (before any task
+        runs: the plan's presence means both are whole)."""
         rel = LEDGER_DIR
         try:
             for rel in (LEDGER_DIR, TASKS):
                 self.dest.make_dir(rel)
+            rel = TASK_LIST
+            self.dest.write(TASK_LIST, tasks, create=False)
             rel = PLAN
             self.dest.write(PLAN, [json.dumps(plan.doc(), indent=1).encode() + b"\n"], create=False)
         except WriteStopped:
@@ -194,6 +200,13 @@ class Ledger:
                 raise WriteStopped(rel, e) from None
             why = e.strerror if isinstance(e, OSError) else e
             raise ConfigError(f"cannot write {rel} in DEST: {why}") from None
+
+    def task_list(self) -> Iterator[bytes]:
+        """The recorded task list's lines (streamed); ConfigError if the plan has none."""
+        if not self.dest.exists(TASK_LIST):
+            raise ConfigError(f"DEST holds an export planned without a task list ({TASK_LIST}): "
+                              "export into a new DEST")
+        return self.dest.lines(TASK_LIST)
 
     def complete(self) -> set[int]:
         """The tasks whose ledger entry is in place."""

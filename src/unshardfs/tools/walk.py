@@ -26,8 +26,8 @@ from unshardfs.util.logonce import log_once
 log = logging.getLogger(__name__)
 
 PIECE = 8 << 20  # read big files in pieces so memory stays bounded
-# Which files one part of a split run handles: (relative path, node) -> mine?
-Select = Callable[[str, FileNode], bool]
+# What a walk visits: (relative path, node), directories before what is in them.
+Entries = AsyncIterator[tuple[str, FileNode | DirNode]]
 
 
 @dataclass
@@ -117,16 +117,17 @@ class _Run:
             self.scope.cancel()
 
     def landed(self, rel: str, node: FileNode, crc: int, written: bool = True) -> None:
-        """A file is in place (`written`, or found there complete with these bytes): count it and
-        journal it."""
+        """A file is in place (`written`, or found there complete with these bytes): count it, then
+        journal it (a journal that DEST has no room for stops the run, and the file, whole under
+        its final name, is counted all the same)."""
+        if written:
+            self.summary.written += 1
+            self.summary.bytes += node.size
+        else:
+            self.summary.skipped += 1
         if self.journal is not None:
             source, offset, length = source_of(node.xattrs())
             self.journal.add(FileRecord(rel, node.size, crc, node.mtime_ns, source, offset, length))
-        if not written:
-            self.summary.skipped += 1
-            return
-        self.summary.written += 1
-        self.summary.bytes += node.size
 
     async def already_there(self, rel: str, node: FileNode) -> bool:
         """The file is journaled by an earlier run and what is in DEST still matches its record
@@ -143,9 +144,10 @@ class _Run:
 
 
 async def export(root: DirNode, dest: Dest, jobs: int = 4,
-                 progress: Callable[[WalkSummary], None] | None = None, select: Select | None = None,
+                 progress: Callable[[WalkSummary], None] | None = None, entries: Entries | None = None,
                  journal: Journal | None = None, sync: bool = True) -> WalkSummary:
-    """Write the tree under `dest`, every file appearing under its name only when whole (`Dest.write`).
+    """Write the tree under `dest` (or only `entries`, one task's part of it), every file appearing
+    under its name only when whole (`Dest.write`).
 
     Reads happen on the event loop in listing order (sequential in the
     shards); up to `jobs` file writes run in worker threads meanwhile. Files
@@ -161,17 +163,18 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
-            await _export_walk(run, root, nursery, trio.CapacityLimiter(jobs), progress, select)
+            await _export_walk(run, walk(root) if entries is None else entries, nursery, trio.CapacityLimiter(jobs),
+                               progress)
         except WriteStopped as e:
             run.stop(e)
     return summary
 
 
-async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter: trio.CapacityLimiter,
-                       progress: Callable[[WalkSummary], None] | None, select: Select | None) -> None:
+async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limiter: trio.CapacityLimiter,
+                       progress: Callable[[WalkSummary], None] | None) -> None:
     summary = run.summary
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
-    async for rel, node in walk(root):
+    async for rel, node in entries:
         if summary.stopped is not None:
             return
         if rel.rpartition("/")[0] in skip:
@@ -191,8 +194,6 @@ async def _export_walk(run: _Run, root: DirNode, nursery: trio.Nursery, limiter:
                 skip.add(rel)
                 continue
             summary.dirs += 1
-            continue
-        if select is not None and not select(rel, node):
             continue
         summary.files += 1
         await run.sweep(rel)
@@ -255,8 +256,8 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
 
 
 async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None,
-                select: Select | None = None) -> WalkSummary:
-    """Read every file the tree shows (or those `select` picks), fully;
+                entries: Entries | None = None) -> WalkSummary:
+    """Read every file the tree shows (or those of `entries`, one task's part of it), fully;
     failures are collected, not raised.
 
     Reading decodes every gzip payload (CRC and length checked) and, through
@@ -265,11 +266,9 @@ async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = 
     collected by the caller.
     """
     summary = WalkSummary()
-    async for rel, node in walk(root):
+    async for rel, node in walk(root) if entries is None else entries:
         if isinstance(node, DirNode):
             summary.dirs += 1
-            continue
-        if select is not None and not select(rel, node):
             continue
         summary.files += 1
         try:

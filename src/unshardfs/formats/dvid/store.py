@@ -88,6 +88,9 @@ class DvidStore(ShardedStore[int, ShardIndex]):
             self._files = dict(sorted(found.items()))
         return self._files
 
+    def accepts(self, shard: object) -> bool:
+        return isinstance(shard, int) and not isinstance(shard, bool)
+
     async def open_shard(self, shard: int) -> Blob | None:
         name = (await self.files()).get(shard)
         if name is None:

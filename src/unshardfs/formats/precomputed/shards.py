@@ -166,6 +166,9 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
     def is_shard_file(self, name: str) -> bool:
         return self.shard_file(name) is not None
 
+    def accepts(self, shard: object) -> bool:
+        return isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < 1 << self.spec.shard_bits
+
     async def shards(self, within: object = None) -> AsyncIterator[int]:
         """Existing shards in ascending order, found by listing the directory
         (or, on a source that cannot list, by probing every shard number)."""

@@ -97,6 +97,10 @@ class WkwStore(ShardedStore[FileCell, ChunkTable]):
         x, y, z = ((cells[0] + self.view.first_block) // self.view.header.file_edge).tolist()
         return x, y, z
 
+    def accepts(self, shard: object) -> bool:
+        return isinstance(shard, tuple) and len(shard) == 3 and \
+            all(isinstance(i, int) and not isinstance(i, bool) for i in shard)
+
     def shards(self, within: object = None) -> AsyncIterator[FileCell]:
         return self._listed() if self.source.listable else self._candidates()
 

@@ -200,6 +200,14 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         async for outer in walk((), root):
             yield outer
 
+    def accepts(self, shard: object) -> bool:
+        return isinstance(shard, tuple) and len(shard) == len(self.shard_grid) and \
+            all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < g for i, g in zip(shard, self.shard_grid))
+
+    def holds(self, shard: tuple[int, ...], within: object) -> bool:
+        lead: tuple[int, ...] = tuple(cast(Iterable[int], within or ()))
+        return shard[:len(lead)] == lead
+
     def _outer_ok(self, outer: tuple[int, ...]) -> bool:
         return all(o < g for o, g in zip(outer, self.shard_grid))
 
