@@ -28,6 +28,7 @@ would normalise into another path are never requested.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import logging
 import random
@@ -118,12 +119,20 @@ def _encoding(headers: dict[str, str]) -> str | None:
     return encoding if encoding not in ("", "identity") else None
 
 
+def _http_date(text: str) -> datetime.datetime | None:
+    """`text` as an HTTP date (Last-Modified), or None when it is none."""
+    try:
+        return email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
 def _mtime_ns(headers: dict[str, str]) -> int:
-    value = headers.get("last-modified")
-    if value:
+    value = _http_date(headers.get("last-modified") or "")
+    if value is not None:
         try:
-            return int(email.utils.parsedate_to_datetime(value).timestamp() * 1e9)
-        except (TypeError, ValueError, OverflowError):
+            return int(value.timestamp() * 1e9)
+        except (ValueError, OverflowError):
             pass
     return 0
 
@@ -427,7 +436,8 @@ class HttpSource:
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
         tagged = isinstance(tag, str) and tag.startswith(('"', 'W/"'))
-        dated = isinstance(tag, str) and not tagged and _is_http_date(tag)  # a Last-Modified date
+        # A Last-Modified date (a listing's own tags are none).
+        dated = isinstance(tag, str) and not tagged and _http_date(tag) is not None
         if tagged and not cast(str, tag).startswith("W/"):
             # If-Match compares strongly: a weak tag would be refused (412) on every read, so it
             # is only compared with the tag the answer names (below).
@@ -503,10 +513,3 @@ class HttpSource:
 
 _MISSING = object()
 
-
-def _is_http_date(text: str) -> bool:
-    """Whether `text` is an HTTP date (a version from Last-Modified; a listing's own tags are not)."""
-    try:
-        return email.utils.parsedate_to_datetime(text) is not None
-    except (TypeError, ValueError, IndexError):
-        return False
