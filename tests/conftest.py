@@ -20,6 +20,16 @@ OUT_OF_PROCESS = frozenset({"run_cli", "mounting", "start_daemon", "force_unmoun
 SMOKE = {(FormatConformance, "test_mount_equals_unsharded_twin")}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Daemons started without --log-file log under $XDG_CACHE_HOME/unshardfs: a directory of the
+    session, removed with it, never the user's own cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache-home")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[MountFn]:
     """`mount(source, *options)` mounts in the background and returns a `Mount`."""

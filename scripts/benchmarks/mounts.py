@@ -41,6 +41,8 @@ def mounted(kind: str, source: Path | str, workdir: Path, *options: str,
     """`source` mounted by `kind`; `env` runs unshardfs with another environment (another checkout's
     code on PYTHONPATH, see `compare`)."""
     mnt = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir))
+    # The daemon's log goes to the run's work directory, not the user's cache.
+    env = {**(os.environ if env is None else env), "XDG_CACHE_HOME": str(workdir)}
     proc = None
     try:
         if kind == "unshardfs":
