@@ -162,8 +162,10 @@ FIGURES: dict[str, Figure] = {
     "remote-zarr": Figure("cp -r Zarr v3, 20 ms", "files/s", lambda b, s: b.remote_cp(s, "zarr3")),
     "remote-readers": Figure(f"{READERS} readers Zarr v3, 20 ms", "files/s",
                              lambda b, s: b.remote_readers(s, "zarr3")),
+    "remote-readers-precomputed": Figure(f"{READERS} readers precomputed, 20 ms", "files/s",
+                                         lambda b, s: b.remote_readers(s, "precomputed")),
 }
-REMOTE = ("remote", "remote-zarr", "remote-readers")
+REMOTE = ("remote", "remote-zarr", "remote-readers", "remote-readers-precomputed")
 
 
 # -- checkouts --------------------------------------------------------------------------------

@@ -389,7 +389,8 @@ def test_a_wide_prefetch_spans_gaps_its_fill_names_and_only_those():
     assert trio.run(_with_background, f, work) == [expect(e) for e in later]
     assert source.reads == [(1000, 4100)] and f.counters.prefetch_wasted_bytes == 0 and accounted(f)
 
-    # Without what lies between (read already, say), the narrow plan: one read per extent.
+    # Without what lies between (read already, say): a read per extent, with the chunks wanted
+    # later that adjoin it (those after 1000), and never the gap.
     f, source = fetcher(prefetch_gap=100)
 
     async def narrow():
@@ -397,7 +398,41 @@ def test_a_wide_prefetch_spans_gaps_its_fill_names_and_only_those():
         await trio.sleep(0.01)
 
     trio.run(_with_background, f, narrow)
-    assert sorted(source.reads) == [(1000, 100), (5000, 100)]
+    assert sorted(source.reads) == [(1000, 400), (5000, 100)]
+
+
+def test_a_wide_run_that_would_waste_too_much_leaves_the_others_wide():
+    """A scan's window over many shards: in one shard what lies between its chunks is wanted
+    later (one read), in another it was read already (a read per chunk there, and only there)."""
+    f, source = fetcher(prefetch_gap=100)
+    later = [ext(1000 + 100 * i, 100) for i in range(1, 40)]
+
+    def fill(blob, start, end):
+        return [e for e in later if blob is BLOB and start <= e.start and e.end <= end]
+
+    async def work():
+        f.prefetch([ext(1000, 100), ext(5000, 100), ext(20000, 100, OTHER), ext(30000, 100, OTHER)],
+                   fill, wide=True)
+        await trio.sleep(0.01)
+        return await f.read_many(later)
+
+    assert trio.run(_with_background, f, work) == [expect(e) for e in later]
+    assert sorted(source.reads) == [(1000, 4100), (20000, 100), (30000, 100)]
+    assert f.counters.prefetch_wasted_bytes == 0
+
+    # One run split where its gap was read already, and only there: what lies between 1000 and
+    # 2000 is wanted later, what lies between 2000 and 9000 is not.
+    f, source = fetcher(prefetch_gap=100)
+    between = [ext(1000 + 100 * i, 100) for i in range(1, 10)]
+
+    async def split():
+        f.prefetch([ext(1000, 100), ext(2000, 100), ext(9000, 100)],
+                   lambda blob, start, end: [e for e in between if start <= e.start and e.end <= end], wide=True)
+        await trio.sleep(0.01)
+        return await f.read_many(between)
+
+    assert trio.run(_with_background, f, split) == [expect(e) for e in between]
+    assert sorted(source.reads) == [(1000, 1100), (9000, 100)] and f.counters.prefetch_wasted_bytes == 0
 
 
 def test_cancelling_the_background_cancels_prefetches():

@@ -512,11 +512,15 @@ class Fetcher:
               wide: bool, budget: int) -> list[_Run]:
         """The reads that prefetch `chosen`: wide runs where they fit, else the narrow plan."""
         runs = self._wide_runs(chosen, fill, budget) if wide and fill else None
-        if runs is None:
-            runs = plan(chosen, self.policy.prefetch_gap, self.policy.max_span)
-            for run in runs:
-                if fill is not None and len(run.extents) > 1:
-                    self._fill_run(run, fill)
+        return self._narrow_runs(chosen, fill) if runs is None else runs
+
+    def _narrow_runs(self, chosen: list[Extent],
+                     fill: Callable[[Blob, int, int], Iterable[Extent]] | None) -> list[_Run]:
+        """`chosen` joined across gaps of `prefetch_gap` at most, with what `fill` names inside."""
+        runs = plan(chosen, self.policy.prefetch_gap, self.policy.max_span)
+        for run in runs:
+            if fill is not None and len(run.extents) > 1:
+                self._fill_run(run, fill)
         return runs
 
     def _fill_run(self, run: _Run, fill: Callable[[Blob, int, int], Iterable[Extent]]) -> None:
@@ -528,15 +532,22 @@ class Fetcher:
 
     def _wide_runs(self, chosen: list[Extent], fill: Callable[[Blob, int, int], Iterable[Extent]],
                    budget: int) -> list[_Run] | None:
-        """Runs joined across gaps that `fill` fills, or None where that would waste more than
-        the narrow plan may (`prefetch_gap` per join) or exceed `budget` bytes."""
-        runs = plan(chosen, self.policy.max_span, self.policy.max_span)
-        for run in runs:
+        """Runs joined across gaps that `fill` fills. A run that would waste more than the narrow
+        plan may (`prefetch_gap` per join) is split, alone, where a gap wastes more than that (the
+        bytes between are read already, say), and keeps its other joins: the scan's other runs
+        stay wide, and its pieces as wide as they may be. None where the runs exceed `budget`."""
+        runs: list[_Run] = []
+        for run in plan(chosen, self.policy.max_span, self.policy.max_span):
             joins = len(run.extents) - 1
             if joins:
+                wanted = {ext.key for ext in run.extents}
                 self._fill_run(run, fill)
                 if (run.end - run.start) - _covered(run.extents) > joins * self.policy.prefetch_gap:
-                    return None
+                    # Pieces of nothing but filled extents are left to later windows.
+                    runs += [piece for piece in plan(run.extents, self.policy.prefetch_gap, self.policy.max_span)
+                             if any(ext.key in wanted for ext in piece.extents)]
+                    continue
+            runs.append(run)
         return runs if _spanned(runs) <= budget else None
 
     async def _prefetch_run(self, run: _Run) -> None:
