@@ -19,9 +19,12 @@ def _parses(argv: list[str]) -> object:
     return _parser().parse_args(argv)
 
 
-def test_the_slurm_recipe_makes_a_job_script_of_single_threaded_workers():
+def test_the_slurm_recipe_makes_a_job_script_of_single_threaded_workers(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
     jobqueue = pytest.importorskip("dask_jobqueue")
     import dask
+
+    monkeypatch.chdir(tmp_path)  # the recipe's log-directory is made relative to the working directory
 
     config = yaml.safe_load((RECIPES / "slurm" / "jobqueue.yaml").read_text())
     slurm = config["jobqueue"]["slurm"]
