@@ -84,10 +84,11 @@ def accounted(fetch: dict[str, int]) -> bool:
 @pytest.mark.parametrize("layout", ["igneous", "ts"])
 def test_scan_in_listing_order(site: Path, layout: str) -> None:
     """Reading every file in listing order costs what it costs through a mount, per shard: 1
-    stat, its shard index, its minishard indexes (one read where they are contiguous; one per
-    minishard in TensorStore's layout, all in one round trip) and one payload read; the shard
-    the scan starts in also pays its first read and the prefetch of the next entries that read
-    starts. Round trips: the listing's 3 (stats, shard indexes, minishard indexes), the first
+    stat with its shard index (one request), its minishard indexes (one read where they are
+    contiguous; one per minishard in TensorStore's layout, all in one round trip) and one payload
+    read; the shard the scan starts in also pays its first read and the prefetch of the next
+    entries that read starts. Round trips: the listing's 2 (stats with shard indexes, minishard
+    indexes), the first
     read's (the open window's prefetch, which the second read finds, goes out with it), then the
     prefetches of 3 later windows, each sent once the one before had landed and each landing
     before the reader gets there: the reader waits for the listing and its first read only."""
@@ -109,11 +110,11 @@ def test_scan_in_listing_order(site: Path, layout: str) -> None:
     costs = shards.costs(sent_to(source))
     first = next(s for s in costs if costs[s]["payload"] > 1)
     minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
-    assert costs == {s: Counter(head=1, index=1, minishard=minishards,
+    assert costs == {s: Counter(index=1, minishard=minishards,
                                 payload=1 + (LISTED_OWN_READS + 1) * (s == first)) for s in costs}
-    assert source.counts() == Counter(stat=4, read=4 + 4 * minishards + 4 + LISTED_OWN_READS + 1)
-    assert source.round_trips() == 7
-    assert waits(elapsed, 256) == 3 + LISTED_OWN_READS
+    assert source.counts() == Counter(head=4, read=4 * minishards + 4 + LISTED_OWN_READS + 1)
+    assert source.round_trips() == 6
+    assert waits(elapsed, 256) == 2 + LISTED_OWN_READS
     wasted = shards.check_payloads(sent_to(source), reread=LISTED_OWN_READS + OPEN_WINDOW)
     assert fetch["prefetch_wasted_bytes"] == wasted
     assert fetch["prefetch_cached_entries"] == 0  # every prefetched chunk was read
@@ -188,22 +189,22 @@ def test_scattered_reads_pay_nothing_for_read_ahead(site: Path) -> None:
     for options in ((), ("--no-read-ahead",)):
         assert viewer(options, 1)["prefetch_bytes"] == 0
     assert sent[("1",)] == sent[("--no-read-ahead", "1")]
-    # A stat, the shard index and every minishard index of each of the 4 shards, and a payload read
-    # per chunk; one after another the first time each is needed.
-    assert Counter(kind for kind, *_ in sent[("1",)]) == Counter(stat=4, read=4 + 4 + 48)
-    assert trips[("1",)] == trips[("--no-read-ahead", "1")] == 4 * 3 + 48
+    # A stat with the shard index (one request) and every minishard index of each of the 4
+    # shards, and a payload read per chunk; one after another the first time each is needed.
+    assert Counter(kind for kind, *_ in sent[("1",)]) == Counter(head=4, read=4 + 48)
+    assert trips[("1",)] == trips[("--no-read-ahead", "1")] == 4 * 2 + 48
     assert viewer((), 8)["prefetch_bytes"] == 0
     assert sent[("8",)] == sent[("1",)]
-    # The readers' first reads wait for every shard's stat, shard index and minishard index (3
-    # round trips, each shard's asked for once), then each of their 6 reads is a round trip.
-    assert trips[("8",)] == 3 + 48 // 8
+    # The readers' first reads wait for every shard's stat with its shard index, and minishard
+    # index (2 round trips, each shard's asked for once), then each of their 6 reads is one.
+    assert trips[("8",)] == 2 + 48 // 8
 
 
 # -- listings --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout, options", [("igneous", ()), ("igneous", ("--no-read-ahead",)), ("ts", ())])
-def test_a_listing_costs_three_round_trips(site: Path, layout: str, options: tuple[str, ...]) -> None:
-    """A chunk directory listed with its sizes (`ls -l`): stats of every shard, then their shard
+def test_a_listing_costs_two_round_trips(site: Path, layout: str, options: tuple[str, ...]) -> None:
+    """A chunk directory listed with its sizes (`ls -l`): stats of every shard with their shard
     indexes, then their minishard indexes, each step all shards at once (not read-ahead:
     --no-read-ahead keeps it). The mount pins the same for `ls -lR`, whose lookups and
     getattrs the listing has answered already."""
@@ -221,8 +222,8 @@ def test_a_listing_costs_three_round_trips(site: Path, layout: str, options: tup
     assert sizes == {p.name: p.stat().st_size for p in plain(site).iterdir()}
     minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
     costs = shards.costs(sent_to(source))
-    assert costs == {s: Counter(head=1, index=1, minishard=minishards) for s in shards.chunks}
-    assert source.round_trips() == 3 and elapsed == pytest.approx(3 * LATENCY)
+    assert costs == {s: Counter(index=1, minishard=minishards) for s in shards.chunks}
+    assert source.round_trips() == 2 and elapsed == pytest.approx(2 * LATENCY)
 
 
 # -- the stand-in itself -----------------------------------------------------------------------

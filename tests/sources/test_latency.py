@@ -43,8 +43,8 @@ def server(site):
 
 @pytest.mark.parametrize("layout", ["igneous", "ts"])
 def test_scan_in_listing_order(site, server, mount, layout):
-    """Reading every file in listing order costs, per shard: 1 HEAD, its shard index, its
-    minishard indexes (one read where they are contiguous; TensorStore puts each after its own
+    """Reading every file in listing order costs, per shard: its shard index with its stat (a
+    range from 0, whose Content-Range states the size: no HEAD), its minishard indexes (one read where they are contiguous; TensorStore puts each after its own
     chunks, so one per minishard, all in one round trip) and one payload read; the shard the scan
     starts in also pays its first read and the prefetch of the next entries that read starts."""
     shards = Shards(site / layout / KEY)
@@ -56,7 +56,7 @@ def test_scan_in_listing_order(site, server, mount, layout):
     costs = shards.costs(sent_over_http(server))
     first = next(s for s in costs if costs[s]["payload"] > 1)
     minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
-    assert costs == {s: Counter(head=1, index=1, minishard=minishards,
+    assert costs == {s: Counter(index=1, minishard=minishards,
                                 payload=1 + (LISTED_OWN_READS + 1) * (s == first)) for s in costs}
     # The first window's prefetch may span the chunks read or prefetched before it (CloudVolume
     # does not write a shard's chunks in listing order): re-read rather than cost a request more.
@@ -79,7 +79,7 @@ def test_cp_r_scan(site, server, mount, tmp_path):
     subprocess.run(["cp", "-r", str(m.path / KEY), str(tmp_path / "copy")], check=True, timeout=60)
     assert_same_tree(tmp_path / "copy", plain(site))
     costs = shards.costs(sent_over_http(server))
-    assert all(c["head"] == c["index"] == c["minishard"] == 1 for c in costs.values()), costs
+    assert all(c["head"] == 0 and c["index"] == c["minishard"] == 1 for c in costs.values()), costs
     # 2 reads before the scan is recognised, then per window of keys (32, 33, 65, 129, the
     # rest) one read per shard that spans the window's chunks there: what lies between them are
     # chunks of higher keys, which the scan reads later (kept, not read again), and chunks it has
@@ -200,9 +200,10 @@ def test_remote_and_local_mounts_both_look_for_the_next_request_themselves(site,
 # -- listings and lookups ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout, options", [("igneous", ()), ("igneous", ("--no-read-ahead",)), ("ts", ())])
-def test_ls_lR_costs_three_round_trips(site, server, mount, layout, options):
-    """`ls -lR` of a chunk directory: HEADs of every shard, then their shard indexes, then their
-    minishard indexes, each step all shards at once (not read-ahead: --no-read-ahead keeps it)."""
+def test_ls_lR_costs_two_round_trips(site, server, mount, layout, options):
+    """`ls -lR` of a chunk directory: the shard indexes of every shard with their stats (no HEAD),
+    then their minishard indexes, each step all shards at once (not read-ahead: --no-read-ahead
+    keeps it)."""
     shards = Shards(site / layout / KEY)
     m = mount(f"{server.url}/{layout}", *options)
     server.faults.delay = 0.2  # long enough that requests sent together never look chained
@@ -210,8 +211,8 @@ def test_ls_lR_costs_three_round_trips(site, server, mount, layout, options):
     subprocess.run(["ls", "-lR", str(m.path / KEY)], check=True, capture_output=True, timeout=60)
     minishards = 1 if layout == "igneous" else 1 << SPEC["minishard_bits"]
     costs = shards.costs(sent_over_http(server))
-    assert costs == {s: Counter(head=1, index=1, minishard=minishards) for s in shards.chunks}
-    assert server.round_trips() == 3
+    assert costs == {s: Counter(index=1, minishard=minishards) for s in shards.chunks}
+    assert server.round_trips() == 2
 
 
 # The kernel takes a directory's lock around every LOOKUP unless the file system asks for

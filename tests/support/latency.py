@@ -117,8 +117,10 @@ def sent_over_http(server: DatasetServer, method: str | None = None) -> list[Sen
 
 
 def sent_to(source: LatencySource) -> list[Sent]:
-    """The requests a `LatencySource` logged (a stat is a HEAD; a tail has no absolute range)."""
-    return [Sent(r.path, r.kind == "stat", *((r.offset, r.offset + r.size - 1) if r.kind == "read" else (None, None)))
+    """The requests a `LatencySource` logged (a stat is a HEAD; a head, a stat with the first bytes,
+    is the GET of its range; a tail has no absolute range)."""
+    return [Sent(r.path, r.kind == "stat",
+                 *((r.offset, r.offset + r.size - 1) if r.kind in ("read", "head") else (None, None)))
             for r in source.log]
 
 

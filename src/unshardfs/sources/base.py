@@ -174,6 +174,25 @@ class StatTail(Protocol):
         them where this request could not give them (read them as usual)."""
 
 
+@runtime_checkable
+class StatHead(Protocol):
+    """A source that can stat an object and give its first bytes in one request (an HTTP range
+    from 0, whose Content-Range states the size: a precomputed shard's index with its stat, one
+    round trip instead of two)."""
+
+    async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        """`stat(path)`, and the object's first `size` bytes (all of a shorter one), or None for
+        them where this request could not give them (read them as usual)."""
+
+
+async def stat_and_head(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+    """`source.stat(path)`, and the object's first `size` bytes where the source gives them in
+    the same request (`StatHead`); None where it does not (read them as usual)."""
+    if isinstance(source, StatHead):
+        return await source.stat_head(path, size)
+    return await source.stat(path), None
+
+
 async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
     """`source.stat(path)`, and the object's last `size` bytes where the source gives them in
     the same request (`StatTail`); None where it does not (read them as usual). Once per shard
@@ -288,6 +307,7 @@ class SourceLayer:
         self._read_now_below = inner.read_now if isinstance(inner, ReadNow) else None
         self._cached_range_below = inner.cached_range if isinstance(inner, CachedRange) else None
         self._stat_tail_below = inner.stat_tail if isinstance(inner, StatTail) else None
+        self._stat_head_below = inner.stat_head if isinstance(inner, StatHead) else None
         self._read_if_tagged_below = inner.read_if_tagged if isinstance(inner, TaggedRead) else None
 
     async def stat(self, path: str) -> ObjectStat | None:
@@ -324,6 +344,13 @@ class SourceLayer:
     async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
         """The `StatTail` of the source below, through; its `stat` alone where it has none."""
         below = self._stat_tail_below
+        if below is None:
+            return await self.inner.stat(path), None
+        return await below(path, size)
+
+    async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        """The `StatHead` of the source below, through; its `stat` alone where it has none."""
+        below = self._stat_head_below
         if below is None:
             return await self.inner.stat(path), None
         return await below(path, size)

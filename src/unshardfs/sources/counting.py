@@ -68,6 +68,14 @@ class CountingSource(SourceLayer):
             self.counters.read_bytes += len(found[1])
         return found
 
+    async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        found = await super().stat_head(path, size)
+        self.counters.stats += 1
+        if found[1] is not None:  # counted as the read it replaces
+            self.counters.reads += 1
+            self.counters.read_bytes += len(found[1])
+        return found
+
     async def stat_dir(self, path: str) -> ObjectStat | None:
         self.counters.stats += 1
         return await self.inner.stat_dir(path)

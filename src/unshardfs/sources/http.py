@@ -398,16 +398,28 @@ class HttpSource:
 
     async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
         """`stat`, and the object's last `size` bytes with it, in one request (`Range: bytes=-size`,
-        whose Content-Range states the object's size: `base.stat_and_tail`). A stat already known
-        comes from the cache, without bytes. A server that ignores Range (200: remembered, it is
-        never asked so again), an empty object (416) or an answer without a total: statted as
-        usual, a HEAD more. Another error status is the error a HEAD would have met."""
+        whose Content-Range states the object's size: `base.stat_and_tail`). See `_stat_ranged`."""
+        return await self._stat_ranged(path, size, f"bytes=-{size}", lambda total: max(total - size, 0))
+
+    async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        """`stat`, and the object's first `size` bytes with it, in one request (`Range: bytes=0-`
+        up to `size`, whose Content-Range states the object's size: `base.stat_and_head`). See
+        `_stat_ranged`."""
+        return await self._stat_ranged(path, size, f"bytes=0-{size - 1}", lambda total: 0)
+
+    async def _stat_ranged(self, path: str, size: int, range_value: str,
+                           start_of: Callable[[int], int]) -> tuple[ObjectStat | None, bytes | None]:
+        """`stat`, and `size` bytes from `start_of(total)` (fewer where the object ends first) with
+        it, in one ranged GET. A stat already known comes from the cache, without bytes. A server
+        that ignores Range (200: remembered, it is never asked so again), an empty object (416) or
+        an answer without a total: statted as usual, a HEAD more. Another error status is the
+        error a HEAD would have met."""
         if (size <= 0 or not path or self._no_suffix or self._stats.get(path, _MISSING) is not _MISSING
                 or path_problem(path) is not None):
             return await self.stat(path), None
         url = self.object_url(path)
         # Only a 206's body is read (exactly `size` bytes at most); a 200 is dropped with its connection.
-        reply = await self.request("GET", url, {"Range": f"bytes=-{size}"},
+        reply = await self.request("GET", url, {"Range": range_value},
                                    lambda status: size if status == 206 else 0 if status < 300 else ERROR_BODY_LIMIT)
         if self.is_absent(reply.status):
             self._stats[path] = None
@@ -421,8 +433,8 @@ class HttpSource:
                      self.base_url)
         if reply.status != 206 or total is None:
             return await self.stat(path), None
-        # The last min(size, total) bytes, as Content-Range must say, or a SourceError.
-        body = ranged_body(f"GET {url}", reply, max(total - size, 0), size)
+        # The bytes Content-Range must name for this request, or a SourceError.
+        body = ranged_body(f"GET {url}", reply, start_of(total), size)
         stat = self._stats[path] = self._stat_from(reply, total)
         return stat, body
 

@@ -39,8 +39,9 @@ class Request:
     """One request the source answered (or failed), with its times on trio's clock.
 
     `kind` is "stat", "tail" (a stat with the object's last bytes: `offset` is
-    then -size, as in an HTTP suffix range), "read", "stat_dir" or "list" (a
-    page of a listing); `offset` and `size` are a read's byte range."""
+    then -size, as in an HTTP suffix range), "head" (a stat with its first
+    bytes), "read", "stat_dir" or "list" (a page of a listing); `offset` and
+    `size` are a read's byte range."""
 
     kind: str
     path: str
@@ -69,8 +70,8 @@ class LatencySource:
     """`inner` with `latency` seconds (trio's clock) before every answer, and a log of requests.
 
     `remote`, `listable` (default: not when `remote`, like a plain HTTP
-    server; else as the inner source) and `tails` (stat and tail in one
-    request) say which source this stands in for.
+    server; else as the inner source) and `tails` (stat and tail, or stat
+    and head, in one ranged request) say which source this stands in for.
     `page_size` entries come per listing request (None: one request lists
     all). Stats, absences included, are kept `stat_ttl` seconds of trio's
     clock (0: never), and stats of one object asked for together are one
@@ -149,21 +150,32 @@ class LatencySource:
     async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
         """`stat`, and the object's last `size` bytes with it, in one request, as an HTTP suffix
         range gives them (a stat already known: from the cache, without bytes)."""
+        return await self._stat_ranged(path, size, tail=True)
+
+    async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
+        """`stat`, and the object's first `size` bytes with it, in one request, as an HTTP range
+        from 0 gives them (a stat already known: from the cache, without bytes)."""
+        return await self._stat_ranged(path, size, tail=False)
+
+    async def _stat_ranged(self, path: str, size: int, tail: bool) -> tuple[ObjectStat | None, bytes | None]:
         known = self._stats is not None and self._stats.get(path, _MISSING) is not _MISSING
         if not self.tails or size <= 0 or known:
             return await self.stat(path), None
         sent = await self._request()
         try:
             st = await self.inner.stat(path)
-            tail = None
+            got = None
             if st is not None and not st.is_dir:
-                start = max(st.size - size, 0)
-                tail = await self.inner.read(path, start, st.size - start, st.version)
+                start = max(st.size - size, 0) if tail else 0
+                got = await self.inner.read(path, start, min(size, st.size - start), st.version)
         finally:
-            self._answered("tail", path, sent, -size, size)
+            if tail:
+                self._answered("tail", path, sent, -size, size)
+            else:
+                self._answered("head", path, sent, 0, size)
         if self._stats is not None:
             self._stats[path] = st
-        return st, tail
+        return st, got
 
     async def read(self, path: str, offset: int, size: int, version: tuple[object, ...] | None = None) -> bytes:
         return await self._read(False, path, offset, size, version)

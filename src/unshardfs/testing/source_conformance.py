@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import trio
 
-from unshardfs.sources.base import ByteSource, stat_and_tail
+from unshardfs.sources.base import ByteSource, stat_and_head, stat_and_tail
 from unshardfs.util.errors import StaleError
 
 T = TypeVar("T")
@@ -137,6 +137,32 @@ class SourceConformance:
                 for path in ("missing", "dir/missing.bin", "dir", "dir/sub"):
                     st, tail = await stat_and_tail(source, path, size)
                     assert (st is None or st.is_dir) and tail is None, path
+            finally:
+                await other.aclose()
+            assert any(given) == self.tails
+
+        run(make, work)
+
+    @pytest.mark.parametrize("size", [1, 100, 5000])
+    def test_stat_and_head(self, make: MakeSource, size: int) -> None:
+        """`stat_and_head` (a precomputed shard's index with its stat): the stat `stat` gives,
+        version and all, and where the source gives them, exactly the object's first `size` bytes
+        (all of a shorter one); nothing for absent objects and directories. Sources that give
+        tails give heads."""
+        async def work(source: ByteSource) -> None:
+            other = make()
+            given = []
+            try:
+                for path, data in TREE.items():
+                    st, head = await stat_and_head(source, path, size)
+                    assert st == await other.stat(path), path
+                    assert head is None or head == data[:size], (path, len(head))
+                    given.append(head is not None)
+                    again = await stat_and_head(source, path, size)
+                    assert again[0] == st and again[1] in (None, data[:size]), path
+                for path in ("missing", "dir/missing.bin", "dir", "dir/sub"):
+                    st, head = await stat_and_head(source, path, size)
+                    assert (st is None or st.is_dir) and head is None, path
             finally:
                 await other.aclose()
             assert any(given) == self.tails
