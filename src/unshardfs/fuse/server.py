@@ -169,7 +169,8 @@ class Connection:
         self.checkpoints = 0  # passes through the scheduler made only for that
         self._nursery: trio.Nursery | None = None
         self.splicer: Splicer | None = None  # set up at INIT, sized for the negotiated requests
-        self._quick: select.epoll | None = None  # the connection and trio's epoll (`_quick_wait`), made on first use
+        # per descriptor read from: it and trio's epoll (`_quick_wait`), made on first use
+        self._quick: dict[int, select.epoll] = {}
         self.quick_waits = 0  # requests waited for without trio (`_read`)
         self._trio: TrioProbe | None = None
         self.ring: Ring | None = None  # FUSE over io_uring, once granted at INIT
@@ -376,9 +377,10 @@ class Connection:
                 await trio.lowlevel.checkpoint()
             return data
 
-    def _quick_wait(self) -> bool:
-        """Look for the next request for up to `config.quick_wait`, giving the CPU away in between
-        (sched_yield, then a zero-timeout epoll_wait): whether one came.
+    def _quick_wait(self, fd: int | None = None) -> bool:
+        """Look for the next request on `fd` (/dev/fuse; the ring's descriptor for its completions,
+        which the kernel posts as the sched_yield returns) for up to `config.quick_wait`, giving
+        the CPU away in between (sched_yield, then a zero-timeout epoll_wait): whether one came.
 
         A serial reader (a first read: LOOKUP, READ, next file) sends its next request a few
         microseconds after it has our answer, and the way through trio to a ready descriptor
@@ -393,11 +395,15 @@ class Connection:
         runnable in the same scheduler pass as the reader (trio takes a pass's tasks out of the
         queue before running them); background work still gets its pass of the scheduler every
         CHECKPOINT_EVERY requests."""
-        quick = self._quick
+        fd = self.fd if fd is None else fd
+        quick = self._quick.get(fd)
         if quick is None:
-            quick = self._quick = select.epoll(2)
-            quick.register(self.fd, select.EPOLLIN)
-            self._trio = TrioProbe.of_current_run()
+            # One epoll per descriptor: each reader waits only for its own requests (a reader
+            # woken by the other's would read nothing, and look again without yielding to it).
+            quick = self._quick[fd] = select.epoll(2)
+            quick.register(fd, select.EPOLLIN)
+            if self._trio is None:
+                self._trio = TrioProbe.of_current_run()
             if self._trio is not None:
                 quick.register(self._trio.epoll_fd, select.EPOLLIN)
         trio_ = self._trio
@@ -445,6 +451,8 @@ class Connection:
                     self._ring_submit()  # runs the kernel's pending work for this thread, too
                     backlog.extend(ring.completions())
                     if not backlog:
+                        if not self.scopes and self.config.quick_wait and self._quick_wait(ring.fd):
+                            continue  # as over /dev/fuse: the next request without a pass through trio
                         await trio.lowlevel.wait_readable(ring.fd)
                         self._ring_submit()
                         continue
@@ -506,8 +514,8 @@ class Connection:
             self._notify_send.close()
             if self.splicer is not None:
                 self.splicer.close()
-            if self._quick is not None:
-                self._quick.close()
+            for quick in self._quick.values():
+                quick.close()
             if self.ring is not None:
                 self.ring.close()
 
