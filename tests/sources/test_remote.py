@@ -162,6 +162,42 @@ def test_gcs_listing_and_reads(site, mount):
         assert (remote.path / "provenance").exists()  # listed through the API: not a declared name
 
 
+def test_gcs_reads_are_checked_against_the_listed_generation(tmp_path):
+    """A GCS listing's etag is not the media endpoint's ETag, so versions are generations: a
+    listed object and the same object statted agree, a read with its version sends
+    x-goog-if-generation-match, and an object replaced since it was listed is StaleError
+    (412, or an answer naming another generation), never its new bytes."""
+    import trio
+
+    from unshardfs.sources.objectstore import GcsSource
+    from unshardfs.util.errors import StaleError
+
+    data = np.random.default_rng(6).bytes(4096)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "obj").write_bytes(data)
+    with DatasetServer(tmp_path, gcs_bucket="bkt") as gcs:
+
+        async def main() -> None:
+            source = GcsSource("bkt", "d", endpoint=gcs.url)
+            try:
+                listed = {name: st async for name, st in source.list("")}["obj"]
+                assert listed.version == (f"x-goog-generation:{(tmp_path / 'd' / 'obj').stat().st_mtime_ns}", 4096)
+                assert await source.stat("obj") == listed
+                gcs.reset_log()
+                assert await source.read("obj", 100, 50, listed.version) == data[100:150]
+                assert [r.status for r in gcs.requests()] == [206]
+                replacement = tmp_path / "d" / "obj.new"
+                replacement.write_bytes(data[::-1])  # same size: only the generation tells
+                os.replace(replacement, tmp_path / "d" / "obj")
+                with pytest.raises(StaleError):
+                    await source.read("obj", 100, 50, listed.version)
+                assert [r.status for r in gcs.requests()][-1] == 412
+            finally:
+                await source.aclose()
+
+        trio.run(main)
+
+
 def test_zarr_over_http(tmp_path, mount):
     """A Zarr v3 store: the v3 view over HTTP equals the local one, and zarr-python reads it."""
     import zarr

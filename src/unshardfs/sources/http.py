@@ -8,9 +8,11 @@ file, logged). A 404 is an absent object, which formats treat as a missing
 shard. `stat` results (including absences) are cached for `stat_ttl`
 seconds: a lookup would otherwise cost a HEAD round trip every time.
 
-Object versions are the server's ETag (else Last-Modified) plus the size;
-reads made with a version send `If-Match` (a strong ETag) or
-`If-Unmodified-Since` (a date), and compare the tag the answer names (the
+Object versions are the server's ETag (else Last-Modified; on Google Cloud
+Storage its generation, which its listings and its media answers both
+state, where their ETags differ) plus the size; reads made with a version
+send `If-Match` (a strong ETag), `If-Unmodified-Since` (a date) or
+`x-goog-if-generation-match`, and compare the tag the answer names (the
 only check a weak ETag allows: If-Match compares strongly), so a shard
 replaced on the server is noticed (412 or another tag -> StaleError) instead
 of mixing an old index with new data.
@@ -59,6 +61,14 @@ ABSENT_STATUS = frozenset({404, 410})
 ERROR_BODY_LIMIT = 64 << 10
 # Sizes beyond int64 cannot be a file size (the kernel's off_t).
 MAX_OBJECT_SIZE = (1 << 63) - 1
+# A version tag naming a Google Cloud Storage generation (`generation_tag`), not an ETag or a date.
+GENERATION = "x-goog-generation:"
+_GENERATION = re.compile(r"[0-9]{1,20}")
+
+
+def generation_tag(value: object) -> str | None:
+    """The version tag of a GCS object generation (a decimal string), or None if it is not one."""
+    return GENERATION + value if isinstance(value, str) and _GENERATION.fullmatch(value) else None
 
 
 @dataclass(frozen=True)
@@ -355,7 +365,8 @@ class HttpSource:
     # -- the ByteSource contract ------------------------------------------------
 
     def _stat_from(self, reply: Reply, size: int) -> ObjectStat:
-        tag = reply.headers.get("etag") or reply.headers.get("last-modified") or ""
+        tag = (generation_tag(reply.headers.get("x-goog-generation")) or reply.headers.get("etag")
+               or reply.headers.get("last-modified") or "")
         return ObjectStat(size=size, mtime_ns=_mtime_ns(reply.headers), is_dir=False, version=(tag, size))
 
     async def stat(self, path: str) -> ObjectStat | None:
@@ -448,9 +459,12 @@ class HttpSource:
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
         tagged = isinstance(tag, str) and tag.startswith(('"', 'W/"'))
+        generation = tag[len(GENERATION):] if isinstance(tag, str) and tag.startswith(GENERATION) else None
         # A Last-Modified date (a listing's own tags are none).
-        dated = isinstance(tag, str) and not tagged and _http_date(tag) is not None
-        if tagged and not cast(str, tag).startswith("W/"):
+        dated = isinstance(tag, str) and not tagged and generation is None and _http_date(tag) is not None
+        if generation is not None:
+            headers["x-goog-if-generation-match"] = generation
+        elif tagged and not cast(str, tag).startswith("W/"):
             # If-Match compares strongly: a weak tag would be refused (412) on every read, so it
             # is only compared with the tag the answer names (below).
             headers["If-Match"] = cast(str, tag)
@@ -468,6 +482,11 @@ class HttpSource:
             if answered and opaque_tag(answered) != opaque_tag(cast(str, tag)):
                 self._stats.pop(path, None)
                 raise StaleError(path, f"object changed on the server (ETag {answered[:100]}, not {tag})")
+        if generation is not None and status in (200, 206):
+            answered = reply.headers.get("x-goog-generation")
+            if answered and answered.strip() != generation:
+                self._stats.pop(path, None)
+                raise StaleError(path, f"object changed on the server (generation {answered[:40]}, not {generation})")
         if dated and status in (200, 206):
             answered = reply.headers.get("last-modified")
             if answered and answered.strip() != cast(str, tag).strip():

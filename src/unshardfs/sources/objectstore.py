@@ -35,7 +35,8 @@ import trio
 
 from unshardfs.sources import h1
 from unshardfs.sources.base import ObjectStat, join_path, name_problem
-from unshardfs.sources.http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, path_problem, quote_path
+from unshardfs.sources.http import (ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, generation_tag,
+                                    path_problem, quote_path)
 from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.util.fields import Fields, as_str, load_json
 from unshardfs.util.logonce import log_once
@@ -226,7 +227,8 @@ class GcsSource(_PrefixListing):
 
     async def page(self, prefix: str, limit: int | None, token: str | None
                    ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:
-        query = {"prefix": prefix, "delimiter": "/", "fields": "items(name,size,updated,etag),prefixes,nextPageToken"}
+        query = {"prefix": prefix, "delimiter": "/",
+                 "fields": "items(name,size,updated,etag,generation),prefixes,nextPageToken"}
         if limit:
             query["maxResults"] = str(limit)
         if token:
@@ -237,8 +239,10 @@ class GcsSource(_PrefixListing):
             objects = []
             for item in page.objects("items", []):
                 size = _size(item.get("size"))
-                objects.append((item.str("name"), ObjectStat(size, _iso_ns(item.get("updated")), False,
-                                                              (item.str("etag", default=""), size))))
+                # The generation, as the media endpoint's answers state it (its ETag is not this
+                # API's): reads are checked against it (`HttpSource.read`).
+                tag = generation_tag(item.get("generation")) or item.str("etag", default="")
+                objects.append((item.str("name"), ObjectStat(size, _iso_ns(item.get("updated")), False, (tag, size))))
             prefixes = [as_str(p, "listing.prefixes[]") for p in page.list("prefixes", [])]
             following = page.get("nextPageToken")
             if following is not None:

@@ -188,6 +188,13 @@ class DatasetServer:
             since = h.headers.get("If-Unmodified-Since")
             if since and int(st.st_mtime) > email.utils.parsedate_to_datetime(since).timestamp():
                 return self._reply(h, 412, b"precondition failed", {}, head, rng)
+        if self.gcs_bucket is not None:
+            # GCS names an object's generation in every media answer, and honours a precondition on it.
+            generation = str(st.st_mtime_ns)
+            headers["x-goog-generation"] = generation
+            wanted = h.headers.get("x-goog-if-generation-match")
+            if wanted is not None and wanted != generation:
+                return self._reply(h, 412, b"precondition failed", {}, head, rng)
         match = h.headers.get("If-Match")
         # If-Match compares strongly (RFC 9110, 13.1.1): a weak tag matches nothing, not even itself.
         if match and (match != etag or etag.startswith("W/")) and not f.no_if_match:
@@ -234,7 +241,8 @@ class DatasetServer:
             st = p.stat()
             entries.append((name, {"name": name, "size": str(st.st_size),
                                    "updated": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime)),
-                                   "etag": hashlib.md5(name.encode()).hexdigest()}))
+                                   "etag": hashlib.md5(name.encode()).hexdigest(),
+                                   "generation": str(st.st_mtime_ns)}))
         page = entries[start:start + limit]
         body: dict[str, Any] = {"kind": "storage#objects"}
         items = [item for _, item in page if item is not None]
