@@ -264,6 +264,8 @@ class FaultyProxy(_Served):
         self.faults = Faults()
         self.delay = 0.0  # seconds each PUT waits before it is forwarded
         self.answered: list[tuple[str, str, int, dict[str, str]]] = []  # (method, path, status, request headers)
+        # Requests being handled: one whose client has died may still reach the upstream after.
+        self.in_flight = 0
         self.client = httpx.Client(timeout=30)
         super().__init__()
 
@@ -277,6 +279,15 @@ class FaultyProxy(_Served):
                 pass
 
             def _handle(self) -> None:
+                with proxy.faults.lock:
+                    proxy.in_flight += 1
+                try:
+                    self._forward()
+                finally:
+                    with proxy.faults.lock:
+                        proxy.in_flight -= 1
+
+            def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 action = proxy.faults.pick(self.command, self.path)
                 if action == "reset":
