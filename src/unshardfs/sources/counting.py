@@ -61,15 +61,12 @@ class CountingSource(SourceLayer):
         return found
 
     async def stat_tail(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
-        found = await super().stat_tail(path, size)
-        self.counters.stats += 1
-        if found[1] is not None:  # counted as the read it replaces
-            self.counters.reads += 1
-            self.counters.read_bytes += len(found[1])
-        return found
+        return self._stat_with_bytes(await super().stat_tail(path, size))
 
     async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
-        found = await super().stat_head(path, size)
+        return self._stat_with_bytes(await super().stat_head(path, size))
+
+    def _stat_with_bytes(self, found: tuple[ObjectStat | None, bytes | None]) -> tuple[ObjectStat | None, bytes | None]:
         self.counters.stats += 1
         if found[1] is not None:  # counted as the read it replaces
             self.counters.reads += 1

@@ -119,50 +119,31 @@ class SourceConformance:
         run(make, work)
 
     @pytest.mark.parametrize("size", [1, 100, 5000])
-    def test_stat_and_tail(self, make: MakeSource, size: int) -> None:
-        """`stat_and_tail` (a Zarr shard's index with its stat): the stat `stat` gives, version
-        and all, and where the source gives them, exactly the object's last `size` bytes (all of
-        a shorter one); nothing for absent objects and directories."""
+    @pytest.mark.parametrize("end", ["tail", "head"])
+    def test_stat_with_bytes(self, make: MakeSource, end: str, size: int) -> None:
+        """`stat_and_tail` (a Zarr shard's index with its stat) and `stat_and_head` (a precomputed
+        shard's): the stat `stat` gives, version and all, and where the source gives them, exactly
+        the object's last or first `size` bytes (all of a shorter one); nothing for absent objects
+        and directories. A source gives both ends or neither."""
+        stat_with = stat_and_tail if end == "tail" else stat_and_head
+
+        def cut(data: bytes) -> bytes:
+            return data[-size:] if end == "tail" else data[:size]
+
         async def work(source: ByteSource) -> None:
             other = make()  # its stats come from `stat` alone
             given = []
             try:
                 for path, data in TREE.items():
-                    st, tail = await stat_and_tail(source, path, size)
+                    st, got = await stat_with(source, path, size)
                     assert st == await other.stat(path), path
-                    assert tail is None or tail == data[-size:], (path, len(tail))
-                    given.append(tail is not None)
-                    again = await stat_and_tail(source, path, size)
-                    assert again[0] == st and again[1] in (None, data[-size:]), path
+                    assert got is None or got == cut(data), (path, len(got))
+                    given.append(got is not None)
+                    again = await stat_with(source, path, size)
+                    assert again[0] == st and again[1] in (None, cut(data)), path
                 for path in ("missing", "dir/missing.bin", "dir", "dir/sub"):
-                    st, tail = await stat_and_tail(source, path, size)
-                    assert (st is None or st.is_dir) and tail is None, path
-            finally:
-                await other.aclose()
-            assert any(given) == self.tails
-
-        run(make, work)
-
-    @pytest.mark.parametrize("size", [1, 100, 5000])
-    def test_stat_and_head(self, make: MakeSource, size: int) -> None:
-        """`stat_and_head` (a precomputed shard's index with its stat): the stat `stat` gives,
-        version and all, and where the source gives them, exactly the object's first `size` bytes
-        (all of a shorter one); nothing for absent objects and directories. Sources that give
-        tails give heads."""
-        async def work(source: ByteSource) -> None:
-            other = make()
-            given = []
-            try:
-                for path, data in TREE.items():
-                    st, head = await stat_and_head(source, path, size)
-                    assert st == await other.stat(path), path
-                    assert head is None or head == data[:size], (path, len(head))
-                    given.append(head is not None)
-                    again = await stat_and_head(source, path, size)
-                    assert again[0] == st and again[1] in (None, data[:size]), path
-                for path in ("missing", "dir/missing.bin", "dir", "dir/sub"):
-                    st, head = await stat_and_head(source, path, size)
-                    assert (st is None or st.is_dir) and head is None, path
+                    st, got = await stat_with(source, path, size)
+                    assert (st is None or st.is_dir) and got is None, path
             finally:
                 await other.aclose()
             assert any(given) == self.tails
