@@ -97,6 +97,9 @@ class FakeGcs(_Served):
         self.page = page
         self.generation = 1000
         self.lock = threading.Lock()
+        self.delay = 0.0  # seconds each upload (POST) waits before it is taken
+        # Requests being handled: one whose client has died may still be taken after.
+        self.in_flight = 0
         super().__init__()
 
     def objects(self, bucket: str = "bkt") -> dict[str, bytes]:
@@ -136,9 +139,20 @@ class FakeGcs(_Served):
                 return self.rfile.read(int(self.headers.get("Content-Length", "0")))
 
             def _handle(self) -> None:
+                with fake.lock:
+                    fake.in_flight += 1
+                try:
+                    self._answer()
+                finally:
+                    with fake.lock:
+                        fake.in_flight -= 1
+
+            def _answer(self) -> None:
                 url = urlsplit(self.path)
                 query = {k: v[0] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
                 body = self._body() if self.command in ("PUT", "POST") else b""
+                if self.command == "POST" and fake.delay:
+                    time.sleep(fake.delay)
                 action = fake.faults.pick(self.command, self.path)
                 if action == "reset":
                     self.close_connection = True

@@ -376,6 +376,41 @@ def test_gcs_big_files_use_resumable_uploads_and_planted_objects_are_replaced_on
     assert gs_check(gcs).returncode == 0
 
 
+@pytest.mark.slow
+def test_gcs_resume_after_the_client_is_killed_rewrites_no_complete_file(gcs, many, many_reference):
+    """As on S3: a client killed mid-export leaves only complete objects (each upload is one
+    request with ifGenerationMatch=0), and --resume writes exactly the rest, never again an object
+    already complete (its generation is unchanged)."""
+    gcs.delay = 0.01
+    command = [*UNSHARDFS, "export", "-q", "--jobs", "2", "--gcs-endpoint", gcs.endpoint, "--backoff", "0.01",
+               str(many), f"gs://bkt/{PREFIX}/"]
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(data_of(gcs.objects())) < 100:
+            assert child.poll() is None and time.monotonic() < deadline, "the export ended before it was killed"
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(30)
+    deadline = time.monotonic() + 30
+    while gcs.in_flight and time.monotonic() < deadline:  # an upload received before the kill still lands
+        time.sleep(0.01)
+    gcs.delay = 0.0
+    before = {name: o.generation for name, o in gcs.buckets["bkt"].items()
+              if name.startswith(f"{PREFIX}/") and "/.unshardfs/" not in name}
+    assert 0 < len(before) < len(many_reference)
+    assert MANIFEST not in gcs.objects()
+    resumed = gs_export(gcs, many, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"({len(many_reference) - len(before):,} written, {len(before):,} already complete" in resumed.stdout
+    assert all(gcs.buckets["bkt"][name].generation == generation for name, generation in before.items())
+    assert data_of(gcs.objects()) == many_reference
+    records = manifest_records(gcs.objects()[MANIFEST])
+    assert sorted(r["path"] for r in records) == sorted(many_reference)
+    assert gs_check(gcs).returncode == 0
+
+
 @pytest.mark.parametrize("fault, expected", [
     (Fault("POST", "1_1_1", "lie"), "the store states crc32c"),
     (Fault("POST", "1_1_1", "flip"), "HTTP 400 Provided CRC32C does not match"),
