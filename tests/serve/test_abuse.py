@@ -399,3 +399,29 @@ def test_a_deep_path_costs_lookups_in_proportion_to_the_tree_not_the_path():
         assert Dir.lookups <= 51
 
     trio.run(main)
+
+
+def test_the_memory_budget_drops_a_client_that_takes_nothing_before_one_that_reads() -> None:
+    """Past the response budget the writer whose client has taken nothing for longest goes: not the
+    one that began writing first, if its client has read since (slowly, on a busy machine)."""
+    import trio
+
+    from unshardfs.http.server import Server, ServerLimits
+
+    class Connection:  # what the budget touches of a connection
+        def __init__(self) -> None:
+            self.scope = trio.CancelScope()
+            self.evicted = False
+
+    async def main() -> None:
+        server = Server(app=None, limits=ServerLimits(buffer_bytes=100))  # type: ignore[arg-type]
+        reading, stalled, newest = Connection(), Connection(), Connection()
+        server.open = 3
+        server.hold(reading, 40)  # type: ignore[arg-type]
+        server.hold(stalled, 40)  # type: ignore[arg-type]
+        server.progressed(reading)  # type: ignore[arg-type]
+        server.hold(newest, 40)  # type: ignore[arg-type]
+        assert stalled.scope.cancel_called and not reading.scope.cancel_called and not newest.scope.cancel_called
+        assert server.counters["dropped_for_memory"] == 1 and server.held == 80
+
+    trio.run(main)

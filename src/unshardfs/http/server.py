@@ -119,7 +119,7 @@ class Server:
         self.limits = limits or ServerLimits()
         self.open = 0  # connections holding a slot
         self.waiting: OrderedDict[_Connection, None] = OrderedDict()  # oldest first: evicted first
-        self.sending: OrderedDict[_Connection, int] = OrderedDict()  # bytes held, longest blocked first
+        self.sending: OrderedDict[_Connection, int] = OrderedDict()  # bytes held, longest without progress first
         self.held = 0
         self.stopping = False
         self.date = _Date()
@@ -190,7 +190,8 @@ class Server:
     # -- response memory ----------------------------------------------------------
 
     def hold(self, conn: _Connection, size: int) -> None:
-        """Account `size` bytes `conn` is about to write; drop the longest-blocked writers past the budget."""
+        """Account `size` bytes `conn` is about to write; past the budget, drop the writers whose clients
+        have taken nothing for longest (`progressed`)."""
         self.sending[conn] = size
         self.held += size
         while self.held > self.limits.buffer_bytes:
@@ -199,6 +200,12 @@ class Server:
                 break  # alone over budget: one piece per connection is the floor
             self.counters["dropped_for_memory"] += 1
             self._drop(oldest)
+
+    def progressed(self, conn: _Connection) -> None:
+        """`conn`'s client took bytes: its writer goes behind every writer blocked longer, so the budget
+        drops the clients that take nothing before one that reads, however slowly."""
+        if conn in self.sending:
+            self.sending.move_to_end(conn)
 
     def unhold(self, conn: _Connection) -> None:
         self.held -= self.sending.pop(conn, 0)
@@ -394,6 +401,7 @@ class _Connection:
                     # Each send takes what the socket has room for: the timeout measures progress.
                     with trio.move_on_after(self.limits.send_timeout_seconds) as timer:
                         view = view[await sock.send(view):]
+                        self.server.progressed(self)
                     if timer.cancelled_caught:
                         self.server.counters["dropped_slow"] += 1
                         self._cancel()
