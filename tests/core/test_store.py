@@ -226,3 +226,34 @@ def test_the_type_checker_refuses_an_override_of_the_final_methods(tmp_path):
                              "--config-file", os.devnull, str(tmp_path / "fmt.py")],
                             capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert 'Cannot override final attribute "locate"' in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("at_end", [True, False])
+def test_a_remote_shard_is_statted_with_its_index_once_and_never_past_the_seed_bound(at_end: bool) -> None:
+    """`stat_shard`: the first open of a remote shard asks for its index with its stat (one request),
+    and the index read after it takes those bytes; later opens are plain stats. An index larger
+    than a seed may be (an absurd minishard count, say) is never asked for before the limits
+    see it (`read_index_bytes`): a plain stat."""
+    import trio.testing
+
+    from unshardfs.core.fetch import SEED_MAX
+    from unshardfs.testing.latency import LatencySource
+
+    data = bytes(range(256)) * 64
+    source = LatencySource(MemorySource({"s": data, "big": data}), latency=0.02)
+    store = Store(Runtime(source))  # type: ignore[arg-type]
+    kind = "tail" if at_end else "head"
+
+    async def main() -> None:
+        st = await store.stat_shard("s", 100, at_end)
+        assert st is not None and source.counts() == {kind: 1}
+        at = len(data) - 100 if at_end else 0
+        blob = store.blob("s", st)
+        assert await store.read_index_bytes(blob, at, 100) == data[at:at + 100]
+        assert await store.stat_shard("s", 100, at_end) == st
+        assert source.counts() == {kind: 1}  # the index came with the stat, and the stat is kept
+        source.reset_log()
+        assert await store.stat_shard("big", SEED_MAX + 1, at_end) is not None
+        assert source.counts() == {"stat": 1}  # its index is read, if at all, once the limits allow it
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

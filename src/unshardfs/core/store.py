@@ -26,11 +26,12 @@ import numpy as np
 
 from unshardfs.core.blob import Blob
 from unshardfs.core.caches import SHARD_INDEX, IndexLevel
-from unshardfs.core.fetch import Extent
+from unshardfs.core.fetch import SEED_MAX, Extent
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.table import ChunkTable
-from unshardfs.sources.base import ObjectStat
+from unshardfs.sources.base import ObjectStat, stat_and_head, stat_and_tail
 from unshardfs.util.errors import DataError
+from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
 from unshardfs.util.maps import BoundedMap
 
@@ -43,6 +44,7 @@ DecodeMany = Callable[[list[tuple[Hashable, bytes, str]]], Awaitable[list[T | Da
 # Index entries of a batch level that failed to decode, remembered per store: a damaged or hostile
 # entry (a gzip bomb) is decoded once, not again by every lookup of a chunk it would hold.
 FAILED_MAX = 1024
+INDEXED_MAX = 1 << 14  # shard objects remembered as opened with their index (`stat_shard`)
 
 Shard = Hashable  # a shard handle, for code that does not know the store's type
 
@@ -87,6 +89,12 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         self._failed: BoundedMap[tuple[str, Hashable], tuple[str, str]] = BoundedMap(FAILED_MAX)
         self._kind = type(self).__qualname__  # the first part of every cache key (`_full`)
         self._caches: dict[str, BoundedMap[Any, Any]] = {}  # `cache(level)` by level name: every lookup asks twice
+        # Shard objects whose index came with a stat (`stat_shard`): only the first open asks for it.
+        self._indexed: BoundedMap[str, bool] = BoundedMap(INDEXED_MAX, lru=False, counted=False)
+        # ... and the opens asked for while that request is on its way wait for it (readers starting
+        # together otherwise send a stat beside it, and a reader holding that stat's blob may ask
+        # for the index before its bytes are there: a round trip of its own).
+        self._indexing = Flights()
 
     # -- the format's own ----------------------------------------------------------------
 
@@ -237,6 +245,30 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
     # -- index reads: cached, de-duplicated, bounded --------------------------------------
 
     @final
+    async def stat_shard(self, path: str, index_size: int, at_end: bool) -> ObjectStat | None:
+        """The stat of the one-object shard at `path`. A remote shard's first stat also asks for its
+        first index level, `index_size` bytes at its end (`at_end`) or start, in the same request
+        where the source can (`StatTail`, `StatHead`: the answer's Content-Range states the size),
+        and seeds the fetcher with them for the index read that follows: one round trip instead
+        of two. Only the first open asks: a later one (its stat expired) has the index cached, and
+        its bytes again would be a download for nothing. Never with a disk cache of indexes (a
+        remount finds them there), nor for an index too large to be asked for before the limits
+        see it (over SEED_MAX), nor for `index_size` 0."""
+        if (not 0 < index_size <= SEED_MAX or not self.source.remote or self.source.index_cache is not None
+                or (path in self._indexed and path not in self._indexing)):
+            return await self.source.stat(path)
+        return await self._indexing.run(path, lambda: self._stat_indexed(path, index_size, at_end))
+
+    async def _stat_indexed(self, path: str, index_size: int, at_end: bool) -> ObjectStat | None:
+        if path in self._indexed:
+            return await self.source.stat(path)
+        self._indexed[path] = True
+        st, got = await (stat_and_tail if at_end else stat_and_head)(self.source, path, index_size)
+        if st is not None and not st.is_dir and got is not None and len(got) == index_size:
+            # The index's bytes (not those of an object shorter than its index): its first read takes them.
+            self.fetcher.seed(Extent(self.blob(path, st), st.size - index_size if at_end else 0, index_size), got)
+        return st
+
     def blob(self, path: str, st: ObjectStat) -> Blob:
         """The `Blob` of the object at `path` as `st` describes it, the same one again while the
         source answers with the same ObjectStat (this session's `RecentBlobs`): what `open_shard`

@@ -18,15 +18,13 @@ import numpy as np
 
 from unshardfs.core.blob import Blob, Identity
 from unshardfs.core.caches import SHARD_INDEX
-from unshardfs.core.fetch import Extent
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
 from unshardfs.core.table import ChunkTable
-from unshardfs.sources.base import ObjectStat, join_path, stat_and_head
+from unshardfs.sources.base import join_path
 from unshardfs.util.concurrency import gather
 from unshardfs.util.decompress import gunzip, gunzip_cost, off_loop
 from unshardfs.util.errors import DataError
-from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
 from unshardfs.util.maps import BoundedMap
 from unshardfs.volume.sharding import MINISHARD_INDEX, ShardingSpec
@@ -133,9 +131,6 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         self._shard_paths: BoundedMap[int, str] = BoundedMap(SHARD_PATHS, lru=False, counted=False)
         # minishard reads by lookups per shard version (`_scan_rest`)
         self._index_loads: BoundedMap[Identity, int] = BoundedMap(SCANNED_SHARDS, lru=False, counted=False)
-        # `.shard` paths opened with their index (`_open_headed`): once per path, the first time
-        self._headed: BoundedMap[str, bool] = BoundedMap(SHARD_PATHS, lru=False, counted=False)
-        self._heading = Flights()
 
     # -- shard files -------------------------------------------------------------------
 
@@ -144,10 +139,7 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         path = self._shard_paths.get(number)
         if path is None:
             path = self._shard_paths[number] = join_path(self.dir_path, self.spec.shard_name(number)) + ".shard"
-        if not self.source.remote or (path in self._headed and path not in self._heading):
-            st = await self.source.stat(path)
-        else:
-            st = await self._heading.run(path, lambda: self._open_headed(path))
+        st = await self.stat_shard(path, self.index_size, at_end=False)  # its index is its first bytes
         if st is not None and not st.is_dir:
             return self.blob(path, st)
         stem = path[:-len(".shard")]
@@ -162,18 +154,6 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
             raise DataError(stem + ".index", "obsolete-layout shard has no .data file")
         return Blob(((stem + ".index", index_st.size, index_st.version), (stem + ".data", data_st.size,
                      data_st.version)), index_st.size + data_st.size, max(index_st.mtime_ns, data_st.mtime_ns))
-
-    async def _open_headed(self, path: str) -> ObjectStat | None:
-        """The `.shard` file's stat, asking for its shard index (its first bytes) with it the
-        first time: one round trip instead of two before a shard's minishard index is read."""
-        if path in self._headed:
-            return await self.source.stat(path)
-        self._headed[path] = True
-        st, head = await stat_and_head(self.source, path, self.index_size)
-        if st is not None and not st.is_dir and head is not None and len(head) == self.index_size:
-            # The index's bytes: `read_index`'s read of exactly that extent takes them.
-            self.fetcher.seed(Extent(self.blob(path, st), 0, self.index_size), head)
-        return st
 
     def shard_file(self, name: str) -> tuple[int, str] | None:
         """(shard number, extension) if `name` is a shard file of this spec, else None."""

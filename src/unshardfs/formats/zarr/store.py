@@ -23,16 +23,15 @@ import numpy as np
 
 from unshardfs.core.blob import Blob
 from unshardfs.core.caches import SHARD_INDEX
-from unshardfs.core.fetch import SEED_MAX, Extent
+from unshardfs.core.fetch import Extent
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
 from unshardfs.core.table import ChunkTable
 from unshardfs.formats.zarr.keys import KeyLayout, parse_index
 from unshardfs.formats.zarr.metadata import ArrayMeta
 from unshardfs.formats.zarr.sharding import EMPTY, Unsharded
-from unshardfs.sources.base import ObjectStat, join_path, stat_and_tail
+from unshardfs.sources.base import ObjectStat, join_path
 from unshardfs.util.errors import DataError
-from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
 from unshardfs.util.maps import BoundedMap
 
@@ -69,21 +68,9 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         self._count = math.prod(self.grid)
         self._shard_axes = tuple(zip(self._id_strides, self.grid, self.per_shard))
         self._shard_paths: BoundedMap[tuple[int, ...], str] = BoundedMap(SHARD_PATHS_MAX, lru=False, counted=False)
-        # A remote shard's index at its end comes with its stat, one request (`stat_and_tail`),
-        # where it is small enough to be asked for before the limits see it; not with a disk cache
-        # of indexes (a remount finds them there: a HEAD is all it needs).
+        # A shard's index at its end comes with its first stat (`stat_shard`).
         outer = self.levels[0] if self.levels else None
-        self._tail = outer.index_size if (outer is not None and not outer.at_start and self.source.remote
-                                          and self.source.index_cache is None
-                                          and outer.index_size <= SEED_MAX) else 0
-        # Shards whose index came with a stat: only the first open asks for it. Every lookup opens
-        # its shard, and one whose stat has expired has its index cached already (its bytes again
-        # would be a download for nothing): it is statted.
-        self._tailed: BoundedMap[str, bool] = BoundedMap(SHARD_PATHS_MAX, lru=False, counted=False)
-        # ... and the opens of a shard asked for while that request is on its way wait for it
-        # (readers starting together otherwise send a stat beside it, and a reader holding that
-        # stat's blob may ask for the index before the tail is there: a round trip of its own).
-        self._tailing = Flights()
+        self._tail = outer.index_size if outer is not None and not outer.at_start else 0
 
     # -- ids ----------------------------------------------------------------------------
 
@@ -128,21 +115,7 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
         path = self._shard_paths.get(outer)
         if path is None:
             path = self._shard_paths[outer] = join_path(self.path, self.source_keys.key(outer))
-        if not self._tail or (path in self._tailed and path not in self._tailing):
-            return self._shard_blob(path, await self.source.stat(path))
-        return await self._tailing.run(path, lambda: self._open_tailed(path))
-
-    async def _open_tailed(self, path: str) -> Blob | None:
-        """The shard's blob from its stat, asking for its index with it the first time."""
-        if path in self._tailed:
-            return self._shard_blob(path, await self.source.stat(path))
-        self._tailed[path] = True
-        st, tail = await stat_and_tail(self.source, path, self._tail)
-        blob = self._shard_blob(path, st)
-        if blob is not None and tail is not None:
-            # The index's bytes (`seed` refuses a shorter tail): its first read takes them.
-            self.fetcher.seed(Extent(blob, blob.size - self._tail, self._tail), tail)
-        return blob
+        return self._shard_blob(path, await self.stat_shard(path, self._tail, at_end=True))
 
     def _shard_blob(self, path: str, st: ObjectStat | None) -> Blob | None:
         return None if st is None or st.is_dir else self.blob(path, st)
