@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import crc32c
 import httpx
@@ -123,6 +123,23 @@ def s3_check(proxy: FaultyProxy, *options: str) -> Any:
                      f"s3://out/{MANIFEST}", f"s3://out/{PREFIX}")
 
 
+def kill_when(command: list[str], landed: Callable[[], bool], in_flight: Callable[[], int]) -> None:
+    """Run `command`, SIGKILL it once `landed()`, then wait until the store handles no request: one it
+    had received before the kill still lands, and what DEST holds is known only after."""
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not landed():
+            assert child.poll() is None and time.monotonic() < deadline, "the export ended before it was killed"
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(30)
+    deadline = time.monotonic() + 30
+    while in_flight() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def manifest_records(raw: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in raw.decode().splitlines()[1:]]
 
@@ -194,19 +211,8 @@ def test_s3_resume_after_the_client_is_killed_rewrites_no_complete_file(s3, many
     proxy.delay = 0.01
     command = [*UNSHARDFS, "export", "-q", "--jobs", "2", "--s3-endpoint", proxy.endpoint, str(volume),
                f"s3://out/{PREFIX}/"]
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while sum(1 for a in list(proxy.answered) if a[0] == "PUT" and a[2] == 200) < 100:
-            assert child.poll() is None and time.monotonic() < deadline, "the export ended before it was killed"
-            time.sleep(0.01)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait(30)
-    # A PUT the proxy had received before the kill still lands: what DEST holds is known once none is left.
-    deadline = time.monotonic() + 30
-    while proxy.in_flight and time.monotonic() < deadline:
-        time.sleep(0.01)
+    kill_when(command, lambda: sum(1 for a in list(proxy.answered) if a[0] == "PUT" and a[2] == 200) >= 100,
+              lambda: proxy.in_flight)
     before = set(data_of(s3_objects(client)))
     assert 0 < len(before) < len(reference)
     assert f"{PREFIX}/.unshardfs/manifest.jsonl" not in s3_objects(client)
@@ -384,18 +390,7 @@ def test_gcs_resume_after_the_client_is_killed_rewrites_no_complete_file(gcs, ma
     gcs.delay = 0.01
     command = [*UNSHARDFS, "export", "-q", "--jobs", "2", "--gcs-endpoint", gcs.endpoint, "--backoff", "0.01",
                str(many), f"gs://bkt/{PREFIX}/"]
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while len(data_of(gcs.objects())) < 100:
-            assert child.poll() is None and time.monotonic() < deadline, "the export ended before it was killed"
-            time.sleep(0.01)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait(30)
-    deadline = time.monotonic() + 30
-    while gcs.in_flight and time.monotonic() < deadline:  # an upload received before the kill still lands
-        time.sleep(0.01)
+    kill_when(command, lambda: len(data_of(gcs.objects())) >= 100, lambda: gcs.in_flight)
     gcs.delay = 0.0
     before = {name: o.generation for name, o in gcs.buckets["bkt"].items()
               if name.startswith(f"{PREFIX}/") and "/.unshardfs/" not in name}
