@@ -33,7 +33,7 @@ BATCH = 512  # files per task: large enough that a task's overhead is small besi
 
 
 @dataclass
-class Verdict:
+class Findings:
     """What one batch of files found: the lines to print and the counts."""
 
     lines: list[str] = field(default_factory=list)
@@ -56,7 +56,7 @@ def _opened(dest: str, remote: RemoteOptions) -> Dest:
         return found
 
 
-def verify_batch(dest: str, records: list[FileRecord], remote: RemoteOptions | None = None) -> Verdict:
+def verify_batch(dest: str, records: list[FileRecord], remote: RemoteOptions | None = None) -> Findings:
     """Compare each record's file in `dest` with the record (runs in a thread or a Dask worker)."""
     remote = remote or RemoteOptions()
     if is_object_url(dest):
@@ -66,30 +66,30 @@ def verify_batch(dest: str, records: list[FileRecord], remote: RemoteOptions | N
             out = LocalDest(Beneath(dest, links=False), dest)
         except OSError as e:
             raise ConfigError(f"DEST {dest}: {e.strerror}") from None
-    verdict = Verdict()
+    findings = Findings()
     try:
         for record in records:
             found = out.measure(record.path)
-            verdict.files += 1
+            findings.files += 1
             if found.problem == "missing":
-                verdict.missing += 1
-                verdict.lines.append(f"missing: {record.path}")
+                findings.missing += 1
+                findings.lines.append(f"missing: {record.path}")
             elif found.problem is not None:
-                verdict.differing += 1
-                verdict.lines.append(f"differs: {record.path}: {found.problem}")
+                findings.differing += 1
+                findings.lines.append(f"differs: {record.path}: {found.problem}")
             elif found.size != record.size:
-                verdict.differing += 1
-                verdict.lines.append(f"differs: {record.path}: {found.size:,} bytes, the manifest says {record.size:,}")
+                findings.differing += 1
+                findings.lines.append(f"differs: {record.path}: {found.size:,} bytes, the manifest says {record.size:,}")
             elif found.crc32c != record.crc32c:
-                verdict.differing += 1
-                verdict.lines.append(f"differs: {record.path}: crc32c {found.crc32c:08x}, "
+                findings.differing += 1
+                findings.lines.append(f"differs: {record.path}: crc32c {found.crc32c:08x}, "
                                      f"the manifest says {record.crc32c:08x}")
             else:
-                verdict.bytes += found.size
+                findings.bytes += found.size
     finally:
         if not out.remote:
             out.close()
-    return verdict
+    return findings
 
 
 def batches(records: Iterable[FileRecord], names: set[str]) -> Iterator[list[FileRecord]]:
@@ -107,8 +107,8 @@ def batches(records: Iterable[FileRecord], names: set[str]) -> Iterator[list[Fil
         yield batch
 
 
-def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any], Verdict],
-              work: Iterator[list[FileRecord]], window: int, each: Callable[[Verdict], None]) -> None:
+def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any], Findings],
+              work: Iterator[list[FileRecord]], window: int, each: Callable[[Findings], None]) -> None:
     """Keep at most `window` batches in flight (the manifest is streamed, never held whole)."""
     flight: deque[Any] = deque()
     for batch in work:
@@ -135,15 +135,15 @@ def verify_copy(args: argparse.Namespace) -> int:
             out.close()
             raise ConfigError(f"DEST {dest} is not a directory")
     names: set[str] = set()
-    total = Verdict()
+    total = Findings()
 
-    def each(verdict: Verdict) -> None:
-        for line in verdict.lines:
+    def each(findings: Findings) -> None:
+        for line in findings.lines:
             print(one_line(line))
-        total.files += verdict.files
-        total.bytes += verdict.bytes
-        total.missing += verdict.missing
-        total.differing += verdict.differing
+        total.files += findings.files
+        total.bytes += findings.bytes
+        total.missing += findings.missing
+        total.differing += findings.differing
 
     work = batches(records, names)
     where = dest if is_object_url(dest) else str(Path(dest).resolve())
@@ -159,7 +159,7 @@ def verify_copy(args: argparse.Namespace) -> int:
             close_client(client)
     else:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            def submit(batch: list[FileRecord]) -> Future[Verdict]:
+            def submit(batch: list[FileRecord]) -> Future[Findings]:
                 return pool.submit(verify_batch, dest, batch, remote)
             _windowed(submit, lambda f: f.result(), work, 4 * max(1, args.jobs), each)
     extra = 0
