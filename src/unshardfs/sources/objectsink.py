@@ -87,7 +87,7 @@ class Corrupted(StoreError):
 
 
 @dataclass(frozen=True)
-class Stored:
+class StoredObject:
     """What the store holds under a key."""
 
     size: int
@@ -265,12 +265,12 @@ class ObjectStore:
 
     # -- the sink's operations (per store below) --------------------------------------
 
-    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> Stored:
+    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> StoredObject:
         """Write `data` as one object: created only where none is (`create`), or replacing exactly
         the object tagged `replace`; `Exists` if that precondition fails."""
         raise NotImplementedError
 
-    def head(self, rel: str) -> Stored | None:
+    def head(self, rel: str) -> StoredObject | None:
         raise NotImplementedError
 
     def address(self, rel: str, media: bool = False) -> str:
@@ -347,7 +347,7 @@ class Upload:
     def add(self, piece: bytes) -> None:
         raise NotImplementedError
 
-    def complete(self) -> Stored:
+    def complete(self) -> StoredObject:
         raise NotImplementedError
 
     def abort(self) -> None:
@@ -405,7 +405,7 @@ class S3Store(ObjectStore):
         if tag.lower() != digest.md5.hex():
             raise Corrupted(f"{what}: the store answers ETag {tag[:40]!r}, the body's MD5 is {digest.md5.hex()}")
 
-    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> Stored:
+    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> StoredObject:
         digest = Digest.of(data)
         headers = {"Content-Type": "application/octet-stream", "Content-MD5": digest.md5_b64,
                    "x-amz-checksum-crc32c": digest.crc_b64, "X-Amz-Content-SHA256": digest.sha256}
@@ -418,9 +418,9 @@ class S3Store(ObjectStore):
         if answer.status != 200:
             raise self.fail("PUT", what, answer)
         self._checked(rel, digest, answer, f"PUT {what}")
-        return Stored(len(data), digest.crc32c, _etag(answer.headers))
+        return StoredObject(len(data), digest.crc32c, _etag(answer.headers))
 
-    def head(self, rel: str) -> Stored | None:
+    def head(self, rel: str) -> StoredObject | None:
         what = self.where(rel)
         answer = self.request("HEAD", self.url(rel), what, {"x-amz-checksum-mode": "ENABLED"})
         if answer.status == 404:
@@ -432,7 +432,7 @@ class S3Store(ObjectStore):
             raise StoreError(f"HEAD {what}: no usable Content-Length")
         # A multipart object's checksum is of its parts ("...-N"): not the object's, not used.
         crc = answer.headers.get("x-amz-checksum-crc32c")
-        return Stored(int(length), crc_from_b64(crc) if crc and "-" not in crc else None, _etag(answer.headers))
+        return StoredObject(int(length), crc_from_b64(crc) if crc and "-" not in crc else None, _etag(answer.headers))
 
     def _pages(self, query: dict[str, str], what: str) -> Iterator[tuple[ET.Element, str]]:
         token: str | None = None
@@ -541,7 +541,7 @@ class _S3Upload(Upload):
         self.size += len(piece)
         self.crc = crc32c.crc32c(piece, self.crc)
 
-    def complete(self) -> Stored:
+    def complete(self) -> StoredObject:
         if self.upload_id is None:
             return self.store.put(self.rel, b"", self.create)
         body = "<CompleteMultipartUpload>" + "".join(
@@ -564,7 +564,7 @@ class _S3Upload(Upload):
         if tag and "-" in tag and tag.lower() != expected:
             raise Corrupted(f"POST {self.what}: the store answers ETag {tag[:60]!r}, the parts make {expected}")
         self.upload_id = None
-        return Stored(self.size, self.crc, f'"{tag}"')
+        return StoredObject(self.size, self.crc, f'"{tag}"')
 
     def abort(self) -> None:
         if self.upload_id is None:
@@ -609,11 +609,11 @@ class GcsStore(ObjectStore):
             query["ifGenerationMatch"] = "0"
         return f"{self.endpoint}/upload/storage/v1/b/{self.bucket}/o?{urlencode(query)}"
 
-    def resource(self, answer: Answer, what: str, size: int | None = None, crc: int | None = None) -> Stored:
+    def resource(self, answer: Answer, what: str, size: int | None = None, crc: int | None = None) -> StoredObject:
         """The object an upload made, from its JSON resource; `Corrupted` if it is not our bytes."""
         try:
             doc = json.loads(answer.body)
-            stored = Stored(int(doc["size"]), crc_from_b64(doc.get("crc32c")), str(int(doc["generation"])))
+            stored = StoredObject(int(doc["size"]), crc_from_b64(doc.get("crc32c")), str(int(doc["generation"])))
         except (ValueError, KeyError, TypeError):
             raise StoreError(f"{what}: malformed object resource in the answer") from None
         if size is not None and stored.size != size:
@@ -623,7 +623,7 @@ class GcsStore(ObjectStore):
                             f"{base64.b64encode(crc.to_bytes(4, 'big')).decode()}")
         return stored
 
-    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> Stored:
+    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> StoredObject:
         digest = Digest.of(data)
         headers = {"Content-Type": "application/octet-stream",
                    "x-goog-hash": f"crc32c={digest.crc_b64},md5={digest.md5_b64}"}
@@ -634,7 +634,7 @@ class GcsStore(ObjectStore):
             raise self.fail("POST", what, answer)
         return self.resource(answer, f"POST {what}", len(data), digest.crc32c)
 
-    def head(self, rel: str) -> Stored | None:
+    def head(self, rel: str) -> StoredObject | None:
         what = self.where(rel)
         answer = self.request("GET", self.address(rel) + "?fields=size,crc32c,generation", what,
                               ok_limit=ERROR_BODY_LIMIT)
@@ -740,7 +740,7 @@ class _GcsUpload(Upload):
             self._send(self.held, last=False)
         self.held = piece
 
-    def complete(self) -> Stored:
+    def complete(self) -> StoredObject:
         piece, self.held = self.held or b"", None
         if self.session is None and len(piece) <= PART:
             return self.store.put(self.rel, piece, self.create)

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import crc32c
 
 from unshardfs.sources import RemoteOptions
-from unshardfs.sources.objectsink import (PART, Exists, ObjectStore, SinkOptions, StoreError, Stored, Upload,
+from unshardfs.sources.objectsink import (PART, Exists, ObjectStore, SinkOptions, StoreError, StoredObject, Upload,
                                           open_store)
 from unshardfs.tools.atomic import Found, WriteStopped
 from unshardfs.tools.dest import LEDGER_DIR, JournalLog, PendingFile, split_lines
@@ -176,7 +176,7 @@ class ObjectDest:
         found = self.measure(rel)
         return found.problem is None and (found.size, found.crc32c) == (size, crc)
 
-    def put(self, rel: str, data: bytes, crc: int, create: bool) -> Stored | None:
+    def put(self, rel: str, data: bytes, crc: int, create: bool) -> StoredObject | None:
         """One PUT; when an object is there already: kept if it holds these bytes, else replaced by a
         PUT conditional on it (StoreError if it changes meanwhile)."""
         try:
