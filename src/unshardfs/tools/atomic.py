@@ -207,7 +207,7 @@ def sync_dir(out: Beneath, rel: str) -> None:
 
 
 @dataclass(frozen=True)
-class Found:
+class Measured:
     """What a file beneath DEST holds: its size and crc32c, or why it could not be read."""
 
     size: int = -1
@@ -215,19 +215,19 @@ class Found:
     problem: str | None = None
 
 
-def measure(out: Beneath, rel: str) -> Found:
+def measure(out: Beneath, rel: str) -> Measured:
     """Size and crc32c of the regular file `rel` beneath `out` (no link followed, nothing blocks)."""
     try:
         fd = out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return Found(problem="missing")
+        return Measured(problem="missing")
     except OSError as e:
-        return Found(problem=f"cannot open: {e.strerror}")
+        return Measured(problem=f"cannot open: {e.strerror}")
     try:
         try:
             st = regular_file(fd, rel)
         except OSError:
-            return Found(problem="not a regular file")  # regular_file closed it
+            return Measured(problem="not a regular file")  # regular_file closed it
         crc, size = 0, 0
         while True:
             data = os.read(fd, READ_PIECE)
@@ -236,10 +236,10 @@ def measure(out: Beneath, rel: str) -> Found:
             crc = crc32c.crc32c(data, crc)
             size += len(data)
         if size != st.st_size:
-            return Found(problem=f"changed while read ({size} of {st.st_size} bytes)")
-        return Found(size, crc)
+            return Measured(problem=f"changed while read ({size} of {st.st_size} bytes)")
+        return Measured(size, crc)
     except OSError as e:
-        return Found(problem=f"cannot read: {e.strerror}")
+        return Measured(problem=f"cannot read: {e.strerror}")
     finally:
         try:
             os.close(fd)

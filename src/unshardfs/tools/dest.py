@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Protocol
 
 from unshardfs.sources import RemoteOptions
-from unshardfs.tools.atomic import (Found, Pending, WriteStopped, is_temp, measure, remove_temporaries, stops, sync_dir,
+from unshardfs.tools.atomic import (Measured, Pending, WriteStopped, is_temp, measure, remove_temporaries, stops, sync_dir,
                                     write_file)
 from unshardfs.util.errors import ConfigError, DataError
 from unshardfs.util.fdpath import Beneath, regular_file
@@ -81,7 +81,7 @@ class Dest(Protocol):
         """A file written piece by piece, appearing under `rel` only when committed."""
         ...
 
-    def measure(self, rel: str) -> Found:
+    def measure(self, rel: str) -> Measured:
         """Size and CRC-32C of the complete file `rel`, or why there is none."""
         ...
 
@@ -230,7 +230,7 @@ class LocalDest:
     def open_file(self, rel: str, task: int | None) -> PendingFile:
         return Pending(self.out, rel, task)
 
-    def measure(self, rel: str) -> Found:
+    def measure(self, rel: str) -> Measured:
         return measure(self.out, rel)
 
     def sweep(self, parent: str, task: int | None) -> None:

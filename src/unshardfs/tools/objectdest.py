@@ -30,7 +30,7 @@ import crc32c
 from unshardfs.sources import RemoteOptions
 from unshardfs.sources.objectsink import (PART, Exists, ObjectStore, SinkOptions, StoreError, StoredObject, Upload,
                                           open_store)
-from unshardfs.tools.atomic import Found, WriteStopped
+from unshardfs.tools.atomic import Measured, WriteStopped
 from unshardfs.tools.dest import LEDGER_DIR, JournalLog, PendingFile, split_lines
 from unshardfs.util.errors import ConfigError, DataError
 
@@ -207,21 +207,21 @@ class ObjectDest:
         self._key(rel)
         return _StoreFile(self, rel, True)
 
-    def measure(self, rel: str) -> Found:
+    def measure(self, rel: str) -> Measured:
         """The store's own CRC-32C where it states one (no bytes read); else the object read back."""
         try:
             there = self.store.head(rel)
             if there is None:
-                return Found(problem="missing")
+                return Measured(problem="missing")
             if there.crc32c is not None:
-                return Found(there.size, there.crc32c)
+                return Measured(there.size, there.crc32c)
             crc = size = 0
             for piece in self.store.read(rel, there.size):
                 crc = crc32c.crc32c(piece, crc)
                 size += len(piece)
-            return Found(size, crc)
+            return Measured(size, crc)
         except StoreError as e:
-            return Found(problem=f"cannot read: {e}")
+            return Measured(problem=f"cannot read: {e}")
 
     def sweep(self, parent: str, task: int | None) -> None:
         """Nothing: an unfinished upload is invisible under its key (`clear` aborts them)."""
