@@ -32,7 +32,7 @@ from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version,
                                     TaggedRead, normalize_path, read_whole, tag_problem)
 from unshardfs.sources.coalesce import RangeReads
 from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
-                                               Node, RepoConfig, Snapshot, decode_config, decode_id,
+                                               RepoConfig, Snapshot, SnapshotNode, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
 from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
@@ -340,7 +340,7 @@ def _coords(segments: list[str]) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True, slots=True)
 class ChunkKey:
-    node: Node
+    node: SnapshotNode
     coords: tuple[int, ...]  # all of them (a chunk) or the first few (a directory of chunk keys)
 
 
