@@ -471,7 +471,7 @@ class ChunkRef:
         return len(self.data) if self.data is not None else self.length
 
 
-class Manifest:
+class ChunkManifest:
     """A manifest's chunk references, read in place from its decompressed body."""
 
     def __init__(self, body: bytes, where: str, expected_id: bytes | None = None) -> None:

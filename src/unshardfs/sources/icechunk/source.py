@@ -31,8 +31,8 @@ from typing import Any, AsyncIterator, Callable
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
                                     TaggedRead, normalize_path, read_whole, tag_problem)
 from unshardfs.sources.coalesce import RangeReads
-from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
-                                               RepoConfig, Snapshot, SnapshotNode, decode_config, decode_id,
+from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkManifest,
+                                               ChunkRef, RepoConfig, Snapshot, SnapshotNode, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
 from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
@@ -192,12 +192,12 @@ class IcechunkStore:
         snapshot: Snapshot = await self.flights.cached(self.objects, ("s", raw_id), load)
         return snapshot
 
-    async def manifest(self, raw_id: bytes) -> Manifest:
-        async def load() -> Manifest:
+    async def manifest(self, raw_id: bytes) -> ChunkManifest:
+        async def load() -> ChunkManifest:
             body = await self._object("manifests", raw_id, FILE_MANIFEST)
-            return Manifest(body, self.description + "manifests/" + encode_id(raw_id), raw_id)
+            return ChunkManifest(body, self.description + "manifests/" + encode_id(raw_id), raw_id)
 
-        manifest: Manifest = await self.flights.cached(self.objects, ("m", raw_id), load)
+        manifest: ChunkManifest = await self.flights.cached(self.objects, ("m", raw_id), load)
         return manifest
 
     async def history(self, start: bytes, seen: dict[bytes, Snapshot]) -> None:
