@@ -15,7 +15,7 @@ from tests.support.tmpfs import remount, small_tmpfs
 from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files, walk_files
-from unshardfs.tools.dest import LocalDest
+from unshardfs.dest.local import LocalDest
 from unshardfs.tools.walk import export
 from unshardfs.tree.nodes import DirNode, FileNode
 

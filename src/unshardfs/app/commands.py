@@ -23,8 +23,8 @@ from unshardfs.app.options import open_options
 from unshardfs.app.planner import Planned, TaskWork, parse_tasks, plan_tasks, shards_per_task, task_lines
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.core.registry import changed_options
-from unshardfs.tools.atomic import WriteStopped
-from unshardfs.tools.dest import dest_name, is_object_url, open_dest
+from unshardfs.dest.atomic import WriteStopped
+from unshardfs.dest.local import dest_name, is_object_url, open_dest
 from unshardfs.tools.inspect import format_report, version_lines
 from unshardfs.tools.ledger import MANIFEST, Ledger, Plan
 from unshardfs.tools.walk import WalkSummary, check

@@ -24,8 +24,8 @@ import trio
 from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.planner import KnownDirs, TaskWork, task_entries
 from unshardfs.core.runtime import ShardScope
-from unshardfs.tools.atomic import WriteStopped
-from unshardfs.tools.dest import Dest, open_dest
+from unshardfs.dest.atomic import WriteStopped
+from unshardfs.dest.local import Dest, open_dest
 from unshardfs.tools.ledger import Journal, Ledger
 from unshardfs.tools.walk import Entries, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems

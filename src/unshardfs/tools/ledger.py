@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generator, Iterable, Iterator
 
 from unshardfs.sources import RemoteOptions
-from unshardfs.tools.atomic import WriteStopped, is_temp, stops
-from unshardfs.tools.dest import LEDGER_DIR, LINE_LIMIT, Dest, JournalLog, is_object_url, split_lines
+from unshardfs.dest.atomic import WriteStopped, is_temp, stops
+from unshardfs.dest.local import LEDGER_DIR, LINE_LIMIT, Dest, JournalLog, is_object_url, split_lines
 from unshardfs.util.errors import ConfigError, DataError
 PLAN = f"{LEDGER_DIR}/plan.json"
 TASK_LIST = f"{LEDGER_DIR}/tasks.jsonl"
@@ -273,8 +273,8 @@ class Ledger:
 def _manifest_lines(path: str, remote: RemoteOptions | None) -> Generator[bytes, None, None]:
     """The lines of a manifest in a file or an object (s3://, gs://), streamed."""
     if is_object_url(path):
-        from unshardfs.sources.objectsink import StoreError, open_store
-        from unshardfs.tools.objectdest import sink_options
+        from unshardfs.dest.store import StoreError, open_store
+        from unshardfs.dest.objects import sink_options
 
         parent, _, name = path.rstrip("/").rpartition("/")
         if "://" not in parent or not name:

@@ -15,8 +15,8 @@ import crc32c
 import trio
 
 from unshardfs.sources.base import name_problem
-from unshardfs.tools.atomic import WriteStopped
-from unshardfs.tools.dest import Dest, PendingFile
+from unshardfs.dest.atomic import WriteStopped
+from unshardfs.dest.local import Dest, PendingFile
 from unshardfs.tools.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode

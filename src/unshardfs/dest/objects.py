@@ -1,6 +1,6 @@
 """DEST in object storage (s3://bucket/prefix/, gs://bucket/prefix/): export's `Dest` as objects.
 
-Files are objects under the prefix, written by `sources.objectsink`: one
+Files are objects under the prefix, written by `dest.store`: one
 conditional PUT of at most 8 MiB with its checksums, or an upload in parts
 that the store assembles under the key only when completed (aborted on any
 failure). Object stores have no directories, temporaries, renames or fsync:
@@ -28,10 +28,10 @@ from typing import Iterable, Iterator
 import crc32c
 
 from unshardfs.sources import RemoteOptions
-from unshardfs.sources.objectsink import (PART, Exists, ObjectStore, SinkOptions, StoreError, StoredObject, Upload,
+from unshardfs.dest.store import (PART, Exists, ObjectStore, SinkOptions, StoreError, StoredObject, Upload,
                                           open_store)
-from unshardfs.tools.atomic import Measured, WriteStopped
-from unshardfs.tools.dest import LEDGER_DIR, JournalLog, PendingFile, split_lines
+from unshardfs.dest.atomic import Measured, WriteStopped
+from unshardfs.dest.local import LEDGER_DIR, JournalLog, PendingFile, split_lines
 from unshardfs.util.errors import ConfigError, DataError
 
 SEGMENT_LINES = 1000

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.objectstores import Fault, FakeGcs, FaultyProxy
 from tests.support.s3 import CREDENTIALS, moto_s3
-from unshardfs.sources.objectsink import SinkOptions, StoreError, open_store
+from unshardfs.dest.store import SinkOptions, StoreError, open_store
 from unshardfs.testing.mounts import UNSHARDFS, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files

@@ -4,7 +4,7 @@
 write a file so that its final name never holds anything but complete bytes,
 read a file back (size and CRC-32C), list, and keep the ledger's small
 records. `LocalDest` writes beneath a directory held open (temporary name,
-flush, rename: `tools.atomic`); `ObjectDest` (`tools.objectdest`) writes
+flush, rename: `dest.atomic`); `ObjectDest` (`dest.objects`) writes
 objects under an s3:// or gs:// prefix (one conditional PUT, or a multipart
 upload completed only when whole). `open_dest` picks by DEST's spelling.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Protocol
 
 from unshardfs.sources import RemoteOptions
-from unshardfs.tools.atomic import (Measured, Pending, WriteStopped, is_temp, measure, remove_temporaries, stops, sync_dir,
+from unshardfs.dest.atomic import (Measured, Pending, WriteStopped, is_temp, measure, remove_temporaries, stops, sync_dir,
                                     write_file)
 from unshardfs.util.errors import ConfigError, DataError
 from unshardfs.util.fdpath import Beneath, regular_file
@@ -363,7 +363,7 @@ def open_dest(dest: str, remote: RemoteOptions | None = None) -> Dest:
     """DEST opened for writing: a directory (made if missing), or an object store prefix (its bucket
     checked to exist and be reachable); a one-line ConfigError otherwise."""
     if is_object_url(dest):
-        from unshardfs.tools.objectdest import ObjectDest
+        from unshardfs.dest.objects import ObjectDest
 
         return ObjectDest.open(dest, remote or RemoteOptions())
     return LocalDest.open(Path(local_path(dest)))
