@@ -43,9 +43,8 @@ def sink_options(scheme: str, remote: RemoteOptions) -> SinkOptions:
     endpoints, timeouts and retries as reading)."""
     http = remote.http
     endpoint = remote.s3_endpoint if scheme == "s3" else remote.gcs_endpoint
-    return SinkOptions(endpoint=endpoint, timeout=http.timeout, retries=http.retries, backoff=http.backoff,
-                       backoff_max=http.backoff_max, deadline=max(http.request_deadline(), 60.0),
-                       connections=max(4, http.concurrency))
+    return SinkOptions(endpoint=endpoint, timeout=http.timeout, retrying=http.retrying(),
+                       deadline=max(http.request_deadline(), 60.0), connections=max(4, http.concurrency))
 
 
 class _StoreFile:

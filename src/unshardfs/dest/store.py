@@ -35,7 +35,6 @@ import base64
 import hashlib
 import json
 import logging
-import random
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -46,26 +45,29 @@ import crc32c
 import httpx
 
 from unshardfs.sources.http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, RETRY_STATUS, origin, path_problem
-from unshardfs.sources.objectstore import (GCS_ENDPOINT, LISTING_PAGE_LIMIT, MAX_PAGE_TOKEN, S3_NS, _google_credentials,
-                                           aws_region, aws_signature, check_bucket, google_token, s3_bucket_url)
+from unshardfs.sources.cloud import (GCS_ENDPOINT, GCS_WRITE, LISTING_PAGE_LIMIT, S3_NS, aws_region, aws_signature,
+                                     check_bucket, google_credentials, google_token, s3_bucket_url)
+from unshardfs.util.backoff import Backoff
 from unshardfs.util.errors import ConfigError, one_line
+from unshardfs.util.paging import PageTokens
 
 log = logging.getLogger(__name__)
 
 PART = 8 << 20  # bytes of one PUT, and of each part of a bigger object (S3: >= 5 MiB; GCS: 256 KiB multiple)
 MAX_KEY = 1024  # bytes of a key (UTF-8), both stores' limit
 MAX_PARTS = 10_000  # S3's limit: 80 GiB objects at PART bytes
-GCS_WRITE = "https://www.googleapis.com/auth/devstorage.read_write"
 _MAX_PAGES = 100_000
+
+
+def _page_tokens(what: str) -> PageTokens:
+    return PageTokens(_MAX_PAGES, lambda why: StoreError(f"listing {what}: {why}"))
 
 
 @dataclass(frozen=True)
 class SinkOptions:
     endpoint: str | None = None  # an S3-compatible or GCS-compatible server instead of AWS's or Google's
     timeout: float = 30.0  # seconds, per wait for bytes
-    retries: int = 5  # further attempts after the first
-    backoff: float = 0.25
-    backoff_max: float = 8.0
+    retrying: Backoff = Backoff()  # as reads retry (`sources.http`)
     deadline: float = 300.0  # seconds for one request, all its attempts included
     connections: int = 32
 
@@ -228,16 +230,17 @@ class ObjectStore:
                 limit: int = ERROR_BODY_LIMIT, ok_limit: int | None = None) -> Answer:
         """One request, retried on transport errors, 408/429/5xx within the deadline; the body read up
         to `ok_limit` (2xx) or `limit` bytes (a longer one is an error, never held)."""
-        delay = self.options.backoff
-        start = time.monotonic()
+        retries = self.options.retrying.schedule()
+        deadline = time.monotonic() + self.options.deadline
         last = ""
-        for attempt in range(self.options.retries + 1):
-            if attempt:
-                wait = min(delay, self.options.backoff_max) * (0.5 + random.random())
-                if time.monotonic() + wait - start > self.options.deadline:
+        attempts = 0
+        while True:
+            if attempts:
+                wait = retries.wait(time.monotonic(), deadline)
+                if wait is None:
                     break
                 time.sleep(wait)
-                delay *= 2
+            attempts += 1
             sent = {"User-Agent": "unshardfs", "Accept-Encoding": "identity", **(headers or {})}
             sent.update(self.sign(method, url, sent, body))
             try:
@@ -255,7 +258,7 @@ class ObjectStore:
             if answer.status not in RETRY_STATUS:
                 return answer
             last = f"HTTP {answer.status} {_error_code(answer.body)}".rstrip()
-        raise StoreError(f"{method} {what}: {last} (after {attempt + 1} attempts)")
+        raise StoreError(f"{method} {what}: {last} (after {attempts} attempts)")
 
     def fail(self, method: str, what: str, answer: Answer) -> StoreError:
         """The error an unexpected answer is: 412 `Exists`, else a StoreError naming the status."""
@@ -435,9 +438,8 @@ class S3Store(ObjectStore):
         return StoredObject(int(length), crc_from_b64(crc) if crc and "-" not in crc else None, _etag(answer.headers))
 
     def _pages(self, query: dict[str, str], what: str) -> Iterator[tuple[ET.Element, str]]:
-        token: str | None = None
-        seen: set[str] = set()
-        for _ in range(_MAX_PAGES):
+        tokens = _page_tokens(what)
+        for token in tokens:
             page = dict(query, **({"continuation-token": token} if token else {}))
             answer = self.request("GET", f"{self.base}/?{urlencode(sorted(page.items()))}", what,
                                   ok_limit=LISTING_PAGE_LIMIT)
@@ -445,14 +447,8 @@ class S3Store(ObjectStore):
                 raise self.fail("GET", what, answer)
             root, ns = _xml(answer.body, f"listing {what}")
             yield root, ns
-            token = root.findtext(f"{ns}NextContinuationToken") if root.findtext(f"{ns}IsTruncated") == "true" \
-                else None
-            if not token:
-                return
-            if token in seen or len(token) > MAX_PAGE_TOKEN:
-                raise StoreError(f"listing {what}: the store repeats or inflates its page token")
-            seen.add(token)
-        raise StoreError(f"listing {what}: more than {_MAX_PAGES:,} pages")
+            if root.findtext(f"{ns}IsTruncated") == "true":
+                tokens.follow(root.findtext(f"{ns}NextContinuationToken"))
 
     def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
@@ -477,9 +473,12 @@ class S3Store(ObjectStore):
         prefix = f"{self.prefix}/" if self.prefix else ""
         what = f"unfinished uploads of {self.description}"
         aborted = 0
-        markers: dict[str, str] = {}
-        for _ in range(_MAX_PAGES):
-            query = {"uploads": "", "prefix": prefix, **markers}
+        tokens = _page_tokens(what)
+        for token in tokens:
+            key_marker, _, upload_marker = (token or "").partition("\n")
+            query = {"uploads": "", "prefix": prefix}
+            if token:
+                query.update({"key-marker": key_marker, "upload-id-marker": upload_marker})
             answer = self.request("GET", f"{self.base}/?{urlencode(sorted(query.items()))}", what,
                                   ok_limit=LISTING_PAGE_LIMIT)
             if answer.status != 200:
@@ -494,13 +493,9 @@ class S3Store(ObjectStore):
                 if done.status not in (200, 204, 404):
                     raise self.fail("DELETE", self.where(rel), done)
                 aborted += 1
-            if root.findtext(f"{ns}IsTruncated") != "true":
-                return aborted
-            following = {"key-marker": root.findtext(f"{ns}NextKeyMarker", ""),
-                         "upload-id-marker": root.findtext(f"{ns}NextUploadIdMarker", "")}
-            if following == markers or not following["key-marker"]:
-                return aborted
-            markers = following
+            if root.findtext(f"{ns}IsTruncated") == "true" and root.findtext(f"{ns}NextKeyMarker"):
+                # The two markers are the next page's token.
+                tokens.follow(f"{root.findtext(f'{ns}NextKeyMarker')}\n{root.findtext(f'{ns}NextUploadIdMarker', '')}")
         return aborted
 
 
@@ -589,7 +584,7 @@ class GcsStore(ObjectStore):
         super().__init__(bucket, prefix, options)
         self.endpoint = (options.endpoint or GCS_ENDPOINT).rstrip("/")
         self._origin = origin(httpx.URL(self.endpoint))
-        self._credentials = _google_credentials(GCS_WRITE)
+        self._credentials = google_credentials(GCS_WRITE)
 
     def sign(self, method: str, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
         # Credentials go to the endpoint only (an upload session's URL is checked to be on it).
@@ -647,9 +642,8 @@ class GcsStore(ObjectStore):
     def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
         what = self.where(rel)
-        token: str | None = None
-        seen: set[str] = set()
-        for _ in range(_MAX_PAGES):
+        tokens = _page_tokens(what)
+        for token in tokens:
             query = {"prefix": prefix, "fields": "items(name,size,crc32c),prefixes,nextPageToken"}
             if delimiter:
                 query["delimiter"] = "/"
@@ -661,7 +655,7 @@ class GcsStore(ObjectStore):
                 raise self.fail("GET", what, answer)
             try:
                 doc = json.loads(answer.body)
-                items, prefixes, token = doc.get("items", []), doc.get("prefixes", []), doc.get("nextPageToken")
+                items, prefixes, following = doc.get("items", []), doc.get("prefixes", []), doc.get("nextPageToken")
                 for name in prefixes:
                     child = self.relative(str(name))
                     if child is not None:
@@ -672,12 +666,9 @@ class GcsStore(ObjectStore):
                         yield child, int(item["size"]), crc_from_b64(item.get("crc32c"))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise StoreError(f"listing {what}: malformed answer") from None
-            if not token:
-                return
-            if not isinstance(token, str) or token in seen or len(token) > MAX_PAGE_TOKEN:
-                raise StoreError(f"listing {what}: the store repeats or inflates its page token")
-            seen.add(token)
-        raise StoreError(f"listing {what}: more than {_MAX_PAGES:,} pages")
+            if following is not None and not isinstance(following, str):
+                raise StoreError(f"listing {what}: malformed answer")
+            tokens.follow(following)
 
     def upload(self, rel: str, create: bool = True) -> Upload:
         return _GcsUpload(self, rel, create)
