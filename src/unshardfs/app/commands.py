@@ -26,7 +26,7 @@ from unshardfs.core.registry import changed_options
 from unshardfs.dest.atomic import WriteStopped
 from unshardfs.dest.local import dest_name, is_object_url, open_dest
 from unshardfs.tools.inspect import format_report, version_lines
-from unshardfs.tools.ledger import MANIFEST, Ledger, Plan
+from unshardfs.dest.ledger import MANIFEST, Ledger, Plan
 from unshardfs.tools.walk import WalkSummary, check
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.logonce import collect_problems

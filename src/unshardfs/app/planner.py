@@ -35,7 +35,7 @@ from unshardfs.core.chunks import ChunkFile
 from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
-from unshardfs.tools.ledger import reserved
+from unshardfs.dest.ledger import reserved
 from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError

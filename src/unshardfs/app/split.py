@@ -26,7 +26,7 @@ from unshardfs.app.planner import KnownDirs, TaskWork, task_entries
 from unshardfs.core.runtime import ShardScope
 from unshardfs.dest.atomic import WriteStopped
 from unshardfs.dest.local import Dest, open_dest
-from unshardfs.tools.ledger import Journal, Ledger
+from unshardfs.dest.ledger import Journal, Ledger
 from unshardfs.tools.walk import Entries, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 from unshardfs.app.options import open_options
 from unshardfs.sources import RemoteOptions
 from unshardfs.dest.local import Dest, LocalDest, is_object_url, local_path, open_dest
-from unshardfs.tools.ledger import FileRecord, read_manifest
+from unshardfs.dest.ledger import FileRecord, read_manifest
 from unshardfs.dest.objects import ObjectDest
 from unshardfs.util.errors import ConfigError, one_line
 from unshardfs.util.fdpath import Beneath

@@ -23,7 +23,7 @@ from unshardfs.dest.atomic import (Measured, Pending, WriteStopped, is_temp, mea
 from unshardfs.util.errors import ConfigError, DataError
 from unshardfs.util.fdpath import Beneath, regular_file
 
-LEDGER_DIR = ".unshardfs"  # the export's own records, inside DEST (`tools.ledger`)
+LEDGER_DIR = ".unshardfs"  # the export's own records, inside DEST (`dest.ledger`)
 LINE_LIMIT = 1 << 16  # bytes of one ledger line read back
 
 

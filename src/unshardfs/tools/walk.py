@@ -17,7 +17,7 @@ import trio
 from unshardfs.sources.base import name_problem
 from unshardfs.dest.atomic import WriteStopped
 from unshardfs.dest.local import Dest, PendingFile
-from unshardfs.tools.ledger import FileRecord, Journal, reserved, source_of
+from unshardfs.dest.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
 from unshardfs.util.errors import DataError
