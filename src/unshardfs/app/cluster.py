@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.sources import RemoteOptions
-from unshardfs.dest.local import is_object_url, open_dest
+from unshardfs.dest.opener import is_object_url, open_dest
 from unshardfs.tools.walk import WalkSummary
 from unshardfs.util.errors import ConfigError
 

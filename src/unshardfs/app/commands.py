@@ -23,8 +23,8 @@ from unshardfs.app.options import open_options
 from unshardfs.app.planner import Planned, TaskWork, parse_tasks, plan_tasks, shards_per_task, task_lines
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.core.registry import changed_options
-from unshardfs.dest.atomic import WriteStopped
-from unshardfs.dest.local import dest_name, is_object_url, open_dest
+from unshardfs.dest.base import WriteStopped
+from unshardfs.dest.opener import dest_name, open_dest
 from unshardfs.tools.inspect import format_report, version_lines
 from unshardfs.dest.ledger import MANIFEST, Ledger, Plan
 from unshardfs.tools.walk import WalkSummary, check
@@ -238,10 +238,10 @@ def _prepare(args: argparse.Namespace, threads: int) -> tuple[Plan, list[TaskWor
     tasks done)."""
     out = open_dest(args.dest, open_options(args).remote)
     try:
-        ledger = Ledger(out)
+        ledger = Ledger(out.records)
         plan, works, problems = _plan(args, ledger, threads)
         if args.resume:
-            out.clear()  # temporaries, unfinished uploads
+            out.files.clear()  # temporaries, unfinished uploads
         done = ledger.complete() & set(range(plan.tasks))
         finished = [PartResult(problems, WalkSummary(), 0, -1)] if problems else []
         for task in sorted(done):
@@ -315,14 +315,14 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
     tail = f"; {len(failures)} failed" if failures else ""
     finished = complete == plan.tasks and stopped is None
     if finished:
-        out = open_dest(args.dest, open_options(args).remote)
+        out = open_dest(args.dest, open_options(args).remote, sync=not args.no_fsync)
         try:
-            ledger = Ledger(out)
+            ledger = Ledger(out.records)
             # Ledger entries never change once written: a manifest gathered from them stays right.
             if not ledger.has_manifest() or not all(r.recorded for r in results):
-                ledger.write_manifest(plan, not args.no_fsync)
-            if is_object_url(args.dest):
-                out.clear()  # uploads a lost worker left unfinished: every file is in place now
+                ledger.write_manifest(plan)
+            if out.remote:
+                out.files.clear()  # uploads a lost worker left unfinished: every file is in place now
             tail += f"; manifest {out.where(MANIFEST)}"
         except (WriteStopped, DataError) as e:  # DataError: a ledger entry read back does not add up
             stopped, finished = str(e), False

@@ -24,8 +24,8 @@ import trio
 from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.planner import KnownDirs, TaskWork, task_entries
 from unshardfs.core.runtime import ShardScope
-from unshardfs.dest.atomic import WriteStopped
-from unshardfs.dest.local import Dest, open_dest
+from unshardfs.dest.base import Dest, WriteStopped
+from unshardfs.dest.opener import open_dest
 from unshardfs.dest.ledger import Journal, Ledger
 from unshardfs.tools.walk import Entries, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
@@ -87,22 +87,22 @@ async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] 
     """Export one task into DEST: skipped whole if its ledger entry is there; else its journal's
     files are kept where DEST still matches them, the others written, and the entry written once
     every file of the task is in place (none failed, none missing, no listing problem)."""
-    ledger = Ledger(out)
+    ledger = Ledger(out.records)
     if job.part in ledger.complete():
         files, _ = ledger.task_totals(job.part)
         return PartResult([], WalkSummary(files=files, skipped=files), 0, job.part, complete=True, recorded=True)
     try:
-        journal = Journal.open(out, job.part)
+        journal = Journal.open(out.records, job.part)
     except WriteStopped as e:
         return PartResult([], WalkSummary(stopped=str(e)), 0, job.part)
     try:
         async with _opened(job) as (session, entries, problems, missing):
-            summary = await export(session.tree, out, job.write_jobs, progress, entries, journal, job.sync)
+            summary = await export(session.tree, out.files, job.write_jobs, progress, entries, journal)
         summary.failures += missing
         complete = False
         if summary.stopped is None and not summary.failures and not problems:
             try:
-                await trio.to_thread.run_sync(_finish, ledger, journal, job.sync)
+                await trio.to_thread.run_sync(_finish, out, ledger, journal)
                 complete = True
             except WriteStopped as e:
                 summary.stopped = str(e)
@@ -113,18 +113,17 @@ async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] 
     return PartResult(list(problems), summary, session.source.counters.reads, job.part, complete)
 
 
-def _finish(ledger: Ledger, journal: Journal, sync: bool) -> None:
+def _finish(out: Dest, ledger: Ledger, journal: Journal) -> None:
     """Flush the directories the task renamed files into, then write its ledger entry."""
-    if sync:
-        for parent in sorted({path.rpartition("/")[0] for path in journal.done}):
-            ledger.dest.sync_dir(parent)
-    ledger.finish(journal, sync)
+    for parent in sorted({path.rpartition("/")[0] for path in journal.done}):
+        out.files.sync_dir(parent)
+    ledger.finish(journal)
 
 
 async def _run(job: Part, progress: Callable[[WalkSummary], None] | None = None) -> PartResult:
     if job.dest is None:
         return await _check(job, progress)
-    out = open_dest(job.dest, job.options.remote)
+    out = open_dest(job.dest, job.options.remote, sync=job.sync)
     try:
         return await _export(job, out, progress)
     finally:

@@ -11,10 +11,7 @@ summary; exit status 0 when the copy matches.
 from __future__ import annotations
 
 import argparse
-import os
-import stat as statmod
 import sys
-import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,12 +19,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from unshardfs.app.options import open_options
-from unshardfs.sources import RemoteOptions
-from unshardfs.dest.local import Dest, LocalDest, is_object_url, local_path, open_dest
+from unshardfs.dest.base import Dest, FileSink
 from unshardfs.dest.ledger import FileRecord, read_manifest
-from unshardfs.dest.objects import ObjectDest
+from unshardfs.dest.opener import is_object_url, local_path, open_dest
+from unshardfs.sources import RemoteOptions
 from unshardfs.util.errors import ConfigError, one_line
-from unshardfs.util.fdpath import Beneath
 
 BATCH = 512  # files per task: large enough that a task's overhead is small beside reading its files
 
@@ -43,52 +39,37 @@ class Findings:
     differing: int = 0
 
 
-_OPENED: dict[tuple[str, RemoteOptions], Dest] = {}
-_OPENED_LOCK = threading.Lock()
-
-
-def _opened(dest: str, remote: RemoteOptions) -> Dest:
-    """An object store DEST opened once per process (its connections pooled, shared by threads)."""
-    with _OPENED_LOCK:
-        found = _OPENED.get((dest, remote))
-        if found is None:
-            found = _OPENED[(dest, remote)] = open_dest(dest, remote)
-        return found
-
-
 def verify_batch(dest: str, records: list[FileRecord], remote: RemoteOptions | None = None) -> Findings:
-    """Compare each record's file in `dest` with the record (runs in a thread or a Dask worker)."""
-    remote = remote or RemoteOptions()
-    if is_object_url(dest):
-        out: Dest = _opened(dest, remote)
-    else:
-        try:
-            out = LocalDest(Beneath(dest, links=False), dest)
-        except OSError as e:
-            raise ConfigError(f"DEST {dest}: {e.strerror}") from None
-    findings = Findings()
+    """Compare each record's file in `dest` with the record, on a Dask worker: DEST opened there
+    (with the worker's own credentials) for the batch, and closed after it."""
+    out = open_dest(dest, remote, create=False)
     try:
-        for record in records:
-            found = out.measure(record.path)
-            findings.files += 1
-            if found.problem == "missing":
-                findings.missing += 1
-                findings.lines.append(f"missing: {record.path}")
-            elif found.problem is not None:
-                findings.differing += 1
-                findings.lines.append(f"differs: {record.path}: {found.problem}")
-            elif found.size != record.size:
-                findings.differing += 1
-                findings.lines.append(f"differs: {record.path}: {found.size:,} bytes, the manifest says {record.size:,}")
-            elif found.crc32c != record.crc32c:
-                findings.differing += 1
-                findings.lines.append(f"differs: {record.path}: crc32c {found.crc32c:08x}, "
-                                     f"the manifest says {record.crc32c:08x}")
-            else:
-                findings.bytes += found.size
+        return compare(out.files, records)
     finally:
-        if not out.remote:
-            out.close()
+        out.close()
+
+
+def compare(files: FileSink, records: list[FileRecord]) -> Findings:
+    """Compare each record's file in DEST with the record (runs in a thread or a Dask worker)."""
+    findings = Findings()
+    for record in records:
+        found = files.measure(record.path)
+        findings.files += 1
+        if found.problem == "missing":
+            findings.missing += 1
+            findings.lines.append(f"missing: {record.path}")
+        elif found.problem is not None:
+            findings.differing += 1
+            findings.lines.append(f"differs: {record.path}: {found.problem}")
+        elif found.size != record.size:
+            findings.differing += 1
+            findings.lines.append(f"differs: {record.path}: {found.size:,} bytes, the manifest says {record.size:,}")
+        elif found.crc32c != record.crc32c:
+            findings.differing += 1
+            findings.lines.append(f"differs: {record.path}: crc32c {found.crc32c:08x}, "
+                                  f"the manifest says {record.crc32c:08x}")
+        else:
+            findings.bytes += found.size
     return findings
 
 
@@ -119,21 +100,10 @@ def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any],
         each(result(flight.popleft()))
 
 
-def verify_copy(args: argparse.Namespace) -> int:
-    remote = open_options(args).remote
-    dest = args.source if is_object_url(args.source) else local_path(args.source)
-    header, records = read_manifest(args.manifest, remote)
-    out: Dest
-    if is_object_url(dest):
-        out = ObjectDest.open(dest, remote)
-    else:
-        try:
-            out = LocalDest(Beneath(dest, links=False), dest)
-        except OSError as e:
-            raise ConfigError(f"DEST {dest}: {e.strerror}") from None
-        if not statmod.S_ISDIR(os.fstat(out.out.fd).st_mode):
-            out.close()
-            raise ConfigError(f"DEST {dest} is not a directory")
+def _compare_all(args: argparse.Namespace, out: Dest, dest: str, records: Iterator[FileRecord],
+                 remote: RemoteOptions) -> tuple[Findings, int]:
+    """Every record compared (in threads here, or on the Dask cluster), then DEST listed for what
+    the manifest does not name; the totals and the number of extra files."""
     names: set[str] = set()
     total = Findings()
 
@@ -160,14 +130,23 @@ def verify_copy(args: argparse.Namespace) -> int:
     else:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             def submit(batch: list[FileRecord]) -> Future[Findings]:
-                return pool.submit(verify_batch, dest, batch, remote)
+                return pool.submit(compare, out.files, batch)
             _windowed(submit, lambda f: f.result(), work, 4 * max(1, args.jobs), each)
     extra = 0
+    for path, note in out.files.files():
+        if path not in names:
+            print(one_line(f"extra: {path}{note}"))
+            extra += 1
+    return total, extra
+
+
+def verify_copy(args: argparse.Namespace) -> int:
+    remote = open_options(args).remote
+    dest = args.source if is_object_url(args.source) else local_path(args.source)
+    header, records = read_manifest(args.manifest, remote)
+    out = open_dest(dest, remote, create=False)
     try:
-        for path, note in out.files():
-            if path not in names:
-                print(one_line(f"extra: {path}{note}"))
-                extra += 1
+        total, extra = _compare_all(args, out, dest, records, remote)
     finally:
         out.close()
     expected = header.get("files")

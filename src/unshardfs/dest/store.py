@@ -98,6 +98,17 @@ class StoredObject:
 
 
 @dataclass(frozen=True)
+class Listed:
+    """One name a listing gives: an object, with its size (and the store's CRC-32C where the listing
+    states one), or, in a listing by directory, a common prefix (`directory`)."""
+
+    path: str  # relative to the store's prefix
+    size: int = 0
+    crc32c: int | None = None
+    directory: bool = False
+
+
+@dataclass(frozen=True)
 class Digest:
     """The checksums of a body, as the stores' headers carry them."""
 
@@ -163,6 +174,13 @@ class Answer:
     body: bytes
 
 
+def _size(value: object) -> int:
+    """An object size as GCS states it (a decimal string); ValueError for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"object size {value!r:.40}")
+    return int(value)
+
+
 def _error_code(body: bytes) -> str:
     """The store's error code (S3/GCS XML `<Code>`, GCS JSON `error.message`), if the body has one."""
     text = body[:4096]
@@ -185,12 +203,14 @@ class ObjectStore:
 
     scheme = ""
 
-    def __init__(self, bucket: str, prefix: str, options: SinkOptions) -> None:
+    def __init__(self, bucket: str, prefix: str, options: SinkOptions,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        """`transport`: how requests reach the store (httpx's; None: over the network, pooled)."""
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.options = options
         self.description = f"{self.scheme}://{bucket}/{self.prefix}".rstrip("/")
-        self._client = httpx.Client(timeout=options.timeout, follow_redirects=False,
+        self._client = httpx.Client(timeout=options.timeout, follow_redirects=False, transport=transport,
                                     limits=httpx.Limits(max_connections=options.connections,
                                                         max_keepalive_connections=options.connections))
 
@@ -321,11 +341,21 @@ class ObjectStore:
         if answer.status not in (200, 204, 404):
             raise self.fail("DELETE", what, answer)
 
-    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
-        """(path relative to the prefix, size, the store's crc32c if the listing states it) of every
-        object whose key starts with `rel`; with `delimiter` (`rel` a directory ending in '/'),
-        the objects directly in it and its sub-directories (size -1)."""
+    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[Listed]:
+        """Every object whose key starts with `rel`; with `delimiter` (`rel` a directory ending in
+        '/'), the objects directly in it and its sub-directories. Keys outside the prefix are left
+        out; other names are as the store gives them (`key` refuses the unsafe ones)."""
         raise NotImplementedError
+
+    def listed(self, key: str, size: int = 0, crc: int | None = None, directory: bool = False) -> Listed | None:
+        """A key (or common prefix) of a listing as a `Listed`, if it lies below the prefix; StoreError
+        for a size no object can have."""
+        rel = self.relative(key.rstrip("/") if directory else key)
+        if not rel:
+            return None
+        if not 0 <= size <= MAX_OBJECT_SIZE:
+            raise StoreError(f"listing {self.description}: an object of {size} bytes")
+        return Listed(rel, size, crc, directory)
 
     def upload(self, rel: str, create: bool = True) -> "Upload":
         raise NotImplementedError
@@ -375,8 +405,9 @@ def _etag(headers: httpx.Headers) -> str:
 class S3Store(ObjectStore):
     scheme = "s3"
 
-    def __init__(self, bucket: str, prefix: str, options: SinkOptions) -> None:
-        super().__init__(bucket, prefix, options)
+    def __init__(self, bucket: str, prefix: str, options: SinkOptions,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(bucket, prefix, options, transport)
         self.region = aws_region()
         self.base = s3_bucket_url(bucket, self.region, options.endpoint)
         self._origin = origin(httpx.URL(self.base))
@@ -450,21 +481,23 @@ class S3Store(ObjectStore):
             if root.findtext(f"{ns}IsTruncated") == "true":
                 tokens.follow(root.findtext(f"{ns}NextContinuationToken"))
 
-    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
+    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[Listed]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
         query = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
         if delimiter:
             query["delimiter"] = "/"
         for root, ns in self._pages(query, self.where(rel)):
             for element in root.iter(f"{ns}CommonPrefixes"):
-                name = self.relative(unquote_plus(element.findtext(f"{ns}Prefix", ""), errors="surrogateescape"))
-                if name is not None:
-                    yield name.rstrip("/"), -1, None
+                key = unquote_plus(element.findtext(f"{ns}Prefix", ""), errors="surrogateescape")
+                found = self.listed(key, directory=True)
+                if found is not None:
+                    yield found
             for element in root.iter(f"{ns}Contents"):
-                name = self.relative(unquote_plus(element.findtext(f"{ns}Key", ""), errors="surrogateescape"))
+                key = unquote_plus(element.findtext(f"{ns}Key", ""), errors="surrogateescape")
                 size = element.findtext(f"{ns}Size", "")
-                if name is not None and size.isdigit():
-                    yield name, int(size), None
+                found = self.listed(key, int(size)) if size.isdigit() else None
+                if found is not None:
+                    yield found
 
     def upload(self, rel: str, create: bool = True) -> Upload:
         return _S3Upload(self, rel, create)
@@ -580,8 +613,9 @@ class GcsStore(ObjectStore):
 
     scheme = "gs"
 
-    def __init__(self, bucket: str, prefix: str, options: SinkOptions) -> None:
-        super().__init__(bucket, prefix, options)
+    def __init__(self, bucket: str, prefix: str, options: SinkOptions,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(bucket, prefix, options, transport)
         self.endpoint = (options.endpoint or GCS_ENDPOINT).rstrip("/")
         self._origin = origin(httpx.URL(self.endpoint))
         self._credentials = google_credentials(GCS_WRITE)
@@ -639,7 +673,7 @@ class GcsStore(ObjectStore):
             raise self.fail("GET", what, answer)
         return self.resource(answer, f"GET {what}")
 
-    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
+    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[Listed]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
         what = self.where(rel)
         tokens = _page_tokens(what)
@@ -656,16 +690,12 @@ class GcsStore(ObjectStore):
             try:
                 doc = json.loads(answer.body)
                 items, prefixes, following = doc.get("items", []), doc.get("prefixes", []), doc.get("nextPageToken")
-                for name in prefixes:
-                    child = self.relative(str(name))
-                    if child is not None:
-                        yield child.rstrip("/"), -1, None
-                for item in items:
-                    child = self.relative(str(item["name"]))
-                    if child is not None:
-                        yield child, int(item["size"]), crc_from_b64(item.get("crc32c"))
+                found = [self.listed(str(name), directory=True) for name in prefixes]
+                found += [self.listed(str(item["name"]), _size(item["size"]), crc_from_b64(item.get("crc32c")))
+                          for item in items]
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise StoreError(f"listing {what}: malformed answer") from None
+            yield from (entry for entry in found if entry is not None)
             if following is not None and not isinstance(following, str):
                 raise StoreError(f"listing {what}: malformed answer")
             tokens.follow(following)
@@ -749,8 +779,9 @@ class _GcsUpload(Upload):
             log.debug("%s", e)
 
 
-def open_store(url: str, options: SinkOptions) -> ObjectStore:
-    """The store an s3:// or gs:// URL names (its bucket and prefix); ConfigError for a bad URL."""
+def open_store(url: str, options: SinkOptions, transport: httpx.BaseTransport | None = None) -> ObjectStore:
+    """The store an s3:// or gs:// URL names (its bucket and prefix); ConfigError for a bad URL.
+    `transport`: how requests reach it (httpx's; None: over the network)."""
     scheme, bucket, prefix = parse_url(url)
     kind = S3Store if scheme == "s3" else GcsStore
-    return kind(bucket, prefix, options)
+    return kind(bucket, prefix, options, transport)

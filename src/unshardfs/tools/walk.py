@@ -15,8 +15,7 @@ import crc32c
 import trio
 
 from unshardfs.sources.base import name_problem
-from unshardfs.dest.atomic import WriteStopped
-from unshardfs.dest.local import Dest, PendingFile
+from unshardfs.dest.base import FileSink, PendingFile, WriteStopped
 from unshardfs.dest.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
@@ -73,10 +72,10 @@ async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
         yield data
 
 
-def _write_whole(dest: Dest, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> tuple[int, bool]:
+def _write_whole(dest: FileSink, rel: str, data: bytes, mtime_ns: int) -> tuple[int, bool]:
     """Write a file of one piece (complete under its name, or not at all); its crc32c, and whether
     it was written (not found complete already)."""
-    written = dest.write(rel, [data], mtime_ns, sync, task)
+    written = dest.write(rel, [data], mtime_ns)
     return crc32c.crc32c(data), written
 
 
@@ -93,13 +92,11 @@ def _cannot_write(rel: str, error: OSError) -> str:
 class _Run:
     """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
 
-    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary) -> None:
-        self.dest = dest
+    def __init__(self, dest: FileSink, journal: Journal | None, summary: WalkSummary) -> None:
+        self.dest = dest if journal is None else dest.for_task(journal.task)
         self.journal = journal
-        self.sync = sync
         self.summary = summary
         self.scope: trio.CancelScope | None = None
-        self.task = None if journal is None else journal.task
         # A rerun task clears what a killed run of it left, once per directory it writes into.
         self.swept: set[str] | None = set() if journal is not None and journal.rerun else None
 
@@ -107,7 +104,7 @@ class _Run:
         parent = rel.rpartition("/")[0]
         if self.swept is not None and parent not in self.swept:
             self.swept.add(parent)
-            await trio.to_thread.run_sync(self.dest.sweep, parent, self.task)
+            await trio.to_thread.run_sync(self.dest.sweep, parent)
 
     def stop(self, error: WriteStopped) -> None:
         """The first stop wins; later ones (the same full disk, seen by other writes) are dropped."""
@@ -143,11 +140,11 @@ class _Run:
         return True
 
 
-async def export(root: DirNode, dest: Dest, jobs: int = 4,
+async def export(root: DirNode, dest: FileSink, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, entries: Entries | None = None,
-                 journal: Journal | None = None, sync: bool = True) -> WalkSummary:
+                 journal: Journal | None = None) -> WalkSummary:
     """Write the tree under `dest` (or only `entries`, one task's part of it), every file appearing
-    under its name only when whole (`Dest.write`).
+    under its name only when whole (`FileSink.write`).
 
     Reads happen on the event loop in listing order (sequential in the
     shards); up to `jobs` file writes run in worker threads meanwhile. Files
@@ -159,7 +156,7 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     ends the walk: `summary.stopped` says which file and why.
     """
     summary = WalkSummary()
-    run = _Run(dest, journal, sync, summary)
+    run = _Run(dest, journal, summary)
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
@@ -217,9 +214,8 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
 async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object, rel: str, node: FileNode,
                            data: bytes) -> None:
     try:
-        crc, written = await trio.to_thread.run_sync(_write_whole, run.dest, rel, data, node.mtime_ns, run.sync,
-                                                     run.task,
-                                            limiter=trio.CapacityLimiter(1))
+        crc, written = await trio.to_thread.run_sync(_write_whole, run.dest, rel, data, node.mtime_ns,
+                                                     limiter=trio.CapacityLimiter(1))
         run.landed(rel, node, crc, written)
     except WriteStopped as e:
         run.stop(e)
@@ -237,11 +233,11 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
     async with limiter:
         pending: PendingFile | None = None
         try:
-            pending = await trio.to_thread.run_sync(run.dest.open_file, rel, run.task)
+            pending = await trio.to_thread.run_sync(run.dest.open_file, rel)
             crc = 0
             async for piece in file_bytes(node, rel):
                 crc = await trio.to_thread.run_sync(_add_piece, pending, piece, crc)
-            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
+            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns)
             pending = None
             run.landed(rel, node, crc, written)
         except WriteStopped as e:
