@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 import crc32c
 import httpx
 
+from unshardfs.testing.http_servers import delimited
+
 S3_ENDPOINT = "http://s3.test"
 GCS_ENDPOINT = "http://gcs.test"
 
@@ -75,19 +77,7 @@ class MockStore:
 
     def listed(self, prefix: str, delimiter: str, start: int) -> tuple[list[str], list[str], int | None]:
         """(keys, common prefixes) of one page from `start`, and where the next page starts."""
-        names: list[tuple[str, bool]] = []
-        seen: set[str] = set()
-        for key in sorted(self.objects):
-            if not key.startswith(prefix):
-                continue
-            rest = key[len(prefix):]
-            if delimiter and delimiter in rest:
-                common = prefix + rest.split(delimiter)[0] + delimiter
-                if common not in seen:
-                    seen.add(common)
-                    names.append((common, True))
-            else:
-                names.append((key, False))
+        names = delimited(sorted(self.objects), prefix, delimiter)
         page = names[start:start + self.page]
         following = start + self.page if start + self.page < len(names) else None
         return [n for n, d in page if not d], [n for n, d in page if d], following
