@@ -55,7 +55,7 @@ def compare(files: FileSink, records: list[FileRecord]) -> Findings:
     for record in records:
         found = files.measure(record.path)
         findings.files += 1
-        if found.problem == "missing":
+        if found.missing:
             findings.missing += 1
             findings.lines.append(f"missing: {record.path}")
         elif found.problem is not None:

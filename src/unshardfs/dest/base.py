@@ -50,8 +50,8 @@ class WriteStopped(Exception):
 
 @dataclass(frozen=True)
 class Measured:
-    """What a file in DEST holds: its size and CRC-32C, or why it could not be read (`problem`:
-    "missing" when there is no such file)."""
+    """What a file in DEST holds: its size and CRC-32C, or why it could not be read (`problem`;
+    `MISSING` when there is no such file)."""
 
     size: int = 0
     crc32c: int = 0
@@ -60,6 +60,11 @@ class Measured:
     @classmethod
     def failed(cls, problem: str) -> "Measured":
         return cls(problem=problem)
+
+    @property
+    def missing(self) -> bool:
+        """There is no such file (not: it could not be read)."""
+        return self == MISSING
 
 
 MISSING = Measured.failed("missing")

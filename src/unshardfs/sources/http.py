@@ -542,7 +542,9 @@ class HttpSource:
         return ObjectStat(0, 0, True) if not path else None
 
     def stats(self) -> dict[str, object]:
-        return {"http": self.counters.as_dict()}
+        """The counters, and the connections opened so far (how well keep-alive holds)."""
+        opened = self._pool.connections if self._pool is not None else 0
+        return {"http": {**self.counters.as_dict(), "connections": opened}}
 
 
 _MISSING = object()
