@@ -139,6 +139,13 @@ def test_readme_is_short() -> None:
     assert len(lines) <= README_MAX_LINES
 
 
+def test_readme_names_the_demo_and_the_tests_near_its_top() -> None:
+    """A newcomer finds both commands before the install instructions."""
+    top = (REPO / "README.md").read_text(encoding="utf-8").split("\n## ", 2)
+    assert "./scripts/demo" in top[0] + top[1] and "./scripts/test" in top[0] + top[1]
+    assert all((REPO / "scripts" / name).is_file() for name in ("demo", "test"))
+
+
 @pytest.mark.parametrize("path", doc_files(), ids=rel)
 def test_no_bare_issue_numbers(path: Path) -> None:
     found = []
