@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from .context import KEY
 from .datasets import build_datasets
-from .mounts import PY, mounted
+from .mounts import PY, UNSHARDFS, mounted
 from .scenarios import remote
 from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
 
@@ -139,6 +139,28 @@ class Bench:
         with remote_mount(ds, side, self.work) as m:
             return len(ds.files) / parallel_read([str(m / f) for f in ds.files], READERS)
 
+    def export(self, side: Side) -> float:
+        """`unshardfs export` of the small volume into a fresh directory: files exported per second
+        (no fsync: the figure is the export's, not the disk's)."""
+        return self._export(side, str(self.source(side, "small")), len(self.files))
+
+    def remote_export(self, side: Side, name: str) -> float:
+        """`unshardfs export` of a volume served by a Range server answering after REMOTE_LATENCY."""
+        from unshardfs.testing.http_servers import DatasetServer
+
+        ds = self.remote[name]
+        with DatasetServer(ds.root) as server:
+            server.faults.delay = REMOTE_LATENCY
+            return self._export(side, server.url, len(ds.files))
+
+    def _export(self, side: Side, source: str, files: int) -> float:
+        target = self.work / "export-target"
+        env = {**(os.environ if side.env is None else side.env), "XDG_CACHE_HOME": str(self.work)}
+        elapsed = timed(lambda: subprocess.run([*UNSHARDFS, "export", "-q", "--no-fsync", source, str(target)],
+                                               env=env, check=True, capture_output=True))
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+        return files / elapsed
+
 
 @contextmanager
 def remote_mount(ds: remote.Dataset, side: Side, work: Path) -> Iterator[Path]:
@@ -164,8 +186,11 @@ FIGURES: dict[str, Figure] = {
                              lambda b, s: b.remote_readers(s, "zarr3")),
     "remote-readers-precomputed": Figure(f"{READERS} readers precomputed, 20 ms", "files/s",
                                          lambda b, s: b.remote_readers(s, "precomputed")),
+    # `unshardfs export` (the write side): chunk files exported per second, into a directory.
+    "export": Figure("export, 4096 x 16 KiB", "files/s", Bench.export),
+    "export-remote": Figure("export precomputed, 20 ms", "files/s", lambda b, s: b.remote_export(s, "precomputed")),
 }
-REMOTE = ("remote", "remote-zarr", "remote-readers", "remote-readers-precomputed")
+REMOTE = ("remote", "remote-zarr", "remote-readers", "remote-readers-precomputed", "export-remote")
 
 
 # -- checkouts --------------------------------------------------------------------------------
