@@ -153,14 +153,21 @@ class Connection:
     on_init: Callable[[Negotiated], None] | None = None
     scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
     requests: int = 0
-    closed: bool = False
 
     def __post_init__(self) -> None:
         self._notify_send, self._notify_receive = trio.open_memory_channel[Notification](1024)
         self._nursery: trio.Nursery | None = None
+        self._ended = False
         self.quick = QuickWait(self.config.quick_wait)
         self.device = DevTransport(self.fd, self.quick)
         self.uring: RingTransport | None = None  # FUSE over io_uring, once granted at INIT
+        # How a reply goes out: written to /dev/fuse, or (`_commit`) to the ring entry it came in.
+        self._write: Callable[..., None] = self.device.write
+
+    @property
+    def closed(self) -> bool:
+        """The session ended, or the kernel ended the connection (unmounted)."""
+        return self._ended or self.device.ended
 
     # -- what the transports count and hold ------------------------------------------------------
 
@@ -211,24 +218,16 @@ class Connection:
         failed), and the request must be answered some other way."""
         if self.uring is not None:
             return self.uring.commit_from(unique, fd, offset, size)
-        sent = self.device.splice_reply(unique, fd, offset, size)
-        if self.device.ended:
-            self.closed = True
-        return sent
+        return self.device.splice_reply(unique, fd, offset, size)
 
     # -- replies ------------------------------------------------------------------------------
 
-    def _write(self, unique: int, error: int, payload: Any = b"") -> None:
-        """One reply, committed to the ring entry the request came in, else written to /dev/fuse
-        (OSError: the kernel did not take it; ENOENT for a request it gave up on)."""
-        if self.uring is not None and self.uring.commit(unique, error, payload):
-            return
-        try:
+    def _commit(self, unique: int, error: int, payload: Any = b"") -> None:
+        """A reply over io_uring: committed to the ring entry the request came in, else (FORGET,
+        INTERRUPT and INIT come through /dev/fuse) written there."""
+        assert self.uring is not None
+        if not self.uring.commit(unique, error, payload):
             self.device.write(unique, error, payload)
-        except OSError:
-            if self.device.ended:
-                self.closed = True
-            raise
 
     def reply(self, unique: int, payload: Any = b"") -> bool:
         """Answer a request; False if the kernel no longer wanted the answer."""
@@ -300,7 +299,7 @@ class Connection:
                 nursery.start_soon(self._notifier)
                 await self._reader(self.device)
         finally:
-            self.closed = True
+            self._ended = True
             self._notify_send.close()
             self.device.close()
             self.quick.close()
@@ -317,16 +316,16 @@ class Connection:
         no scope (no INTERRUPT can reach them), so they cost none."""
         scope = trio.CancelScope()
         request: Request | None = None
-        take, due = transport.take, transport.due
+        take = transport.take
         with scope:
             while True:
                 # The next request is usually there already: taken here, without a coroutine.
                 data = take()
                 if data is None:
-                    if await transport.wait(not self.scopes):
-                        continue
-                    break
-                if due():
+                    data = await transport.next(not self.scopes)
+                    if data is None:
+                        break
+                if transport.due:
                     await trio.lowlevel.checkpoint()
                 self.requests += 1
                 try:
@@ -339,7 +338,7 @@ class Connection:
                     request = waiting[0]
                     await self._hand_over(waiting, scope, partial(self._reader, transport))
                     return
-            self.closed = True
+            self._ended = True
             self._notify_send.close()
             assert self._nursery is not None
             self._nursery.cancel_scope.cancel()
@@ -493,6 +492,7 @@ class Connection:
         if ring is not None:
             # Registered only now: the kernel takes ring entries once INIT is answered.
             self.uring = RingTransport(ring, self.quick)
+            self._write = self._commit
             ring.register_all()
             assert self._nursery is not None
             self._nursery.start_soon(self._reader, self.uring)

@@ -45,16 +45,16 @@ class Transport(Protocol):
     """Where the request loop takes requests from. Only one task reads at a time: the loop hands
     the transport over to a new reading task when a request has to wait."""
 
+    # Set with each request taken: pass the scheduler before answering it (see CHECKPOINT_EVERY).
+    due: bool
+
     def take(self) -> bytes | None:
         """A request there now (as /dev/fuse gives it: header, then arguments), without waiting;
         None when none is."""
 
-    async def wait(self, spin: bool) -> bool:
-        """Wait until a request may be there (with `spin`, looking for one with the quick wait
-        first); False once the connection has ended."""
-
-    def due(self) -> bool:
-        """Whether the request just taken should pass the scheduler first (see CHECKPOINT_EVERY)."""
+    async def next(self, spin: bool) -> bytes | None:
+        """The next request, waited for (with `spin`, looked for with the quick wait first); None
+        once the connection has ended."""
 
     def flush(self) -> None:
         """Send the replies held back while requests were answered in a batch (before the reading
@@ -136,40 +136,58 @@ class DevTransport:
         self._view = memoryview(self._buffers[0])
         self.splicer: Splicer | None = None  # set up at INIT, sized for the negotiated requests
         self.ended = False  # the kernel ended the connection (ENODEV)
+        self.due = False
         self.checkpoints = 0  # passes through the scheduler made only for pacing (`due`)
         self._unscheduled = 0  # requests read without waiting since the scheduler last ran
-        self._waited = False  # the next request comes after a wait through trio
+        self._error: OSError | None = None  # what `take`'s readv raised, for `next` to sort out
 
     # -- requests -----------------------------------------------------------------------------
 
     def take(self) -> bytes | None:
+        # The next request is usually queued already: one readv, and what it raised is for `next`.
+        try:
+            n = os.readv(self.fd, self._buffers)
+        except OSError as e:
+            self._error = e
+            return None
+        self._count()
+        return bytes(self._view[:n])
+
+    async def next(self, spin: bool) -> bytes | None:
+        error, self._error = self._error, None
+        waited = False
         while True:
             try:
+                if error is not None:
+                    raise error
                 n = os.readv(self.fd, self._buffers)
             except BlockingIOError:
-                return None
+                error = None
+                if spin and not waited and self.quick(self.fd):
+                    continue  # read now, as one read without waiting (`_count` counts it)
+                await trio.lowlevel.wait_readable(self.fd)
+                waited = True
+                continue
             except InterruptedError:
+                error = None
                 continue
             except OSError as e:
+                error = None
                 if e.errno == errno.ENOENT:  # the request was interrupted before we read it
                     continue
                 if e.errno == errno.ENODEV:  # unmounted
                     self.ended = True
                     return None
                 raise
+            if waited:  # it passed the scheduler while it waited
+                self._unscheduled = 0
+                self.due = False
+            else:
+                self._count()
             return bytes(self._view[:n])
 
-    async def wait(self, spin: bool) -> bool:
-        if self.ended:
-            return False
-        if spin and not self._waited and self.quick(self.fd):
-            return True  # read now, as one read without waiting (`due` counts it)
-        await trio.lowlevel.wait_readable(self.fd)
-        self._waited = True
-        return True
-
-    def due(self) -> bool:
-        """Count a request read without waiting: True for every CHECKPOINT_EVERY-th.
+    def _count(self) -> None:
+        """Count a request read without waiting: every CHECKPOINT_EVERY-th is `due`.
 
         Requests answered inline do not yield by themselves, and while they keep coming, the
         work they started (read-ahead plans, prefetches whose bytes arrived, signal handlers)
@@ -178,16 +196,13 @@ class DevTransport:
         passes it. (Every one did before; each pass is a few microseconds of Python, and a
         serial reader's requests, a first read's LOOKUP and READ, mostly arrive while the
         previous answer is being written.)"""
-        if self._waited:
-            self._waited = False
-            self._unscheduled = 0
-            return False
         self._unscheduled += 1
         if self._unscheduled < CHECKPOINT_EVERY:
-            return False
+            self.due = False
+            return
         self._unscheduled = 0
         self.checkpoints += 1
-        return True
+        self.due = True
 
     def flush(self) -> None:
         """Nothing: every reply was written when it was made."""
@@ -278,6 +293,7 @@ class RingTransport:
         self.ring = ring
         self.quick = quick
         self.requests = 0  # requests that came through the ring
+        self.due = False  # never in a batch: the scheduler runs between batches (`next`)
         self._backlog: collections.deque[tuple[Entry, int]] = collections.deque()
         self._pending: dict[int, Entry] = {}  # unique -> the ring entry the request came in
         self._batching = False  # commits are submitted together when the batch ends (`flush`)
@@ -313,25 +329,25 @@ class RingTransport:
         self.flush()
         return None
 
-    async def wait(self, spin: bool) -> bool:
-        if self._batched:  # between batches, the scheduler runs
-            self._batched = False
-            await trio.lowlevel.checkpoint()
+    async def next(self, spin: bool) -> bytes | None:
         ring, backlog = self.ring, self._backlog
-        backlog.extend(ring.completions())
-        if not backlog:
-            self.submit()  # runs the kernel's pending work for this thread, too
+        while True:
+            if self._batched:  # between batches, the scheduler runs
+                self._batched = False
+                await trio.lowlevel.checkpoint()
             backlog.extend(ring.completions())
-        if not backlog:
+            if not backlog:
+                self.submit()  # runs the kernel's pending work for this thread, too
+                backlog.extend(ring.completions())
+            if backlog:
+                data = self.take()
+                if data is not None:
+                    return data
+                continue
             if spin and self.quick(ring.fd):
-                return True  # as over /dev/fuse: the next request without a pass through trio
+                continue  # as over /dev/fuse: the next request without a pass through trio
             await trio.lowlevel.wait_readable(ring.fd)
             self.submit()
-        return True
-
-    def due(self) -> bool:
-        """Never in a batch: the scheduler runs between batches (`wait`)."""
-        return False
 
     def flush(self) -> None:
         if self._batching:
