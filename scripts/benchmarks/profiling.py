@@ -56,15 +56,15 @@ class Profiler:
         out = self.directory / f".sample-{self._n}.txt"
         proc = subprocess.Popen([str(PY_SPY), "record", "--pid", str(pid), "--rate", str(RATE), "--nonblocking",
                                  "--format", "raw", "--output", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # Ready once it says it is sampling: samples before that would be lost to the figure.
-        assert proc.stderr is not None
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # Ready once it says it is sampling (on stdout): samples before that would be lost to the figure.
+        assert proc.stdout is not None
         said = b""
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and b"Sampling process" not in said:
-            ready, _, _ = select.select([proc.stderr], [], [], 0.1)
+            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
             if ready:
-                chunk = os.read(proc.stderr.fileno(), 4096)
+                chunk = os.read(proc.stdout.fileno(), 4096)
                 if not chunk:
                     break
                 said += chunk
@@ -91,8 +91,8 @@ class Profiler:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
         if recording.out.exists():
             pooled = self.stacks.setdefault(recording.label, Counter())
             for line in recording.out.read_text().splitlines():

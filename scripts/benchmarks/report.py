@@ -31,6 +31,7 @@ class Row:
 class Report:
     rows: list[Row] = field(default_factory=list)
     facts: dict[str, object] = field(default_factory=dict[str, Any])  # figures without a baseline (counts, memory)
+    notes: list[str] = field(default_factory=list)  # lines printed after the facts (where profiles went)
 
     def row(self, metric: str, ours: float, unit: str, baseline_name: str, baseline: float,
             target: str = "", detail: dict[str, Any] | None = None) -> None:
@@ -38,6 +39,9 @@ class Report:
 
     def fact(self, name: str, value: object) -> None:
         self.facts[name] = value
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
 
     def machine(self) -> dict[str, object]:
         return {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
@@ -55,6 +59,8 @@ class Report:
         print()
         for name, value in self.facts.items():
             print(f"{name}: {json.dumps(value, default=str)}")
+        for line in self.notes:
+            print(line)
 
     def save(self, path: Path) -> None:
         rows = [{**r.__dict__, "ratio": r.ratio} for r in self.rows]
