@@ -118,7 +118,7 @@ class Profiler:
             svg = self.directory / f"{name}.svg"
             svg.write_text(flame_svg(stacks, label))
             summary[label] = {"samples": sum(stacks.values()), "svg": svg.name, "raw": raw.name,
-                              "top_self": top(stacks, own=True), "top_total": top(stacks, own=False)}
+                              "top_self": top(stacks), "by_module": by_module(stacks)}
         return summary
 
 
@@ -164,18 +164,31 @@ def where(frame: str) -> str:
     return f"{m['func']} ({path})"
 
 
-def top(stacks: Counter[str], own: bool, n: int = 12) -> list[list[object]]:
-    """The functions with the most samples: at the top of the stack (own) or anywhere on it
-    (total); [function, share of the samples]."""
+def top(stacks: Counter[str], n: int = 12) -> list[list[object]]:
+    """The functions with the most samples at the top of the stack: [function, share of samples]."""
     counts: Counter[str] = Counter()
     total = sum(stacks.values())
     for stack, k in stacks.items():
-        frames = [where(f) for f in stack.split(";")]
-        if own:
-            counts[frames[-1]] += k
-        else:
-            for f in set(frames):
-                counts[f] += k
+        counts[where(stack.rsplit(";", 1)[-1])] += k
+    return [[f, round(k / total, 3)] for f, k in counts.most_common(n)]
+
+
+def by_module(stacks: Counter[str], n: int = 15) -> list[list[object]]:
+    """unshardfs's modules by the share of samples with one of their functions anywhere on the
+    stack (what a module costs with everything it calls): [module, share of samples]. The entry
+    point's modules (`__main__`, `app/`), on every stack, are left out."""
+    counts: Counter[str] = Counter()
+    total = sum(stacks.values())
+    for stack, k in stacks.items():
+        modules = set()
+        for frame in stack.split(";"):
+            m = _FRAME.match(frame)
+            if m and "unshardfs/" in m["file"]:
+                module = m["file"].split("unshardfs/", 1)[1]
+                if module != "__main__.py" and not module.startswith("app/"):
+                    modules.add(module)
+        for module in modules:
+            counts[module] += k
     return [[f, round(k / total, 3)] for f, k in counts.most_common(n)]
 
 
