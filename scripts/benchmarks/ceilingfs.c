@@ -21,8 +21,10 @@
  *   - entry and attribute timeouts of --timeout seconds, negative entries
  *     cached as long.
  *
- * Usage: ceilingfs [--mt] [--write] [--max-pages N] [--timeout S] SOURCE MOUNTPOINT
+ * Usage: ceilingfs [--mt] [--write] [--spin-us N] [--max-pages N] [--timeout S] SOURCE MOUNTPOINT
  *   --mt: fuse_session_loop_mt (libfuse's worker threads), else one thread.
+ *   --spin-us N: burn N microseconds of CPU in every LOOKUP and READ before answering (what a
+ *     daemon's own work per request costs a row, measured without that daemon).
  * Runs in the foreground until unmounted.
  */
 #define _GNU_SOURCE
@@ -37,6 +39,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct node {
@@ -58,6 +61,18 @@ static int write_replies; /* --write: writev from memory, not spliced from the m
 static int memfd = -1; /* every file's bytes, one after another */
 static off_t memfd_size;
 static char *memory; /* the memfd mapped */
+static long spin_ns; /* --spin-us */
+
+static void spin(void)
+{
+	if (!spin_ns)
+		return;
+	struct timespec t0, t;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+	do
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < spin_ns);
+}
 
 static fuse_ino_t add_node(const char *name, fuse_ino_t parent, int is_dir)
 {
@@ -160,6 +175,7 @@ static void ceiling_init(void *userdata, struct fuse_conn_info *conn)
 static void ceiling_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct fuse_entry_param e;
+	spin();
 	memset(&e, 0, sizeof e);
 	e.attr_timeout = timeout;
 	e.entry_timeout = timeout;
@@ -202,6 +218,7 @@ static void ceiling_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 static void ceiling_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	(void)fi;
+	spin();
 	if (!valid(ino) || nodes[ino - 1].is_dir) {
 		fuse_reply_err(req, EISDIR);
 		return;
@@ -264,6 +281,8 @@ int main(int argc, char **argv)
 			mt = 1;
 		else if (!strcmp(argv[i], "--write"))
 			write_replies = 1;
+		else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc)
+			spin_ns = atol(argv[++i]) * 1000L;
 		else if (!strcmp(argv[i], "--max-pages") && i + 1 < argc)
 			max_pages = (unsigned)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
@@ -274,7 +293,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (argc - i != 2 || max_pages < 1 || max_pages > 256) {
-		fprintf(stderr, "usage: ceilingfs [--mt] [--write] [--max-pages 1..256] [--timeout S] SOURCE MOUNTPOINT\n");
+		fprintf(stderr, "usage: ceilingfs [--mt] [--write] [--spin-us N] [--max-pages 1..256] [--timeout S] SOURCE MOUNTPOINT\n");
 		return 2;
 	}
 	struct stat st;

@@ -47,10 +47,16 @@ def run(ctx: Context) -> None:
     files = rel_files(large["plain"], KEY)
     size = sum((large["plain"] / f).stat().st_size for f in files)
 
+    requests: list[int] = []  # FUSE requests each unshardfs round served
+
     def once(kind: str, source: Any, *options: str, readahead: int | None = None) -> Measured:
         with mounted(kind, source, ctx.work, *options, readahead_kib=readahead) as m:
             paths = [str(m / f) for f in files]
-            return through(m, len(files), lambda: read_files(paths), daemon=daemon_pid(m), in_process=True)
+            before = stats(m)["fuse"]["requests"] if kind == "unshardfs" else 0
+            got = through(m, len(files), lambda: read_files(paths), daemon=daemon_pid(m), in_process=True)
+            if kind == "unshardfs":
+                requests.append(stats(m)["fuse"]["requests"] - before - 1)  # less the stats' own GETXATTR
+            return got
 
     try:
         opts, readahead = ceiling_options(ctx, large["sharded"])
@@ -78,6 +84,37 @@ def run(ctx: Context) -> None:
     row(name, ours, "MiB/s", "null pyfuse3 fs", best_nullfs(ctx, large["plain"], files, size))
     ctx.report.fact("sequential, per round (MiB/s)", {k: [round(size / m.seconds / 2**20) for m in v]
                                                        for k, v in runs.items()})
+    if "ceiling" in runs:
+        per_request(ctx, runs, requests, lambda *o: once("ceiling", large["plain"], *opts, *o, readahead=readahead),
+                    lambda: once("unshardfs", large["sharded"]), size)
+
+
+def per_request(ctx: Context, runs: dict[str, list[Measured]], requests: list[int], ceiling: Any, ours: Any,
+                size: int) -> None:
+    """The ceiling daemon made to burn, in every request, the CPU our daemon spends per request
+    beyond it (`ceilingfs --spin-us`), against ours in turn: a ratio near 1 says the daemon's
+    own CPU per request is what the sequential row is short of the ceiling by."""
+    extra = typical(runs["unshardfs"]).daemon_cpu or 0.0
+    extra -= typical(runs["ceiling"]).daemon_cpu or 0.0
+    spin = max(0, round(extra / statistics.median(requests) * 1e6))
+    spun: list[Measured] = []
+    again: list[Measured] = []
+    for r in range(ROUNDS):
+        if r % 2:
+            spun.append(ceiling("--spin-us", str(spin)))
+            again.append(ours())
+        else:
+            again.append(ours())
+            spun.append(ceiling("--spin-us", str(spin)))
+    ratios = sorted(b.seconds / a.seconds for a, b in zip(again, spun))
+    ctx.report.row("sequential read, 2 MiB raw chunks", statistics.median(size / m.seconds for m in again) / 2**20,
+                   "MiB/s", f"ceiling + ours' CPU per request ({spin} us)",
+                   statistics.median(size / m.seconds for m in spun) / 2**20, "~1: bound by it",
+                   detail={"ours": typical(again).detail(), "baseline": typical(spun).detail()})
+    ctx.report.fact("sequential: ours against the ceiling burning ours' extra CPU per request",
+                    {"spin_us": spin, "requests_per_round": statistics.median(requests),
+                     "per_round_ratio": {"median": round(statistics.median(ratios), 2),
+                                         "range": [round(ratios[0], 2), round(ratios[-1], 2)]}})
 
 
 def best_nullfs(ctx: Context, plain: Path, files: list[str], size: int) -> float:
