@@ -32,6 +32,18 @@ PY_SPY = Path(sys.executable).parent / "py-spy"
 
 ACTIVE: "Profiler | None" = None  # set by scripts/bench --profile
 
+# Functions a thread sits in while it waits for work (py-spy cannot tell an idle thread here from
+# a busy one: it samples both): a sample whose innermost frame is one of them is idle.
+IDLE = ("EpollIOManager.get_events (trio/_core/_io_epoll.py)", "EpollSelector.select (selectors.py)",
+        "WorkerThread._work (trio/_core/_thread_cache.py)", "Condition.wait (threading.py)",
+        "Event.wait (threading.py)", "Thread._wait_for_tstate_lock (threading.py)",
+        "select (selectors.py)", "poll (selectors.py)")
+
+
+def busy(stacks: Counter[str]) -> Counter[str]:
+    """The samples of `stacks` whose thread was working, not waiting (see IDLE)."""
+    return Counter({stack: k for stack, k in stacks.items() if where(stack.rsplit(";", 1)[-1]) not in IDLE})
+
 
 class Recording:
     def __init__(self, proc: subprocess.Popen[bytes], out: Path, label: str) -> None:
@@ -110,15 +122,18 @@ class Profiler:
         """Each figure's raw stacks and flame graph; what the report says of them."""
         summary: dict[str, object] = {}
         for label, stacks in self.stacks.items():
-            if not stacks:
+            working = busy(stacks)
+            if not working:
                 continue
             name = slug(label)
             raw = self.directory / f"{name}.txt"
             raw.write_text("".join(f"{stack} {n}\n" for stack, n in sorted(stacks.items())))
             svg = self.directory / f"{name}.svg"
-            svg.write_text(flame_svg(stacks, label))
-            summary[label] = {"samples": sum(stacks.values()), "svg": svg.name, "raw": raw.name,
-                              "top_self": top(stacks), "by_module": by_module(stacks)}
+            svg.write_text(flame_svg(working, f"{label} (working samples)"))
+            total = sum(stacks.values())
+            summary[label] = {"samples": total, "idle_share": round(1 - sum(working.values()) / total, 3),
+                              "svg": svg.name, "raw": raw.name, "top_self": top(working),
+                              "by_module": by_module(working)}
         return summary
 
 
