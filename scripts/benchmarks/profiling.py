@@ -209,11 +209,11 @@ def by_module(stacks: Counter[str], n: int = 15) -> list[list[object]]:
 
 def flame_svg(stacks: Counter[str], title: str, width: int = 1200, row: int = 16) -> str:
     """A flame graph (callers below, callees above, width by samples) as a standalone SVG."""
-    tree: dict[str, Node] = {}
+    tree: dict[str, Frame] = {}
     for stack, k in stacks.items():
         level = tree
         for f in stack.split(";"):
-            node = level.setdefault(f, Node())
+            node = level.setdefault(f, Frame())
             node.samples += k
             level = node.children
     total = sum(stacks.values())
@@ -221,7 +221,7 @@ def flame_svg(stacks: Counter[str], title: str, width: int = 1200, row: int = 16
     height = (depth + 1) * row + 24
     rects: list[str] = []
 
-    def draw(level: dict[str, Node], x: float, d: int) -> None:
+    def draw(level: dict[str, Frame], x: float, d: int) -> None:
         y = height - (d + 1) * row
         for name, node in sorted(level.items()):
             w = node.samples / total * width
@@ -243,9 +243,9 @@ def flame_svg(stacks: Counter[str], title: str, width: int = 1200, row: int = 16
             + "\n".join(rects) + "\n</svg>\n")
 
 
-class Node:
+class Frame:
     __slots__ = ("samples", "children")
 
     def __init__(self) -> None:
         self.samples = 0
-        self.children: dict[str, Node] = {}
+        self.children: dict[str, Frame] = {}

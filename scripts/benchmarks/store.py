@@ -69,7 +69,7 @@ def _installed() -> bool:
 
 
 @dataclass(frozen=True)
-class Logged:
+class StoreRequest:
     """One request as nginx logged it: `start` when it arrived, `end` when it was answered
     (seconds, millisecond resolution, nginx's clock: the epoch)."""
 
@@ -240,7 +240,7 @@ class NginxStore:
             size = now
             time.sleep(0.02)
 
-    def requests(self, method: str | None = None) -> list[Logged]:
+    def requests(self, method: str | None = None) -> list[StoreRequest]:
         """The requests logged since `reset_log` (the control location logs none)."""
         self._settled()
         with open(self._log_path(), "rb") as f:
@@ -252,7 +252,7 @@ class NginxStore:
             rng, _, path = rest[1:].partition('" ')
             if method is None or verb == method:
                 end = float(msec)
-                out.append(Logged(verb, path, None if rng == "-" else rng, int(status), int(sent),
+                out.append(StoreRequest(verb, path, None if rng == "-" else rng, int(status), int(sent),
                                   end - float(took), end))
         return out
 
