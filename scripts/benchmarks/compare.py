@@ -37,7 +37,7 @@ from .datasets import build_datasets
 from .mounts import PY, mounted
 from .measure import through
 from .scenarios import remote
-from .store import NginxStore
+from .store import NginxStore, StoreUnavailable
 from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
 
 MIN_NOISE = 0.03  # per-round ratios within this of 1 are not called either way
@@ -400,4 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the datasets are built once and reused (shared with scripts/bench)")
     parser.add_argument("--json", help="write every measured value to this file")
     parser.add_argument("--fail-on-drop", action="store_true", help="exit 1 if any figure dropped beyond noise")
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except StoreUnavailable as e:  # the remote figures' store stand-in cannot run here: one line
+        raise SystemExit(f"bench-compare: {e}") from None
