@@ -370,7 +370,7 @@ class ChunkContext:
         if not len(table):
             return None
         if self.scope is not None:
-            self.scope.listed(table)
+            self.scope.listed(table, tables)
         # Entries without a name were dropped above.
         return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.child_ids(table.ids))
 
