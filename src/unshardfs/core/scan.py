@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Iterable, Sequence
 
+import trio
+
 from unshardfs.core.blob import Blob
 from unshardfs.core.fetch import Extent, ExtentKey, Fetcher
 
@@ -36,17 +38,22 @@ class DeclaredScan:
     """Extents one reader declared it will read (see the module's docstring).
 
     `ahead`: bytes of a queued plan kept declared and unread at once (by default half the
-    fetcher's prefetch budget, which bounds them in any case).
+    fetcher's prefetch budget, which bounds them in any case). `skip(ext)`: whether a queued
+    extent's reader has it already (read before its turn came), so it is not fetched again.
     """
 
-    def __init__(self, fetcher: Fetcher, ahead: int | None = None) -> None:
+    def __init__(self, fetcher: Fetcher, ahead: int | None = None,
+                 skip: Callable[[Extent], bool] | None = None) -> None:
         self.fetcher = fetcher
         self.ahead = ahead if ahead is not None else fetcher.policy.prefetch_bytes // 2
+        self._skip = skip
         self._queue: deque[Extent] = deque()
+        self.queued = 0  # bytes queued and not declared yet
         self.outstanding = 0  # bytes declared and neither read nor dropped
         self.declared = 0  # extents declared so far
         self.read = 0  # ... and handed over to their reader
         self.closed = False
+        self._moved = trio.Event()  # set when queued bytes were declared (room for more)
 
     def declare(self, extents: Sequence[Extent], fill: Fill | None = None, wide: bool = False) -> int:
         """Fetch `extents` ahead now, as far as the prefetch budget lets; how many of them, from the
@@ -63,8 +70,17 @@ class DeclaredScan:
 
     def queue(self, extents: Iterable[Extent]) -> None:
         """Declare a whole plan, in reading order: fetched `ahead` bytes at a time as it is read."""
-        self._queue.extend(extents)
+        for ext in extents:
+            self._queue.append(ext)
+            self.queued += ext.length
         self._pump()
+
+    async def room(self) -> None:
+        """Wait until fewer than `ahead` bytes are queued and not declared (a planner queueing a
+        long plan keeps its queue, and its memory, that short), or the scan is closed."""
+        while self.queued >= self.ahead and not self.closed:
+            self._moved = trio.Event()
+            await self._moved.wait()
 
     def took(self, key: ExtentKey) -> None:
         """The fetcher handed a declared extent to its reader."""
@@ -81,22 +97,31 @@ class DeclaredScan:
         """Declare nothing more; what was declared stays for its readers (or is evicted, wasted)."""
         self.closed = True
         self._queue.clear()
+        self.queued = 0
+        self._moved.set()
 
     def _pump(self) -> None:
         """Declare the queue's next extents while less than `ahead` bytes are outstanding."""
         queue = self._queue
+        skip = self._skip
+        before = self.queued
         while queue and not self.closed and self.outstanding < self.ahead:
             room = self.ahead - self.outstanding
             batch: list[Extent] = []
             while queue and (not batch or room >= queue[0].length):
                 ext = queue.popleft()
-                if self.fetcher.holds(ext):
-                    continue  # prefetched or being read for someone already
+                self.queued -= ext.length
+                if self.fetcher.holds(ext) or (skip is not None and skip(ext)):
+                    continue  # prefetched, being read, or read already
                 batch.append(ext)
                 room -= ext.length
             if not batch:
-                return
+                break
             taken = self.declare(batch)
             if taken < len(batch):
-                queue.extendleft(reversed(batch[taken:]))
-                return  # the budget is full: more once something is read or dropped
+                rest = batch[taken:]
+                queue.extendleft(reversed(rest))
+                self.queued += sum(ext.length for ext in rest)
+                break  # the budget is full: more once something is read or dropped
+        if self.queued < before:
+            self._moved.set()
