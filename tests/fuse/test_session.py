@@ -308,7 +308,7 @@ def test_requests_read_back_to_back_pass_the_scheduler_every_few():
 
     session = trio.run(run)
     assert session.requests == 64
-    assert session.checkpoints == 63 // CHECKPOINT_EVERY
+    assert session.device.checkpoints == 63 // CHECKPOINT_EVERY
     # The other task ran during the burst, not only after it.
     assert any(0 < n < 64 for n in ran_between)
 

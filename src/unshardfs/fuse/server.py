@@ -180,15 +180,6 @@ class Connection:
         self.device.splicer = splicer
 
     @property
-    def ring(self) -> Ring | None:
-        return self.uring.ring if self.uring is not None else None
-
-    @property
-    def checkpoints(self) -> int:
-        """Passes through the scheduler made only for pacing (`DevTransport.due`)."""
-        return self.device.checkpoints
-
-    @property
     def quick_waits(self) -> int:
         """Requests that came within a quick wait."""
         return self.quick.waits
