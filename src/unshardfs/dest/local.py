@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import stat as statmod
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -22,31 +21,26 @@ from unshardfs.util.errors import ConfigError, DataError
 from unshardfs.util.fdpath import Beneath, regular_file
 
 
-@contextmanager
-def _writing(rel: str) -> Iterator[None]:
-    """What the file system raises while writing `rel`: WriteStopped where DEST takes no more
-    (`atomic.stops`); any other OSError fails that file alone."""
-    try:
-        yield
-    except OSError as e:
-        if stops(e):
-            raise WriteStopped(rel, e) from None
-        raise
+# What the file system raises becomes our errors here, in two places (a plain `except`, not a
+# context manager: the journal's append and a record's lines run once per file).
+
+def _write_error(rel: str, error: OSError) -> Exception:
+    """What an OSError writing `rel` is: WriteStopped where DEST takes no more (`atomic.stops`);
+    else the OSError itself, which fails that file alone."""
+    return WriteStopped(rel, error) if stops(error) else error
 
 
-@contextmanager
-def _reading(rel: str) -> Iterator[None]:
-    """What the file system raises while reading the record `rel`: a DataError naming it."""
-    try:
-        yield
-    except OSError as e:
-        raise DataError(rel, f"cannot be read: {e.strerror or e}") from None
+def _read_error(rel: str, error: OSError) -> DataError:
+    """What an OSError reading the record `rel` is: a DataError naming it."""
+    return DataError(rel, f"cannot be read: {error.strerror or error}")
 
 
 def _make_dir(out: Beneath, rel: str) -> None:
-    with _writing(rel):
+    try:
         if out.mkdir(rel):
             return
+    except OSError as e:
+        raise _write_error(rel, e) from None
     if not statmod.S_ISDIR(out.lstat(rel).st_mode):
         raise DataError(rel, "exists and is not a directory (a symlink is never followed)")
 
@@ -91,13 +85,15 @@ class LocalFiles:
             sync_dir(self.out, rel)
 
     def files(self, rel: str = "") -> Iterator[tuple[str, str]]:
-        with _reading(rel or "."):
+        try:
             fd = self.out.open(rel, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 with os.scandir(fd) as entries:
                     listed = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in entries)
             finally:
                 os.close(fd)
+        except OSError as e:
+            raise _read_error(rel or ".", e) from None
         for name, is_dir, is_link in listed:
             child = f"{rel}/{name}" if rel else name
             if child == LEDGER_DIR:
@@ -128,8 +124,10 @@ class _LocalJournal:
 
     def append(self, line: bytes) -> None:
         """One write: a kill cuts at most this line."""
-        with _writing(self.rel):
+        try:
             os.write(self.fd, line)
+        except OSError as e:
+            raise _write_error(self.rel, e) from None
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -152,11 +150,12 @@ class LocalRecords:
 
     def _open(self, rel: str) -> int | None:
         """A descriptor of the regular file `rel` (None if absent); DataError for anything else."""
-        with _reading(rel):
-            try:
-                fd = self.out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
-            except FileNotFoundError:
-                return None
+        try:
+            fd = self.out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise _read_error(rel, e) from None
         try:
             regular_file(fd, rel)
         except OSError:
@@ -168,8 +167,9 @@ class LocalRecords:
         if fd is None:
             return None
         try:
-            with _reading(rel):
-                data = os.read(fd, limit + 1)
+            data = os.read(fd, limit + 1)
+        except OSError as e:
+            raise _read_error(rel, e) from None
         finally:
             os.close(fd)
         if len(data) > limit:
@@ -182,8 +182,10 @@ class LocalRecords:
             return
         with os.fdopen(fd, "rb") as f:
             while True:
-                with _reading(rel):
+                try:
                     line = f.readline(LINE_LIMIT)
+                except OSError as e:
+                    raise _read_error(rel, e) from None
                 if not line:
                     return
                 yield line
@@ -193,30 +195,35 @@ class LocalRecords:
         if fd is None:
             raise DataError(rel, "is missing")
         try:
-            with _reading(rel):
-                total = os.fstat(fd).st_size
-                return os.pread(fd, size, max(0, total - size))
+            total = os.fstat(fd).st_size
+            return os.pread(fd, size, max(0, total - size))
+        except OSError as e:
+            raise _read_error(rel, e) from None
         finally:
             os.close(fd)
 
     def names(self, rel: str) -> list[str]:
-        with _reading(rel):
-            try:
-                fd = self.out.open(rel, os.O_RDONLY | os.O_DIRECTORY)
-            except FileNotFoundError:
-                return []
-            try:
-                with os.scandir(fd) as entries:
-                    return [e.name for e in entries]
-            finally:
-                os.close(fd)
+        try:
+            fd = self.out.open(rel, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise _read_error(rel, e) from None
+        try:
+            with os.scandir(fd) as entries:
+                return [e.name for e in entries]
+        except OSError as e:
+            raise _read_error(rel, e) from None
+        finally:
+            os.close(fd)
 
     def exists(self, rel: str) -> bool:
-        with _reading(rel):
-            try:
-                return statmod.S_ISREG(self.out.lstat(rel).st_mode)
-            except (FileNotFoundError, NotADirectoryError):
-                return False
+        try:
+            return statmod.S_ISREG(self.out.lstat(rel).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as e:
+            raise _read_error(rel, e) from None
 
     def journal(self, rel: str) -> JournalLog:
         return _LocalJournal(self.out, rel)
@@ -226,7 +233,7 @@ class LocalRecords:
 
     def drop_journal(self, rel: str) -> None:
         parent, _, name = rel.rpartition("/")
-        with _writing(rel):
+        try:
             fd = self.out.open(parent, os.O_PATH | os.O_DIRECTORY)
             try:
                 os.unlink(name, dir_fd=fd)
@@ -234,6 +241,8 @@ class LocalRecords:
                 pass
             finally:
                 os.close(fd)
+        except OSError as e:
+            raise _write_error(rel, e) from None
 
 
 def local_dest(out: Beneath, description: str, sync: bool = True) -> Dest:
