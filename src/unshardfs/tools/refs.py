@@ -343,11 +343,16 @@ class _Parquet:
                     continue
                 f.raw.seek(at)
                 raws.append(f.raw.read(length))
-            table = pa.table({"path": paths, "offset": pa.array(np.asarray(f.offset[lo:hi]), type=pa.int64()),
-                              "size": pa.array(np.asarray(f.size[lo:hi]), type=pa.int64()),
-                              "raw": pa.array(raws, type=pa.binary())})
+            # offset and size required (never null): a reader of optional int64 columns (fastparquet,
+            # fsspec's default engine) gets floats, which no file can seek to.
+            schema = pa.schema([pa.field("path", pa.string()), pa.field("offset", pa.int64(), nullable=False),
+                                pa.field("size", pa.int64(), nullable=False), pa.field("raw", pa.binary())])
+            table = pa.table([paths, pa.array(np.asarray(f.offset[lo:hi]), type=pa.int64()),
+                              pa.array(np.asarray(f.size[lo:hi]), type=pa.int64()), pa.array(raws, type=pa.binary())],
+                             schema=schema)
+            # With statistics: without them fastparquet takes even a required int64 column for a nullable one.
             pq.write_table(table, os.path.join(self.out, name, f"refs.{record}.parq"), compression="zstd",
-                           write_statistics=False, data_page_version="1.0")
+                           data_page_version="1.0")
 
 
 async def _write_parquet(root: DirNode, out: str, options: RefsOptions, objects: Objects, summary: RefsSummary,
