@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from unshardfs.testing import precomputed as pc
-from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, sharding, write_case, write_group
+from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, consolidate, sharding, write_case, write_group
 
 
 @dataclass
@@ -38,9 +38,11 @@ def write_datasets(root: Path) -> Datasets:
     seg = write_case(root / "zarr", "seg", SEG, seed=2)
     hier = root / "zarr" / "sharded"
     write_group(hier, {"about": "fsspec and references"})
+    consolidate(hier)  # a plain HTTP server cannot list: the group names its arrays
     write_case(root / "dotted", "em", EM, seed=1)
     dotted = root / "dotted" / "sharded"
     write_group(dotted)
+    consolidate(dotted)
     scale = pc.Scale(size=(64, 48, 32), chunk=(16, 16, 16), sharding=pc.sharding(minishard=1, shard=1))
     raw = pc.write_volume(root / "raw", [scale], data_type="uint16")["sharded"]
     gz = pc.Scale(size=(64, 48, 32), chunk=(16, 16, 16), sharding=pc.sharding(minishard=1, shard=1, data_enc="gzip"))

@@ -34,7 +34,8 @@ def main() -> None:
     if mode == "xarray":
         import xarray as xr
 
-        ds = xr.open_dataset("reference://", engine="zarr", consolidated=False,
+        # Values as stored: xarray would read a Zarr v2 fill_value as missing (NaN) otherwise.
+        ds = xr.open_dataset("reference://", engine="zarr", consolidated=False, mask_and_scale=False,
                              backend_kwargs={"storage_options": {"fo": refs, **options}})
         for name in names:
             arrays[name] = ds[name].values

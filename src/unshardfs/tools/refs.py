@@ -24,26 +24,30 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import os
 import secrets
 import shutil
 import tempfile
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import IO, Any, AsyncIterator, Awaitable, Callable, Literal
+from typing import IO, Any, AsyncGenerator, Awaitable, Callable, Literal
 
 import numpy as np
 
 from unshardfs.sources.base import ByteSource, Location, Version, stored_at
-from unshardfs.tools.walk import walk
-from unshardfs.tree.nodes import BytesFile, DirNode, FileNode, StoredBytes, StoredRange
+from unshardfs.sources.base import name_problem
+from unshardfs.tree.nodes import BytesFile, Closable, DirNode, FileNode, StoredBytes, StoredRange
 from unshardfs.util.concurrency import gather
 from unshardfs.util.errors import ConfigError, DataError
+from unshardfs.util.logonce import collect_problems, log_once
 
 Layout = Literal["json", "parquet"]
 RECORD = "unshardfs"  # the key of our own record in a reference file (fsspec ignores it)
 INLINE_BATCH = 64  # small files read at once (the read path coalesces them)
 TEMP_MARK = ".unshardfs-tmp-"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,8 @@ class Objects:
 
 
 async def references(root: DirNode, options: RefsOptions, objects: Objects,
-                     progress: Callable[[int], None] | None = None) -> AsyncIterator[tuple[str, str, bytes | list[Any]]]:
+                     progress: Callable[[int], None] | None = None
+                     ) -> AsyncGenerator[tuple[str, str, bytes | list[Any]], None]:
     """(key, kind, value) for every file of the tree in listing order: kind "inline" with the bytes, or
     "ref" with [url, offset, length]. `Refused` at the first file that can be neither."""
     pending: list[tuple[str, FileNode]] = []
@@ -130,33 +135,63 @@ async def references(root: DirNode, options: RefsOptions, objects: Objects,
         pending.clear()
         return out
 
-    async for key, node in walk(root):
-        if isinstance(node, DirNode):
-            continue
-        if progress is not None:
-            progress(1)
-        if isinstance(node, BytesFile):
-            yield key, "inline", node.data
-            continue
-        if not isinstance(node, StoredBytes):
-            raise Refused(f"{parent(key)}: {key.rsplit('/', 1)[-1]}'s bytes are computed by unshardfs, not "
-                          "stored as one byte range")
-        stored = node.stored_range()
-        if isinstance(stored, str):
-            raise Refused(f"{parent(key)}: {stored}")
-        location = await objects.locate(stored)
-        if location is None:
-            raise Refused(f"{parent(key)}: its files are stored where no reader can fetch them by URL "
-                          f"({stored.source.description}: a compressed zip member or a versioned store's value)")
-        if node.size < options.inline_threshold:
-            pending.append((key, node))
-            if len(pending) >= INLINE_BATCH:
-                for item in await inline_all():
-                    yield item
-            continue
-        yield key, "ref", [location.url, location.offset + stored.offset, stored.length]
+    async with aclosing(files(root)) as entries:
+        async for key, node in entries:
+            if progress is not None:
+                progress(1)
+            if isinstance(node, BytesFile):
+                yield key, "inline", node.data
+                continue
+            if not isinstance(node, StoredBytes):
+                raise Refused(f"{parent(key)}: {key.rsplit('/', 1)[-1]}'s bytes are computed by unshardfs, not "
+                              "stored as one byte range")
+            stored = node.stored_range()
+            if isinstance(stored, str):
+                raise Refused(f"{parent(key)}: {stored}")
+            location = await objects.locate(stored)
+            if location is None:
+                raise Refused(f"{parent(key)}: its files are stored where no reader can fetch them by URL "
+                              f"({stored.source.description}: a compressed zip member or a versioned store's value)")
+            if node.size < options.inline_threshold:
+                pending.append((key, node))
+                if len(pending) >= INLINE_BATCH:
+                    for item in await inline_all():
+                        yield item
+                continue
+            yield key, "ref", [location.url, location.offset + stored.offset, stored.length]
     for item in await inline_all():
         yield item
+
+
+async def files(root: DirNode) -> AsyncGenerator[tuple[str, FileNode], None]:
+    """(path, node) of every file below `root`, depth first in listing order; one listing open at a
+    time (closed when the walk is abandoned), names that could not be a path left out and logged."""
+    stack: list[tuple[str, DirNode]] = [("", root)]
+    while stack:
+        prefix, directory = stack.pop()
+        below: list[tuple[str, DirNode]] = []
+        listing = directory.entries()
+        try:
+            async for batch in listing:
+                for name, node in batch:
+                    problem = name_problem(name)
+                    if problem is not None:  # no tree should show one; references must not trust that
+                        log_once(log, f"refs:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
+                    elif isinstance(node, DirNode):
+                        below.append((f"{prefix}{name}/", node))
+                    elif isinstance(node, FileNode):
+                        try:
+                            yield f"{prefix}{name}", node
+                        except GeneratorExit:
+                            # Abandoned (a refusal): the listing is run to its end rather than left half
+                            # done, so the generators a format nests in it finish instead of being collected.
+                            async for _ in listing:
+                                pass
+                            raise
+        finally:
+            if isinstance(listing, Closable):
+                await listing.aclose()
+        stack.extend(reversed(below))
 
 
 def parent(key: str) -> str:
@@ -200,14 +235,15 @@ async def write_refs(root: DirNode, out: str, options: RefsOptions,
     summary = RefsSummary()
     temp = temp_beside(out)
     try:
-        if options.layout == "json":
-            with open(temp, "w", encoding="utf-8") as f:
-                await _write_json(root, f, options, objects, summary, progress)
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            os.mkdir(temp)
-            await _write_parquet(root, temp, options, objects, summary, progress)
+        with collect_problems() as problems:  # a shard skipped by a listing: its files would be missing
+            await _write(root, temp, options, objects, summary, progress)
+        if problems:
+            more = f" (and {len(problems) - 1:,} more)" if len(problems) > 1 else ""
+            raise Refused(f"the tree could not be read whole, so references would leave files out: "
+                          f"{problems[0]}{more}")
+        if not summary.files:
+            raise Refused("the tree shows no file to reference (a plain HTTP server cannot list: a Zarr group "
+                          "without consolidated metadata shows nothing there; name an array, or read a listable store)")
         replace_atomically(temp, out)
     except BaseException:
         if os.path.isdir(temp):
@@ -219,22 +255,35 @@ async def write_refs(root: DirNode, out: str, options: RefsOptions,
     return summary
 
 
+async def _write(root: DirNode, temp: str, options: RefsOptions, objects: Objects, summary: RefsSummary,
+                 progress: Callable[[int], None] | None) -> None:
+    if options.layout == "json":
+        with open(temp, "w", encoding="utf-8") as f:
+            await _write_json(root, f, options, objects, summary, progress)
+            f.flush()
+            os.fsync(f.fileno())
+    else:
+        os.mkdir(temp)
+        await _write_parquet(root, temp, options, objects, summary, progress)
+
+
 async def _write_json(root: DirNode, f: IO[str], options: RefsOptions, objects: Objects, summary: RefsSummary,
                       progress: Callable[[int], None] | None) -> None:
     f.write('{"version": 1, "refs": {')
     first = True
-    async for key, kind, value in references(root, options, objects, progress):
-        summary.files += 1
-        if kind == "inline":
-            assert isinstance(value, bytes)
-            summary.inlined += 1
-            summary.inlined_bytes += len(value)
-            text = json.dumps(inline_text(value), ensure_ascii=False)
-        else:
-            summary.references += 1
-            text = json.dumps(value, ensure_ascii=False)
-        f.write(("\n" if first else ",\n") + json.dumps(key, ensure_ascii=False) + ": " + text)
-        first = False
+    async with aclosing(references(root, options, objects, progress)) as refs:
+        async for key, kind, value in refs:
+            summary.files += 1
+            if kind == "inline":
+                assert isinstance(value, bytes)
+                summary.inlined += 1
+                summary.inlined_bytes += len(value)
+                text = json.dumps(inline_text(value), ensure_ascii=False)
+            else:
+                summary.references += 1
+                text = json.dumps(value, ensure_ascii=False)
+            f.write(("\n" if first else ",\n") + json.dumps(key, ensure_ascii=False) + ": " + text)
+            first = False
     f.write("\n},\n" + json.dumps(RECORD) + ": " + json.dumps(objects.record(options), ensure_ascii=False) + "}\n")
 
 
@@ -359,43 +408,44 @@ async def _write_parquet(root: DirNode, out: str, options: RefsOptions, objects:
                          progress: Callable[[int], None] | None) -> None:
     writer = _Parquet(out, options)
     try:
-        async for key, kind, value in references(root, options, objects, progress):
-            summary.files += 1
-            name = key.rsplit("/", 1)[-1]
-            folder = parent(key)
-            if key == ".zmetadata":
-                continue  # the tree's consolidated metadata: the layout's own `.zmetadata` replaces it
-            if name.startswith(".z"):
-                if not isinstance(value, bytes):
-                    raise Refused(f"{folder}: {name} is not small metadata")
-                try:
-                    writer.metadata[key] = json.loads(value)
-                except ValueError:
-                    raise Refused(f"{folder}: {name} is not JSON") from None
-                summary.inlined += 1
-                continue
-            if folder == "." or f"{folder}/.zarray" not in writer.metadata:
-                zarray = await _zarray(root, folder)
-                if zarray is None:
-                    raise Refused(f"{folder}: {name} is not in a Zarr v2 array's directory, and kerchunk's parquet "
-                                  "layout holds only Zarr v2 metadata and '.'-separated chunk keys (--view zarr2 of "
-                                  "arrays with '.' keys; otherwise write JSON)")
-                writer.metadata[f"{folder}/.zarray"] = zarray
-            f = writer.field_of(folder, writer.metadata[f"{folder}/.zarray"])
-            number = writer.chunk_number(f, name, key)
-            if kind == "inline":
-                assert isinstance(value, bytes)
-                f.raw.seek(0, os.SEEK_END)
-                f.raw_at[number] = f.raw.tell()
-                f.raw_len[number] = len(value)
-                f.raw.write(value)
-                summary.inlined += 1
-                summary.inlined_bytes += len(value)
-            else:
-                assert isinstance(value, list)
-                f.url[number] = writer.url_id(value[0])
-                f.offset[number], f.size[number] = value[1], value[2]
-                summary.references += 1
+        async with aclosing(references(root, options, objects, progress)) as refs:
+            async for key, kind, value in refs:
+                summary.files += 1
+                name = key.rsplit("/", 1)[-1]
+                folder = parent(key)
+                if key == ".zmetadata":
+                    continue  # the tree's consolidated metadata: the layout's own `.zmetadata` replaces it
+                if name.startswith(".z"):
+                    if not isinstance(value, bytes):
+                        raise Refused(f"{folder}: {name} is not small metadata")
+                    try:
+                        writer.metadata[key] = json.loads(value)
+                    except ValueError:
+                        raise Refused(f"{folder}: {name} is not JSON") from None
+                    summary.inlined += 1
+                    continue
+                if folder == "." or f"{folder}/.zarray" not in writer.metadata:
+                    zarray = await _zarray(root, folder)
+                    if zarray is None:
+                        raise Refused(f"{folder}: {name} is not in a Zarr v2 array's directory, and kerchunk's parquet "
+                                      "layout holds only Zarr v2 metadata and '.'-separated chunk keys (--view zarr2 of "
+                                      "arrays with '.' keys; otherwise write JSON)")
+                    writer.metadata[f"{folder}/.zarray"] = zarray
+                f = writer.field_of(folder, writer.metadata[f"{folder}/.zarray"])
+                number = writer.chunk_number(f, name, key)
+                if kind == "inline":
+                    assert isinstance(value, bytes)
+                    f.raw.seek(0, os.SEEK_END)
+                    f.raw_at[number] = f.raw.tell()
+                    f.raw_len[number] = len(value)
+                    f.raw.write(value)
+                    summary.inlined += 1
+                    summary.inlined_bytes += len(value)
+                else:
+                    assert isinstance(value, list)
+                    f.url[number] = writer.url_id(value[0])
+                    f.offset[number], f.size[number] = value[1], value[2]
+                    summary.references += 1
         for name, f in writer.fields.items():
             writer.write_records(name, f)
         meta = {"metadata": writer.metadata, "record_size": options.record_size, "zarr_consolidated_format": 1,
