@@ -34,7 +34,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import numpy as np
 import trio
 
-from unshardfs.sources.base import ByteSource, IndexCache, Location, ObjectStat, Version, stat_and_tail, stored_at
+from unshardfs.sources.base import ByteSource, IndexCache, UrlLocation, ObjectStat, Version, stat_and_tail, stored_at
 from unshardfs.sources.zipformat import (EOCD64, LOCAL, METHODS, STORED, CentralDirectory, Expected, decode,
                                          local_header_size, read_end, root_prefix)
 from unshardfs.sources.zipindex import ZipIndex, build_index
@@ -375,7 +375,7 @@ class ZipSource:
                 raise
         return await self._read_member(path, offset, size, None, idx)
 
-    async def stored_at(self, path: str, version: Version | None) -> Location | None:
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
         """A STORED member's bytes are a range of the archive: where the archive is, that far in
         (`StoredAt`); None for a compressed member."""
         index, st, i = await self._member(path, version)

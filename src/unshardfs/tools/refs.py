@@ -36,7 +36,7 @@ from typing import IO, Any, AsyncGenerator, Awaitable, Callable, Literal
 
 import numpy as np
 
-from unshardfs.sources.base import ByteSource, Location, Version, stored_at
+from unshardfs.sources.base import ByteSource, UrlLocation, Version, stored_at
 from unshardfs.sources.base import name_problem
 from unshardfs.tree.nodes import BytesFile, Closable, DirNode, FileNode, StoredBytes, StoredRange
 from unshardfs.util.concurrency import gather
@@ -98,11 +98,11 @@ class Objects:
     """The stored objects referenced so far, by URL, with where they are and their version."""
 
     def __init__(self) -> None:
-        self.by_url: dict[str, Location] = {}
-        self._located: dict[tuple[int, str, Version], Location | None] = {}
+        self.by_url: dict[str, UrlLocation] = {}
+        self._located: dict[tuple[int, str, Version], UrlLocation | None] = {}
         self._sources: dict[int, ByteSource] = {}  # kept alive while their ids are keys
 
-    async def locate(self, stored: StoredRange) -> Location | None:
+    async def locate(self, stored: StoredRange) -> UrlLocation | None:
         key = (id(stored.source), stored.path, stored.version)
         if key not in self._located:
             self._sources[id(stored.source)] = stored.source
