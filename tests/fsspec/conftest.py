@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from unshardfs.testing import precomputed as pc
+from unshardfs.testing.ome import write_ome_zarr_py
+from unshardfs.testing.zips import zip_tree
 from unshardfs.testing.zarr import BYTES_LE, CRC, ZCase, codec, consolidate, sharding, write_case, write_group
 
 
@@ -19,8 +22,17 @@ class Datasets:
     em: np.ndarray
     seg: np.ndarray
     dotted: Path  # a Zarr v3 group holding em alone (kerchunk's parquet layout needs '.' keys)
+    odd: Path  # a Zarr v3 group whose array's transpose has no Zarr v2 equivalent
+    stored_zip: Path  # `dotted` zipped, members STORED
+    deflated_zip: Path  # `dotted` zipped, members DEFLATE-compressed
+    ome: Path  # OME-Zarr 0.5 by ome-zarr-py: image.ome.zarr (image and labels), plate.ome.zarr
+    ome_arrays: dict[str, np.ndarray]
     raw: Path  # sharded precomputed, raw chunks
     gzip: Path  # sharded precomputed, gzip-encoded chunks (cannot be references)
+
+    @property
+    def ome_image(self) -> Path:
+        return self.ome / "image.ome.zarr"
 
 
 EM = ZCase(shape=(30, 40, 50), dtype="uint16", shard_shape=(10, 20, 25),
@@ -43,11 +55,21 @@ def write_datasets(root: Path) -> Datasets:
     dotted = root / "dotted" / "sharded"
     write_group(dotted)
     consolidate(dotted)
+    odd_case = ZCase(shape=(8, 8, 8), dtype="uint8", shard_shape=(8, 8, 8),
+                     codecs=[sharding((4, 4, 4), [codec("transpose", order=[2, 0, 1]), BYTES_LE])],
+                     plain_chunks=(4, 4, 4), plain_codecs=[codec("transpose", order=[2, 0, 1]), BYTES_LE])
+    write_case(root / "odd", "twisted", odd_case, seed=3)
+    odd = root / "odd" / "sharded"
+    write_group(odd)
+    consolidate(odd)
+    stored_zip = zip_tree(dotted, root / "dotted.zip")
+    deflated_zip = zip_tree(dotted, root / "deflated.zip", zipfile.ZIP_DEFLATED)
+    ome_arrays = write_ome_zarr_py(root / "ome")
     scale = pc.Scale(size=(64, 48, 32), chunk=(16, 16, 16), sharding=pc.sharding(minishard=1, shard=1))
     raw = pc.write_volume(root / "raw", [scale], data_type="uint16")["sharded"]
     gz = pc.Scale(size=(64, 48, 32), chunk=(16, 16, 16), sharding=pc.sharding(minishard=1, shard=1, data_enc="gzip"))
     gzip = pc.write_volume(root / "gzip", [gz], data_type="uint8")["sharded"]
-    return Datasets(root, hier, em, seg, dotted, raw, gzip)
+    return Datasets(root, hier, em, seg, dotted, odd, stored_zip, deflated_zip, root / "ome", ome_arrays, raw, gzip)
 
 
 @pytest.fixture(scope="session")

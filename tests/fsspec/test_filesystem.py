@@ -5,11 +5,13 @@ from __future__ import annotations
 import errno
 import json
 import multiprocessing
+import os
 import pickle
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -48,7 +50,8 @@ def mounted_view(source: str, *options: str) -> dict[str, bytes]:
     return trio.run(main)
 
 
-@pytest.mark.parametrize("kind,view", [("hier", "zarr3"), ("hier", "zarr2"), ("raw", None), ("gzip", None)])
+@pytest.mark.parametrize("kind,view", [("hier", "zarr3"), ("hier", "zarr2"), ("raw", None), ("gzip", None),
+                                       ("stored_zip", None), ("deflated_zip", "zarr2"), ("ome_image", "zarr2")])
 def test_files_sizes_and_bytes_are_the_mounts(datasets: Datasets, kind: str, view: str | None) -> None:
     source = str(getattr(datasets, kind))
     expected = mounted_view(source, *(["--view", view] if view else []))
@@ -209,13 +212,36 @@ def _worker_read(fs: Any, path: str) -> tuple[bytes, list[str]]:
 
 
 @pytest.mark.slow
-def test_dask_worker_reads_it_without_fuse(datasets: Datasets) -> None:
+def test_dask_worker_reads_it_without_fuse(datasets: Datasets, tmp_path: Path) -> None:
+    """A worker started by Dask's own command (as a batch system starts one), sent the pickled instance."""
     distributed = pytest.importorskip("distributed")
     fs = fsspec.filesystem("unshard", source=str(datasets.hier))
     path = sorted(fs.find("em"))[-1]
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as client:
-        data, fuse_modules = client.submit(_worker_read, fs, path).result(timeout=120)
+    scheduler_file = tmp_path / "scheduler.json"
+    dask = str(Path(sys.executable).parent / "dask")
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+                             "env": {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error",
+                                     "PYTHONPATH": str(Path(__file__).resolve().parents[2])}}  # the task's module
+    started = [subprocess.Popen([dask, "scheduler", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
+                                 "--port", "0", "--no-dashboard"], **quiet)]
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            assert started[0].poll() is None and time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.1)
+        started.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(scheduler_file), "--nthreads", "2",
+                                         "--no-dashboard"], **quiet))
+        with distributed.Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
+            client.wait_for_workers(1, timeout=60)
+            data, fuse_modules = client.submit(_worker_read, fs, path).result(timeout=120)
+    finally:
+        for proc in reversed(started):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
     assert data == fs.cat_file(path) and fuse_modules == []
 
 
@@ -242,3 +268,19 @@ def test_over_http(datasets: Datasets) -> None:
         plain = datasets.raw.parent / "plain" / "1_1_1" / "16-32_0-16_0-16"
         assert fs.cat_file("1_1_1/16-32_0-16_0-16") == plain.read_bytes()
         SESSIONS.stop_all()
+
+
+def test_pipelines_and_versioned_stores(datasets: Datasets, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tests.support.ocdbt import write_zarr
+
+    pipeline = f"{datasets.stored_zip}|zip:|zarr3:"
+    fs = fsspec.filesystem("unshard", source=pipeline)
+    expected = mounted_view(pipeline)
+    assert fs.cat(sorted(expected)) == expected
+    db = tmp_path_factory.mktemp("ocdbt")
+    write_zarr(db)
+    expected = mounted_view(str(db))
+    assert any(p.startswith("@v") for p in expected)  # every version a directory, as a mount shows them
+    fs = fsspec.filesystem("unshard", source=str(db))
+    assert {p: i["size"] for p, i in fs.find("", detail=True).items()} == {p: len(b) for p, b in expected.items()}
+    assert fs.cat(sorted(expected)) == expected

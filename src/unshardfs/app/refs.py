@@ -159,6 +159,7 @@ def check_refs(args: argparse.Namespace) -> int:
         if not isinstance(entry, dict) or not isinstance(entry.get("root"), str) or not isinstance(entry.get("path"), str):
             raise ConfigError(f"{path}: the unshardfs record of {url!r} is damaged")
         by_root.setdefault(entry["root"], []).append((url, entry["path"], list(entry.get("version") or [])))
+    inlined = {url: entry.get("inlined", 0) for url, entry in objects.items()}
     options = open_options(args)
     changed: dict[str, str] = {}
 
@@ -190,7 +191,9 @@ def check_refs(args: argparse.Namespace) -> int:
     for url in sorted(changed):
         keys = sorted(invalid[url])
         shown = ", ".join(keys[:5]) + (f", ... ({len(keys) - 5:,} more)" if len(keys) > 5 else "")
-        print(f"{url} {changed[url]}: {len(keys):,} references invalidated{': ' + shown if keys else ''}")
+        copied = inlined.get(url, 0)
+        also = f" and {copied:,} files written in from it" if isinstance(copied, int) and copied else ""
+        print(f"{url} {changed[url]}: {len(keys):,} references{also} invalidated{': ' + shown if keys else ''}")
     total = len(objects)
     if changed:
         print(f"{path}: {len(changed):,} of {total:,} objects changed; "

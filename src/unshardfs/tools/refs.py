@@ -99,6 +99,7 @@ class Objects:
 
     def __init__(self) -> None:
         self.by_url: dict[str, UrlLocation] = {}
+        self.inlined: dict[str, int] = {}  # by URL: files written in from that object (stale with it)
         self._located: dict[tuple[int, str, Version], UrlLocation | None] = {}
         self._sources: dict[int, ByteSource] = {}  # kept alive while their ids are keys
 
@@ -114,7 +115,8 @@ class Objects:
 
     def record(self, options: RefsOptions) -> dict[str, Any]:
         return {"refs": 1, "source": options.source,
-                "objects": {url: {"root": loc.root, "path": loc.path, "version": version_json(loc.version)}
+                "objects": {url: {"root": loc.root, "path": loc.path, "version": version_json(loc.version),
+                                  "inlined": self.inlined.get(url, 0)}
                             for url, loc in sorted(self.by_url.items())}}
 
 
@@ -153,6 +155,7 @@ async def references(root: DirNode, options: RefsOptions, objects: Objects,
                 raise Refused(f"{parent(key)}: its files are stored where no reader can fetch them by URL "
                               f"({stored.source.description}: a compressed zip member or a versioned store's value)")
             if node.size < options.inline_threshold:
+                objects.inlined[location.url] = objects.inlined.get(location.url, 0) + 1
                 pending.append((key, node))
                 if len(pending) >= INLINE_BATCH:
                     for item in await inline_all():
