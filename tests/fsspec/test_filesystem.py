@@ -284,3 +284,34 @@ def test_pipelines_and_versioned_stores(datasets: Datasets, tmp_path_factory: py
     fs = fsspec.filesystem("unshard", source=str(db))
     assert {p: i["size"] for p, i in fs.find("", detail=True).items()} == {p: len(b) for p, b in expected.items()}
     assert fs.cat(sorted(expected)) == expected
+
+
+def test_a_session_opening_may_call_back_into_the_registry(datasets: Datasets, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Garbage collection in an opening session's thread runs finalizers that come back to the
+    registry: the registry's lock must not be held while a session opens (it was: a deadlock)."""
+    from unshardfs.app.opened import OpenedSource
+
+    real = OpenedSource.open.__func__  # type: ignore[attr-defined]
+
+    async def open_calling_back(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        len(SESSIONS)  # what a finalizer's note taken up there does: the registry, from the loop thread
+        return await real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(OpenedSource, "open", classmethod(open_calling_back))
+    done: list[object] = []
+    opener = threading.Thread(target=lambda: done.append(fsspec.filesystem("unshard", source=str(datasets.raw))),
+                              daemon=True)
+    opener.start()
+    opener.join(30)
+    assert not opener.is_alive() and done, "opening a session deadlocked on the registry"
+
+
+def test_an_instance_collected_as_garbage_releases_its_session(datasets: Datasets) -> None:
+    import gc
+
+    cls = fsspec.get_filesystem_class("unshard")
+    fs = cls(source=str(datasets.raw), skip_instance_cache=True)
+    assert fs.cat_file("info") and len(SESSIONS) == 1
+    del fs
+    gc.collect()
+    assert len(SESSIONS) == 0  # the note taken up: the session's last user is gone

@@ -77,7 +77,8 @@ class TreeFileSystem(_Base):  # type: ignore[misc]  # fsspec ships no type infor
         session = SESSIONS.acquire(self._key, self._opener)
         self._session_ = session
         self._dirs.clear()
-        self._release = weakref.finalize(self, SESSIONS.release, self._key, session)
+        # Collected as garbage (in whatever thread, the loop's included): a note, never a wait.
+        self._release = weakref.finalize(self, SESSIONS.dropped, self._key, session)
 
     @property
     def _session(self) -> Session:
@@ -91,7 +92,8 @@ class TreeFileSystem(_Base):  # type: ignore[misc]  # fsspec ships no type infor
     def close(self) -> None:
         """Release this instance's use of the session (the last user closes the tree and its
         connections, and ends the loop thread). The instance opens the tree again if used later."""
-        self._release()
+        if self._release.detach() is not None:
+            SESSIONS.release(self._key, self._session_)
         self._dirs.clear()
 
     def stats(self) -> dict[str, object]:

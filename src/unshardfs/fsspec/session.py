@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import os
 import threading
+from collections import deque
 from typing import AsyncContextManager, Awaitable, Callable, Hashable, Protocol, TypeVar
 
 import trio
@@ -100,58 +101,97 @@ class Session:
         except (trio.RunFinishedError, trio.Cancelled):  # stopped while the call waited
             raise OSError("this unshardfs filesystem was closed") from None
 
-    def stop(self) -> None:
-        """Close the tree (its connections) and end the thread; calls after it fail with OSError."""
+    def stop(self, wait: bool = True) -> None:
+        """Close the tree (its connections) and end the thread; calls after it fail with OSError.
+        Never blocks the loop: from any thread (the loop's own, a garbage collector's callback) it
+        only asks; `wait` then waits for the thread to end, from any thread but the loop's."""
         if not self.alive or self._token is None or self._done is None:
             return
-        with contextlib.suppress(trio.RunFinishedError):
-            trio.from_thread.run_sync(self._done.set, trio_token=self._token)
-        if threading.current_thread() is not self._thread:
+        try:
+            self._token.run_sync_soon(self._done.set)  # thread-safe, returns at once
+        except trio.RunFinishedError:
+            return
+        if wait and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
 
 class Sessions:
-    """Sessions by key (the options they were opened with), shared by the instances that use them."""
+    """Sessions by key (the options they were opened with), shared by the instances that use them.
+
+    Its lock is never held while a session opens or stops (an opening session's thread may run
+    garbage collection, whose callbacks come here), and an instance collected as garbage only
+    leaves a note (`dropped`), taken up by the next call."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[Hashable, tuple[Session, int]] = {}
+        self._dropped: deque[tuple[Hashable, Session]] = deque()  # appended without the lock
         self._pid = os.getpid()
 
-    def _forked(self) -> None:
+    def _settle(self) -> list[Session]:
+        """With the lock held: forget a parent's sessions after a fork, take up dropped users; the
+        sessions left without one, for the caller to stop once the lock is released."""
         if self._pid != os.getpid():  # the parent's sessions: not ours to use or to close
             self._open.clear()
+            self._dropped.clear()
             self._pid = os.getpid()
+        unused = []
+        while self._dropped:
+            key, session = self._dropped.popleft()
+            unused += self._less(key, session)
+        return unused
+
+    def _less(self, key: Hashable, session: Session) -> list[Session]:
+        found = self._open.get(key)
+        if found is None or found[0] is not session:
+            return []
+        if found[1] > 1:
+            self._open[key] = (session, found[1] - 1)
+            return []
+        del self._open[key]
+        return [session]
 
     def acquire(self, key: Hashable, opener: Opener) -> Session:
         """The session for `key`, opened with `opener` when there is none alive; one more user."""
         with self._lock:
-            self._forked()
+            unused = self._settle()
             found = self._open.get(key)
             if found is not None and found[0].alive:
                 self._open[key] = (found[0], found[1] + 1)
-                return found[0]
-            session = Session(opener)  # the opener's error (no such dataset) propagates from here
-            self._open[key] = (session, 1)
+                session: Session | None = found[0]
+            else:
+                session = None
+        for old in unused:
+            old.stop(wait=False)
+        if session is not None:
             return session
+        opened = Session(opener)  # the opener's error (no such dataset) propagates from here
+        with self._lock:
+            found = self._open.get(key)
+            if found is not None and found[0].alive:  # another thread opened it meanwhile: theirs
+                self._open[key] = (found[0], found[1] + 1)
+                session = found[0]
+            else:
+                self._open[key] = (opened, 1)
+                return opened
+        opened.stop(wait=False)
+        return session
 
     def release(self, key: Hashable, session: Session) -> None:
-        """One user fewer; the last one stops the session."""
+        """One user fewer; the last one stops the session (and waits for it)."""
         with self._lock:
-            self._forked()
-            found = self._open.get(key)
-            if found is None or found[0] is not session:
-                return
-            if found[1] > 1:
-                self._open[key] = (session, found[1] - 1)
-                return
-            del self._open[key]
-        session.stop()
+            unused = self._settle() + self._less(key, session)
+        for done in unused:
+            done.stop(wait=done is session)
+
+    def dropped(self, key: Hashable, session: Session) -> None:
+        """One user fewer, from a garbage collector's callback in any thread: noted, never waited on."""
+        self._dropped.append((key, session))
 
     def stop_all(self) -> None:
         """Stop every session of this process (at interpreter exit: connections closed cleanly)."""
         with self._lock:
-            self._forked()
+            self._settle()
             sessions = [session for session, _ in self._open.values()]
             self._open.clear()
         for session in sessions:
@@ -159,8 +199,11 @@ class Sessions:
 
     def __len__(self) -> int:
         with self._lock:
-            self._forked()
-            return sum(1 for session, _ in self._open.values() if session.alive)
+            unused = self._settle()
+            count = sum(1 for session, _ in self._open.values() if session.alive)
+        for session in unused:
+            session.stop(wait=False)
+        return count
 
 
 SESSIONS = Sessions()
