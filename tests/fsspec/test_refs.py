@@ -257,3 +257,21 @@ def test_ome_zarr_05_as_04_read_by_zarr_python_2(datasets: Datasets, tmp_path: P
     arrays = foreign(ZARR2_PYTHON, out, tmp_path / "a.npz", "zarr", names)
     for name in names:
         assert np.array_equal(arrays[name], datasets.ome_arrays[f"image.ome.zarr/{name}"]), name
+
+
+def test_object_store_urls_are_the_stores_own() -> None:
+    import trio
+
+    from unshardfs.sources.objectstore import GcsSource, S3Source
+
+    async def main() -> list[Any]:
+        out = []
+        for source in (GcsSource("bucket", "pre/fix/"), S3Source("bucket", "", endpoint="http://127.0.0.1:9")):
+            out.append(await source.stored_at("a/b c", ("tag", 3)))
+            await source.aclose()
+        return out
+
+    gcs, s3 = trio.run(main)
+    assert (gcs.root, gcs.url, gcs.offset, gcs.version) == ("gs://bucket/pre/fix", "gs://bucket/pre/fix/a/b c", 0,
+                                                           ("tag", 3))
+    assert (s3.root, s3.path, s3.url) == ("s3://bucket", "a/b c", "s3://bucket/a/b c")
