@@ -275,3 +275,21 @@ def test_object_store_urls_are_the_stores_own() -> None:
     assert (gcs.root, gcs.url, gcs.offset, gcs.version) == ("gs://bucket/pre/fix", "gs://bucket/pre/fix/a/b c", 0,
                                                            ("tag", 3))
     assert (s3.root, s3.path, s3.url) == ("s3://bucket", "a/b c", "s3://bucket/a/b c")
+
+
+def test_operator_mistakes_are_one_line(datasets: Datasets, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "taken").write_text("a file where the parquet directory should go")
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text('{"version": 1, "refs": {}, "unshardfs": {"objects": {"x": 3}}}')
+    runs = [(["refs", str(datasets.dotted), "-o", str(tmp_path / "no" / "such" / "dir.json")], "cannot write"),
+            (["refs", str(datasets.dotted), "--view", "zarr2", "--format", "parquet", "-o", str(tmp_path / "taken")],
+             "cannot write"),
+            (["refs", str(datasets.dotted), "--inline-threshold", "-1", "-o", str(tmp_path / "x.json")], "not negative"),
+            (["check", "--refs", str(tmp_path / "missing.json")], "No such file"),
+            (["check", "--refs", str(garbled)], "damaged"),
+            (["check", "--refs", str(datasets.dotted / "zarr.json")], "no unshardfs record")]
+    for argv, reason in runs:
+        assert main([argv[0], "-q", *argv[1:]] if argv[0] == "refs" else argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and reason in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["garbled.json", "taken"]

@@ -68,7 +68,10 @@ def run_refs(args: argparse.Namespace) -> int:
             with tqdm(unit="file", disable=True if args.quiet else None, file=sys.stderr, dynamic_ncols=True,
                       desc="refs") as bar:
                 async with opened.running():
-                    summary = await write_refs(opened.tree, args.output, options, bar.update)
+                    try:
+                        summary = await write_refs(opened.tree, args.output, options, bar.update)
+                    except OSError as e:  # where the output goes: a missing directory, a full disk
+                        raise ConfigError(f"cannot write {args.output}: {e.strerror or e}") from None
         finally:
             await opened.aclose()
         print(f"{args.output}: {summary.references:,} references to {summary.objects:,} objects, "
@@ -186,8 +189,11 @@ def check_refs(args: argparse.Namespace) -> int:
 
     _run(main)
     invalid: dict[str, list[str]] = {url: [] for url in changed}
-    for key, url in _references_to(path, set(changed)):
-        invalid[url].append(key)
+    try:
+        for key, url in _references_to(path, set(changed)):
+            invalid[url].append(key)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as e:
+        raise ConfigError(f"{path}: cannot read its references ({type(e).__name__}: {e})") from None
     for url in sorted(changed):
         keys = sorted(invalid[url])
         shown = ", ".join(keys[:5]) + (f", ... ({len(keys) - 5:,} more)" if len(keys) > 5 else "")
