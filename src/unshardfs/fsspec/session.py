@@ -162,7 +162,7 @@ class Sessions:
             else:
                 session = None
         for old in unused:
-            old.stop(wait=False)
+            old.stop()
         if session is not None:
             return session
         opened = Session(opener)  # the opener's error (no such dataset) propagates from here
@@ -174,7 +174,7 @@ class Sessions:
             else:
                 self._open[key] = (opened, 1)
                 return opened
-        opened.stop(wait=False)
+        opened.stop()
         return session
 
     def release(self, key: Hashable, session: Session) -> None:
@@ -182,7 +182,7 @@ class Sessions:
         with self._lock:
             unused = self._settle() + self._less(key, session)
         for done in unused:
-            done.stop(wait=done is session)
+            done.stop()
 
     def dropped(self, key: Hashable, session: Session) -> None:
         """One user fewer, from a garbage collector's callback in any thread: noted, never waited on."""
@@ -202,7 +202,7 @@ class Sessions:
             unused = self._settle()
             count = sum(1 for session, _ in self._open.values() if session.alive)
         for session in unused:
-            session.stop(wait=False)
+            session.stop()
         return count
 
 
