@@ -69,14 +69,14 @@ class TreeFileSystem(_Base):  # type: ignore[misc]  # fsspec ships no type infor
         from here."""
         self._key = key
         self._opener = opener
-        self._dirs: BoundedMap[tuple[str, ...], DirNode] = BoundedMap(DIRS)
         self._bind()
         self.prefix = self._session_.served.prefix.rstrip("/")
 
     def _bind(self) -> None:
         session = SESSIONS.acquire(self._key, self._opener)
         self._session_ = session
-        self._dirs.clear()
+        # Used in the loop only; a new session's nodes are its own (replaced, never cleared from here).
+        self._dirs: BoundedMap[tuple[str, ...], DirNode] = BoundedMap(DIRS)
         # Collected as garbage (in whatever thread, the loop's included): a note, never a wait.
         self._release = weakref.finalize(self, SESSIONS.dropped, self._key, session)
 
@@ -94,7 +94,7 @@ class TreeFileSystem(_Base):  # type: ignore[misc]  # fsspec ships no type infor
         connections, and ends the loop thread). The instance opens the tree again if used later."""
         if self._release.detach() is not None:
             SESSIONS.release(self._key, self._session_)
-        self._dirs.clear()
+        self._dirs = BoundedMap(DIRS)
 
     def stats(self) -> dict[str, object]:
         """What serving the tree has cost so far (requests, backing reads, caches), as
