@@ -90,6 +90,9 @@ class HttpOptions:
         return self.deadline if self.deadline is not None else 4 * self.timeout
 
 
+WHOLE_KEPT = 4 << 20  # bytes of small objects kept from ranged stats that brought them whole
+
+
 @dataclass
 class HttpCounters:
     requests: int = 0
@@ -258,6 +261,10 @@ class HttpSource:
         self._stats: BoundedMap[str, ObjectStat | None] = BoundedMap(200_000, lru=False, ttl=self.options.stat_ttl)
         self._no_suffix = False  # the server ignores Range: `stat_tail` is a HEAD
         self._stat_flights = Flights()  # HEADs in flight, joined by stats of the same path
+        # Small objects a ranged stat brought whole (a metadata file probed for detection), with their
+        # version: a later `stat_head`/`stat_tail` of the same version takes them instead of a read.
+        self._whole: BoundedMap[str, tuple[object, bytes]] = BoundedMap(
+            WHOLE_KEPT, getsizeof=lambda kept: len(kept[1]), ttl=self.options.stat_ttl)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -425,7 +432,13 @@ class HttpSource:
         that ignores Range (200: remembered, it is never asked so again), an empty object (416) or
         an answer without a total: statted as usual, a HEAD more. Another error status is the
         error a HEAD would have met."""
-        if (size <= 0 or not path or self._no_suffix or self._stats.get(path, _MISSING) is not _MISSING
+        known = self._stats.get(path, _MISSING)
+        if isinstance(known, ObjectStat):
+            kept = self._whole.get(path)
+            if kept is not None and kept[0] == known.version:  # the object as that stat saw it, whole
+                start = start_of(known.size)
+                return known, kept[1][start:start + size]
+        if (size <= 0 or not path or self._no_suffix or known is not _MISSING
                 or path_problem(path) is not None):
             return await self.stat(path), None
         url = self.object_url(path)
@@ -447,6 +460,8 @@ class HttpSource:
         # The bytes Content-Range must name for this request, or a SourceError.
         body = ranged_body(f"GET {url}", reply, start_of(total), size)
         stat = self._stats[path] = self._stat_from(reply, total)
+        if len(body) == total:
+            self._whole[path] = (stat.version, body)
         return stat, body
 
     def is_absent(self, status: int) -> bool:
