@@ -160,6 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--no-fsync", action="store_true",
                    help="do not flush files to stable storage before renaming them into place (faster; a power "
                         "loss may then leave files that --resume re-verifies)")
+    e.add_argument("--stats", metavar="FILE",
+                   help="write where the run's time went as JSON to FILE (- for standard output): its phases, and "
+                        "each task's time by what it waited for (opening SOURCE, indexes, data, DEST, the "
+                        "scheduler), its requests and round trips, summed up with medians and the slowest task")
     add_walk_options(e, 4, "concurrent file writes")
 
     u = command("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",

@@ -168,7 +168,7 @@ def run_part_reporting(job: Part) -> PartResult:
         if now - last >= PROGRESS_SECONDS:
             last = now
             worker.log_event(PROGRESS_TOPIC, {"part": job.part, "files": summary.files, "bytes": summary.bytes})
-    return run_part(job, progress)
+    return run_part(job, progress, str(worker.address))
 
 
 class Tally:

@@ -22,6 +22,7 @@ from unshardfs.app.pipeline import archive_lines
 from unshardfs.app.options import open_options
 from unshardfs.app.planner import Planned, TaskWork, parse_tasks, plan_tasks, shards_per_task, task_lines
 from unshardfs.app.split import Part, PartResult, run_part
+from unshardfs.app.timeline import RunPhases, TaskTimeline, process_age, settle_idle, summary, summary_lines
 from unshardfs.core.registry import changed_options
 from unshardfs.tools.atomic import WriteStopped
 from unshardfs.tools.dest import dest_name, is_object_url, open_dest
@@ -205,13 +206,17 @@ def _check(args: argparse.Namespace) -> int:
 LOCAL_THREADS = 2  # an export in one process is planned as for two threads: 8 tasks or more
 
 
-def _plan(args: argparse.Namespace, ledger: Ledger, threads: int) -> tuple[Plan, list[TaskWork], list[str]]:
+def _plan(args: argparse.Namespace, ledger: Ledger, threads: int,
+          phases: RunPhases) -> tuple[Plan, list[TaskWork], list[str]]:
     """The export's plan and its tasks: those DEST already holds (with --resume), else new ones;
     and the problems planning met (a name skipped, say)."""
     found = ledger.plan()
     source, formats = _identity(args)
     if found is None:
+        start = time.monotonic()
         planned: Planned = plan_tasks(source, _one_version(args), threads, args.parts, skip_reserved=True)
+        phases.plan = time.monotonic() - start
+        phases.plan_requests, phases.plan_round_trips = planned.requests, planned.round_trips
         wanted = Plan(source, formats, len(planned.works))
         ledger.start(wanted, task_lines(planned.works))
         return wanted, planned.works, planned.problems
@@ -233,13 +238,15 @@ def _plan(args: argparse.Namespace, ledger: Ledger, threads: int) -> tuple[Plan,
     return found, works, []
 
 
-def _prepare(args: argparse.Namespace, threads: int) -> tuple[Plan, list[TaskWork], list[int], list[PartResult]]:
+def _prepare(args: argparse.Namespace, threads: int,
+             phases: RunPhases) -> tuple[Plan, list[TaskWork], list[int], list[PartResult]]:
     """Open DEST, fix the plan, clear a killed run's temporaries; (plan, its tasks, tasks to run,
     tasks done)."""
+    start = time.monotonic()
     out = open_dest(args.dest, open_options(args).remote)
     try:
         ledger = Ledger(out)
-        plan, works, problems = _plan(args, ledger, threads)
+        plan, works, problems = _plan(args, ledger, threads, phases)
         if args.resume:
             out.clear()  # temporaries, unfinished uploads
         done = ledger.complete() & set(range(plan.tasks))
@@ -250,6 +257,7 @@ def _prepare(args: argparse.Namespace, threads: int) -> tuple[Plan, list[TaskWor
                                        recorded=True))
     finally:
         out.close()
+    phases.ledger = max(0.0, time.monotonic() - start - phases.plan)
     return plan, works, [t for t in range(plan.tasks) if t not in done], finished
 
 
@@ -284,6 +292,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_run(args: argparse.Namespace) -> int:
+    phases = RunPhases(client_start=process_age())
     client = None
     try:
         if args.scheduler is not None:
@@ -291,18 +300,48 @@ def _export_run(args: argparse.Namespace) -> int:
 
             client = _client(args)
             check_dest_visible(client, args.dest, open_options(args).remote)
-            plan, works, pending, finished = _prepare(args, worker_threads(client))
+            threads = worker_threads(client)
+            phases.connect, phases.workers = time.monotonic() - phases.started, len(client.nthreads())
+            plan, works, pending, finished = _prepare(args, threads, phases)
+            submitted, start = time.time(), time.monotonic()
             results = _on_cluster(args, client, _exports(args, plan, works, pending), "task")
         else:
-            plan, works, pending, finished = _prepare(args, LOCAL_THREADS)
+            plan, works, pending, finished = _prepare(args, LOCAL_THREADS, phases)
+            submitted, start = time.time(), time.monotonic()
             results = _export_here(args, _exports(args, plan, works, pending))
+        phases.tasks = time.monotonic() - start
     finally:
         if client is not None:
             close_client(client)
-    return _export_report(args, plan, finished + results, sum(len(w.dirs) for w in works))
+    timelines = [r.timeline for r in results if r.timeline is not None]
+    settle_idle(timelines, submitted)
+    status = _export_report(args, plan, finished + results, sum(len(w.dirs) for w in works), phases)
+    phases.total = time.monotonic() - phases.started
+    if args.stats is not None:
+        _write_stats(args, phases, timelines)
+    return status
 
 
-def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResult], dirs: int) -> int:
+def _write_stats(args: argparse.Namespace, phases: RunPhases, timelines: list[TaskTimeline]) -> None:
+    """The run's statistics as JSON into --stats FILE (`-`: standard output), and a few lines of
+    them on standard error (unless -q)."""
+    stats = summary(phases, timelines)
+    text = json.dumps(stats, indent=1) + "\n"
+    if args.stats == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            with open(args.stats, "w") as f:
+                f.write(text)
+        except OSError as e:
+            print(f"unshardfs: cannot write --stats {args.stats}: {e.strerror}", file=sys.stderr)
+    if not args.quiet:
+        for line in summary_lines(stats):
+            print(line, file=sys.stderr)
+
+
+def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResult], dirs: int,
+                   phases: RunPhases) -> int:
     problems = sorted(dict.fromkeys(line for r in results for line in r.problems))
     failures = sorted(dict.fromkeys(f for r in results for f in r.summary.failures))
     stopped = next((r.summary.stopped for r in results if r.summary.stopped is not None), None)
@@ -315,6 +354,7 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
     tail = f"; {len(failures)} failed" if failures else ""
     finished = complete == plan.tasks and stopped is None
     if finished:
+        start = time.monotonic()
         out = open_dest(args.dest, open_options(args).remote)
         try:
             ledger = Ledger(out)
@@ -328,6 +368,7 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
             stopped, finished = str(e), False
         finally:
             out.close()
+            phases.manifest = time.monotonic() - start
     if not finished:
         tail += f"; {complete:,} of {plan.tasks:,} tasks complete (run again with --resume)"
     print(f"exported {written + skipped:,} files ({written:,} written, {skipped:,} already complete, "

@@ -31,6 +31,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable
 import trio
 
 from unshardfs.app.opened import OpenedSource, OpenOptions
+from unshardfs.app.timeline import source_requests
 from unshardfs.core.chunks import ChunkFile
 from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.runtime import ShardScope
@@ -40,6 +41,7 @@ from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError
 from unshardfs.util.logonce import collect_problems, log_once
+from unshardfs.util.waits import Waits, now
 
 log = logging.getLogger(__name__)
 
@@ -294,14 +296,26 @@ class KnownDirs(SourceLayer):
 
 
 class _Resolver:
-    """Directories of the tree by path, looked up one component at a time (each once per task)."""
+    """Directories of the tree by path, looked up one component at a time (each once per task);
+    the time the lookups take is the task's `plan` wait."""
 
-    def __init__(self, root: DirNode) -> None:
+    def __init__(self, root: DirNode, waits: Waits) -> None:
         self.known: dict[str, DirNode] = {"": root}
+        self.waits = waits
 
     async def node(self, rel: str) -> Node | None:
+        with self.waits.waiting("plan"):
+            return await self._node(rel)
+
+    async def dir(self, rel: str) -> DirNode | None:
+        if rel in self.known:
+            return self.known[rel]
+        with self.waits.waiting("plan"):
+            return await self._dir(rel)
+
+    async def _node(self, rel: str) -> Node | None:
         parent, _, name = rel.rpartition("/")
-        above = await self.dir(parent)
+        above = await self._dir(parent)
         if above is None:
             return None
         found = await above.lookup(name)
@@ -309,19 +323,22 @@ class _Resolver:
             self.known[rel] = found
         return found
 
-    async def dir(self, rel: str) -> DirNode | None:
+    async def _dir(self, rel: str) -> DirNode | None:
         if rel in self.known:
             return self.known[rel]
-        found = await self.node(rel)
+        found = await self._node(rel)
         return found if isinstance(found, DirNode) else None
 
 
-async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
-                       missing: list[str]) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
+async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork, missing: list[str],
+                       waits: Waits | None = None) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
     """(relative path, node) of everything one task checks or exports: its directories and the
     directories above its files (each once, before what is in them), its files, and the chunk
-    files of its shards. A path the plan names that SOURCE no longer holds is a line in `missing`."""
-    resolver = _Resolver(root)
+    files of its shards. A path the plan names that SOURCE no longer holds is a line in `missing`.
+    `waits`, if given, gets the seconds spent looking up the plan's paths (`plan`) and waiting
+    for the chunk listings of its shards (`indexes`)."""
+    waits = waits or Waits()
+    resolver = _Resolver(root, waits)
     shown: set[str] = {""}
     gone: set[str] = set()
 
@@ -366,7 +383,7 @@ async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
         if at is None:
             continue  # reported by `above`
         scope.give(group.store, group.shards)
-        async with aclosing(_chunk_entries(at, group.dir)) as chunks:
+        async with aclosing(shard_chunks(at, group.dir, waits)) as chunks:
             async for entry in chunks:
                 yield entry
 
@@ -407,10 +424,18 @@ class _Ahead:
             self.front = self.pending.popleft()[0] + 1
 
 
-async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
+def shard_chunks(node: DirNode, rel: str, waits: Waits) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
+    """How a task reads its shards, all in this one function: the chunk files (and nested chunk
+    directories) of the chunk listing of directory `node` (tree path `rel`), which reads only the
+    shards the task's `ShardScope` was given, their payloads fetched ahead of the walk."""
+    return _chunk_entries(node, rel, waits)
+
+
+async def _chunk_entries(node: DirNode, rel: str, waits: Waits) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
     """The chunk files (and nested chunk directories) of one directory's chunk listing: of an
     overlay its computed entries only (its other entries are planned by path). The listing is
-    read up to AHEAD_FILES files ahead of the walk, across shards, and their payloads prefetched."""
+    read up to AHEAD_FILES files ahead of the walk, across shards, and their payloads prefetched;
+    the time the walk waits for the listing is `indexes` in `waits`."""
     listing = (node.virtual_entries() if isinstance(node, OverlayDir) else node.entries()).__aiter__()
     prefix = f"{rel}/" if rel else ""
     ahead = _Ahead()
@@ -420,11 +445,14 @@ async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, F
     try:
         while True:
             while listed and ahead.added - files < AHEAD_FILES:
+                start = now()
                 try:
                     batch = await listing.__anext__()
                 except StopAsyncIteration:
                     listed = False
                     break
+                finally:
+                    waits.add("indexes", now() - start)
                 for name, child in batch:
                     if name_problem(name) is not None:
                         continue  # computed names never have one; a walk that writes must not trust that
@@ -438,7 +466,7 @@ async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, F
             path, child = buffer.popleft()
             if isinstance(child, DirNode):
                 yield path, child
-                async with aclosing(_chunk_entries(child, path)) as nested:  # nested chunk directories
+                async with aclosing(_chunk_entries(child, path, waits)) as nested:  # nested chunk directories
                     async for item in nested:
                         yield item
                 continue
@@ -462,6 +490,8 @@ class Planned:
     problems: list[str]
     shards: int
     dirs: int
+    requests: int = 0  # what planning asked of the store
+    round_trips: int | None = None
 
 
 def plan_tasks(source: str, options: OpenOptions, threads: int, parts: int | None = None,
@@ -479,8 +509,9 @@ async def _plan(source: str, options: OpenOptions, threads: int, parts: int | No
             async with session.running():
                 found = await survey(session.tree, scope, skip_reserved)
     finally:
+        requests, round_trips = source_requests(session.source.stats())
         await session.aclose()
     # Tasks open SOURCE as the named format (no probing for one); a versioned store is found again.
     named = session.dataset.format if session.versioned is None else None
     works = deal(found, shards_per_task(len(found.shards), threads, parts), named=named)
-    return Planned(works, list(problems), len(found.shards), found.dirs)
+    return Planned(works, list(problems), len(found.shards), found.dirs, requests, round_trips)

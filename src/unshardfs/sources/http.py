@@ -96,6 +96,9 @@ WHOLE_KEPT = 4 << 20  # bytes of small objects kept from ranged stats that broug
 @dataclass
 class HttpCounters:
     requests: int = 0
+    # The longest chain of requests each sent once the one before it was answered: the round
+    # trips a client waited for one after another, however many requests overlapped.
+    round_trips: int = 0
     retries: int = 0
     failures: int = 0
     bytes: int = 0
@@ -103,7 +106,8 @@ class HttpCounters:
     status: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
-        return {"requests": self.requests, "retries": self.retries, "failures": self.failures,
+        return {"requests": self.requests, "round_trips": self.round_trips, "retries": self.retries,
+                "failures": self.failures,
                 "bytes": self.bytes, "whole_object_fallbacks": self.whole_object_fallbacks,
                 "status": {str(k): v for k, v in sorted(self.status.items())}}
 
@@ -294,8 +298,11 @@ class HttpSource:
             request = h1.ClientRequest(method, url, {**BASE_HEADERS, **(headers or {})})
             if h1.endpoint(url).key == self._credential_key:
                 await self.authorize(request)
-            self.counters.requests += 1
+            counters = self.counters
+            counters.requests += 1
+            depth = counters.round_trips + 1  # a chain one longer than the longest answered so far
             response = await self.pool().send(request, self.options.timeout)
+            counters.round_trips = max(counters.round_trips, depth)
             location = response.headers.get("location")
             if response.status not in REDIRECT_STATUS or not location:
                 return response

@@ -22,6 +22,7 @@ from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
+from unshardfs.util.waits import Waits, now
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,13 @@ def _cannot_write(rel: str, error: OSError) -> str:
 class _Run:
     """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
 
-    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary) -> None:
+    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary,
+                 waits: Waits | None = None) -> None:
         self.dest = dest
         self.journal = journal
         self.sync = sync
         self.summary = summary
+        self.waits = waits or Waits()  # what the walk waited for: payload bytes (data), DEST (writes)
         self.scope: trio.CancelScope | None = None
         self.task = None if journal is None else journal.task
         # A rerun task clears what a killed run of it left, once per directory it writes into.
@@ -145,7 +148,7 @@ class _Run:
 
 async def export(root: DirNode, dest: Dest, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, entries: Entries | None = None,
-                 journal: Journal | None = None, sync: bool = True) -> WalkSummary:
+                 journal: Journal | None = None, sync: bool = True, waits: Waits | None = None) -> WalkSummary:
     """Write the tree under `dest` (or only `entries`, one task's part of it), every file appearing
     under its name only when whole (`Dest.write`).
 
@@ -156,10 +159,13 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     whatever the file sizes. Each file that lands is counted and appended to
     `journal`; files the journal already holds and DEST still matches are
     kept. The first error meaning DEST can take no more (`WriteStopped`)
-    ends the walk: `summary.stopped` says which file and why.
+    ends the walk: `summary.stopped` says which file and why. `waits`, if
+    given, gets the seconds the walk was blocked on payload bytes (`data`)
+    and on DEST (`writes`: a free write slot, a streamed file, the last
+    writes).
     """
     summary = WalkSummary()
-    run = _Run(dest, journal, sync, summary)
+    run = _Run(dest, journal, sync, summary, waits)
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
@@ -167,6 +173,8 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
                                progress)
         except WriteStopped as e:
             run.stop(e)
+        drained = now()  # the writes still running: waited for when the nursery closes
+    run.waits.add("writes", now() - drained)
     return summary
 
 
@@ -196,19 +204,29 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
             summary.dirs += 1
             continue
         summary.files += 1
+        waits = run.waits
+        start = now()
         await run.sweep(rel)
-        if await run.already_there(rel, node):
+        there = await run.already_there(rel, node)
+        waits.add("writes", now() - start)
+        if there:
             summary.skipped += 1
         elif node.size > PIECE:
-            await _stream(run, rel, node, limiter)
+            with waits.waiting("writes"):  # (its reads are few and big: DEST's share dominates)
+                await _stream(run, rel, node, limiter)
         else:
+            start = now()
             try:
                 data = b"".join([piece async for piece in file_bytes(node, rel)])
             except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
                 summary.failures.append(failure(rel, e))
                 continue
+            finally:
+                waits.add("data", now() - start)
             token = object()  # the write task, not this one, releases the slot
+            start = now()
             await limiter.acquire_on_behalf_of(token)
+            waits.add("writes", now() - start)
             nursery.start_soon(_write_in_thread, run, limiter, token, rel, node, data)
         if progress is not None:
             progress(summary)
@@ -256,26 +274,30 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
 
 
 async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None,
-                entries: Entries | None = None) -> WalkSummary:
+                entries: Entries | None = None, waits: Waits | None = None) -> WalkSummary:
     """Read every file the tree shows (or those of `entries`, one task's part of it), fully;
     failures are collected, not raised.
 
     Reading decodes every gzip payload (CRC and length checked) and, through
     the listing, every shard and minishard index; problems that make a
     listing skip something are reported by the format via `log_once` and
-    collected by the caller.
+    collected by the caller. `waits`, if given, gets the seconds spent reading
+    files (`data`).
     """
     summary = WalkSummary()
+    waits = waits or Waits()
     async for rel, node in walk(root) if entries is None else entries:
         if isinstance(node, DirNode):
             summary.dirs += 1
             continue
         summary.files += 1
+        start = now()
         try:
             async for piece in file_bytes(node, rel):
                 summary.bytes += len(piece)
         except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
             summary.failures.append(failure(rel, e))
+        waits.add("data", now() - start)
         if progress is not None:
             progress(summary)
     return summary
