@@ -20,7 +20,8 @@ from unshardfs.app.cluster import close_client
 from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.pipeline import archive_lines
 from unshardfs.app.options import open_options
-from unshardfs.app.planner import Planned, TaskWork, parse_tasks, plan_tasks, shards_per_task, task_lines
+from unshardfs.app.planner import (Planned, Surveyed, TaskWork, parse_tasks, plan_tasks, shards_per_task, survey_source,
+                                   task_lines)
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.app.timeline import RunPhases, TaskTimeline, process_age, settle_idle, summary, summary_lines
 from unshardfs.core.registry import changed_options
@@ -206,16 +207,59 @@ def _check(args: argparse.Namespace) -> int:
 LOCAL_THREADS = 2  # an export in one process is planned as for two threads: 8 tasks or more
 
 
-def _plan(args: argparse.Namespace, ledger: Ledger, threads: int,
-          phases: RunPhases) -> tuple[Plan, list[TaskWork], list[str]]:
-    """The export's plan and its tasks: those DEST already holds (with --resume), else new ones;
-    and the problems planning met (a name skipped, say)."""
+class _EarlySurvey:
+    """The walk of SOURCE for a new plan, on a thread of its own while the cluster starts or is
+    reached: planning waits on the store, starting a cluster on the CPU, so they overlap."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.result: Surveyed | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=self._run, name="unshardfs-survey", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def needed(cls, args: argparse.Namespace) -> "_EarlySurvey | None":
+        """Started when DEST holds no plan yet (else there is nothing to walk)."""
+        out = open_dest(args.dest, open_options(args).remote)
+        try:
+            fresh = Ledger(out).plan() is None
+        finally:
+            out.close()
+        return cls(args) if fresh else None
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        try:
+            self.result = survey_source(_identity(self.args)[0], _one_version(self.args), skip_reserved=True)
+        except BaseException as e:  # noqa: BLE001 - raised again where the plan is needed
+            self.error = e
+        self.seconds = time.monotonic() - start
+
+    def wait(self) -> Surveyed:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def _plan(args: argparse.Namespace, ledger: Ledger, threads: int, phases: RunPhases,
+          early: _EarlySurvey | None = None) -> tuple[Plan, list[TaskWork], list[str]]:
+    """The export's plan and its tasks: those DEST already holds (with --resume), else new ones
+    (from `early`'s walk if one was started); and the problems planning met (a name skipped, say)."""
     found = ledger.plan()
     source, formats = _identity(args)
     if found is None:
         start = time.monotonic()
-        planned: Planned = plan_tasks(source, _one_version(args), threads, args.parts, skip_reserved=True)
-        phases.plan = time.monotonic() - start
+        if early is not None:
+            surveyed = early.wait()
+            phases.plan = early.seconds
+        else:
+            surveyed = survey_source(source, _one_version(args), skip_reserved=True)
+            phases.plan = time.monotonic() - start
+        planned: Planned = surveyed.plan(threads, args.parts)
         phases.plan_requests, phases.plan_round_trips = planned.requests, planned.round_trips
         wanted = Plan(source, formats, len(planned.works))
         ledger.start(wanted, task_lines(planned.works))
@@ -238,15 +282,15 @@ def _plan(args: argparse.Namespace, ledger: Ledger, threads: int,
     return found, works, []
 
 
-def _prepare(args: argparse.Namespace, threads: int,
-             phases: RunPhases) -> tuple[Plan, list[TaskWork], list[int], list[PartResult]]:
+def _prepare(args: argparse.Namespace, threads: int, phases: RunPhases,
+             early: _EarlySurvey | None = None) -> tuple[Plan, list[TaskWork], list[int], list[PartResult]]:
     """Open DEST, fix the plan, clear a killed run's temporaries; (plan, its tasks, tasks to run,
     tasks done)."""
     start = time.monotonic()
     out = open_dest(args.dest, open_options(args).remote)
     try:
         ledger = Ledger(out)
-        plan, works, problems = _plan(args, ledger, threads, phases)
+        plan, works, problems = _plan(args, ledger, threads, phases, early)
         if args.resume:
             out.clear()  # temporaries, unfinished uploads
         done = ledger.complete() & set(range(plan.tasks))
@@ -296,13 +340,15 @@ def _export_run(args: argparse.Namespace) -> int:
     client = None
     try:
         if args.scheduler is not None:
-            from unshardfs.app.cluster import check_dest_visible, worker_threads
+            from unshardfs.app.cluster import check_dest_visible, warm_workers, worker_threads
 
+            early = _EarlySurvey.needed(args)
             client = _client(args)
+            warming = warm_workers(client)  # the workers import while the client plans
             check_dest_visible(client, args.dest, open_options(args).remote)
             threads = worker_threads(client)
             phases.connect, phases.workers = time.monotonic() - phases.started, len(client.nthreads())
-            plan, works, pending, finished = _prepare(args, threads, phases)
+            plan, works, pending, finished = _prepare(args, threads, phases, early)
             submitted, start = time.time(), time.monotonic()
             results = _on_cluster(args, client, _exports(args, plan, works, pending), "task")
         else:

@@ -494,13 +494,34 @@ class Planned:
     round_trips: int | None = None
 
 
+@dataclass
+class Surveyed:
+    """What walking SOURCE found, before it is dealt into tasks for some number of worker threads."""
+
+    found: Survey
+    problems: list[str]
+    named: str | None  # the format tasks open SOURCE as (None: a versioned store, found again)
+    requests: int = 0
+    round_trips: int | None = None
+
+    def plan(self, threads: int, parts: int | None = None) -> Planned:
+        found = self.found
+        works = deal(found, shards_per_task(len(found.shards), threads, parts), named=self.named)
+        return Planned(works, self.problems, len(found.shards), found.dirs, self.requests, self.round_trips)
+
+
+def survey_source(source: str, options: OpenOptions, skip_reserved: bool = False) -> Surveyed:
+    """Walk SOURCE's tree once for a plan, in this process (not inside a trio run; any thread)."""
+    return trio.run(_survey_source, source, options, skip_reserved)
+
+
 def plan_tasks(source: str, options: OpenOptions, threads: int, parts: int | None = None,
                skip_reserved: bool = False) -> Planned:
     """Plan SOURCE's tasks in this process (not inside a trio run)."""
-    return trio.run(_plan, source, options, threads, parts, skip_reserved)
+    return survey_source(source, options, skip_reserved).plan(threads, parts)
 
 
-async def _plan(source: str, options: OpenOptions, threads: int, parts: int | None, skip_reserved: bool) -> Planned:
+async def _survey_source(source: str, options: OpenOptions, skip_reserved: bool) -> Surveyed:
     session = await OpenedSource.open(source, options)
     scope = ShardScope(planning=True)
     session.runtime.shard_scope = scope
@@ -513,5 +534,4 @@ async def _plan(source: str, options: OpenOptions, threads: int, parts: int | No
         await session.aclose()
     # Tasks open SOURCE as the named format (no probing for one); a versioned store is found again.
     named = session.dataset.format if session.versioned is None else None
-    works = deal(found, shards_per_task(len(found.shards), threads, parts), named=named)
-    return Planned(works, list(problems), len(found.shards), found.dirs, requests, round_trips)
+    return Surveyed(found, list(problems), named, requests, round_trips)

@@ -112,7 +112,7 @@ async def _export(task: _Task, out: Dest, progress: Callable[[WalkSummary], None
     job, waits = task.job, task.waits
     ledger = Ledger(out)
     with waits.waiting("ledger"):
-        done = job.part in await trio.to_thread.run_sync(ledger.complete)
+        done = await trio.to_thread.run_sync(ledger.is_complete, job.part)
     if done:
         files, _ = ledger.task_totals(job.part)
         return PartResult([], WalkSummary(files=files, skipped=files), 0, job.part, complete=True, recorded=True)

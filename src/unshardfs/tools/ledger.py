@@ -212,6 +212,10 @@ class Ledger:
         """The tasks whose ledger entry is in place."""
         return {int(m.group(1)) for name in self.dest.names(TASKS) if (m := _TASK_FILE.match(name))}
 
+    def is_complete(self, task: int) -> bool:
+        """Whether `task`'s ledger entry is in place (one stat, not a listing of every task's)."""
+        return self.dest.exists(task_file(task))
+
     def finish(self, journal: Journal, sync: bool = True) -> None:
         """Write the task's ledger entry (every file it holds, flushed first), then drop its journal."""
         records = list(journal.done.values())

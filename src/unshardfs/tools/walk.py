@@ -74,11 +74,50 @@ async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
         yield data
 
 
-def _write_whole(dest: Dest, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> tuple[int, bool]:
-    """Write a file of one piece (complete under its name, or not at all); its crc32c, and whether
-    it was written (not found complete already)."""
-    written = dest.write(rel, [data], mtime_ns, sync, task)
-    return crc32c.crc32c(data), written
+BATCH_FILES = 64  # small files handed to a writer thread at once: one hand-over per batch, not per file
+BATCH_SECONDS = 0.02  # ... or fewer, once the first of them has waited this long
+
+
+class _Batch:
+    """Small files read and waiting to be written, handed to a writer thread together (a hand-over
+    to a thread costs more CPU than writing a small file)."""
+
+    __slots__ = ("files", "size", "since")
+
+    def __init__(self) -> None:
+        self.files: list[tuple[str, FileNode, bytes]] = []
+        self.size = 0
+        self.since = 0.0
+
+    def add(self, rel: str, node: FileNode, data: bytes) -> None:
+        if not self.files:
+            self.since = now()
+        self.files.append((rel, node, data))
+        self.size += len(data)
+
+    def full(self) -> bool:
+        return len(self.files) >= BATCH_FILES or self.size >= PIECE or now() - self.since >= BATCH_SECONDS
+
+
+# What became of one file of a batch: (crc32c, written) once in place, or the error that stopped it.
+Outcome = tuple[int, bool] | Exception
+
+
+def _write_batch(dest: Dest, files: list[tuple[str, FileNode, bytes]], sync: bool, task: int | None) -> list[Outcome]:
+    """Write each file whole (complete under its name, or not at all), in order: each one's crc32c
+    and whether it was written (not found complete already), or its error. A `WriteStopped`
+    (DEST takes no more) ends the batch: the files after it are not tried."""
+    done: list[Outcome] = []
+    for rel, node, data in files:
+        try:
+            written = dest.write(rel, [data], node.mtime_ns, sync, task)
+        except (WriteStopped, OSError, DataError) as e:
+            done.append(e)
+            if isinstance(e, WriteStopped):
+                break
+            continue
+        done.append((crc32c.crc32c(data), written))
+    return done
 
 
 def _add_piece(pending: PendingFile, piece: bytes, crc: int) -> int:
@@ -153,10 +192,11 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     under its name only when whole (`Dest.write`).
 
     Reads happen on the event loop in listing order (sequential in the
-    shards); up to `jobs` file writes run in worker threads meanwhile. Files
-    of one piece are read whole and written by a worker; bigger ones are
-    streamed piece by piece, so memory stays within about `jobs + 1` pieces
-    whatever the file sizes. Each file that lands is counted and appended to
+    shards); up to `jobs` writer threads run meanwhile. Files of one piece
+    are read whole and handed to a writer in batches (at most BATCH_FILES
+    files and one piece of bytes: a hand-over to a thread costs more than
+    writing a small file); bigger ones are streamed piece by piece, so
+    memory stays within about `jobs + 1` pieces whatever the file sizes. Each file that lands is counted and appended to
     `journal`; files the journal already holds and DEST still matches are
     kept. The first error meaning DEST can take no more (`WriteStopped`)
     ends the walk: `summary.stopped` says which file and why. `waits`, if
@@ -182,6 +222,7 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
                        progress: Callable[[WalkSummary], None] | None) -> None:
     summary = run.summary
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
+    batch = _Batch()  # small files read, not yet handed to a writer
     async for rel, node in entries:
         if summary.stopped is not None:
             return
@@ -223,30 +264,45 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
                 continue
             finally:
                 waits.add("data", now() - start)
-            token = object()  # the write task, not this one, releases the slot
-            start = now()
-            await limiter.acquire_on_behalf_of(token)
-            waits.add("writes", now() - start)
-            nursery.start_soon(_write_in_thread, run, limiter, token, rel, node, data)
+            batch.add(rel, node, data)
+            if batch.full():
+                await _hand_over(run, batch, nursery, limiter)
+                batch = _Batch()
         if progress is not None:
             progress(summary)
+    if batch.files:
+        await _hand_over(run, batch, nursery, limiter)
 
 
-async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object, rel: str, node: FileNode,
-                           data: bytes) -> None:
+async def _hand_over(run: _Run, batch: _Batch, nursery: trio.Nursery, limiter: trio.CapacityLimiter) -> None:
+    """Give a batch to a writer thread once one of the `jobs` slots is free (waiting for it is the
+    walk's `writes` wait)."""
+    token = object()  # the write task, not this one, releases the slot
+    start = now()
+    await limiter.acquire_on_behalf_of(token)
+    run.waits.add("writes", now() - start)
+    nursery.start_soon(_write_in_thread, run, limiter, token, batch.files)
+
+
+async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object,
+                           files: list[tuple[str, FileNode, bytes]]) -> None:
     try:
-        crc, written = await trio.to_thread.run_sync(_write_whole, run.dest, rel, data, node.mtime_ns, run.sync,
-                                                     run.task,
-                                            limiter=trio.CapacityLimiter(1))
-        run.landed(rel, node, crc, written)
-    except WriteStopped as e:
-        run.stop(e)
-    except OSError as e:  # e.g. ELOOP: a symlink where the file's directory goes
-        run.summary.failures.append(_cannot_write(rel, e))
-    except DataError as e:  # e.g. DEST holds another object there it does not replace
-        run.summary.failures.append(f"{rel}: {e}")
+        outcomes = await trio.to_thread.run_sync(_write_batch, run.dest, files, run.sync, run.task,
+                                                 limiter=trio.CapacityLimiter(1))
     finally:
         limiter.release_on_behalf_of(token)
+    for (rel, node, _), outcome in zip(files, outcomes):
+        if isinstance(outcome, WriteStopped):
+            run.stop(outcome)
+        elif isinstance(outcome, OSError):  # e.g. ELOOP: a symlink where the file's directory goes
+            run.summary.failures.append(_cannot_write(rel, outcome))
+        elif isinstance(outcome, DataError):  # e.g. DEST holds another object there it does not replace
+            run.summary.failures.append(f"{rel}: {outcome}")
+        elif isinstance(outcome, tuple):
+            try:
+                run.landed(rel, node, *outcome)
+            except WriteStopped as e:  # the journal has no room: the file is in place all the same
+                run.stop(e)
 
 
 async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLimiter) -> None:
