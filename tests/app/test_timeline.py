@@ -44,7 +44,7 @@ def files(volume: dict[str, Path]) -> MemorySource:
 
 @pytest.fixture(scope="module")
 def works(files: MemorySource) -> list[TaskWork]:
-    """The plan: the info and the directory in one task, then two tasks of two shards."""
+    """The plan: two tasks of two shards, the info and the directory with the last."""
     async def plan() -> list[TaskWork]:
         session = await OpenedSource.over(LatencySource(files, 0), None, OpenOptions(versions=False))
         scope = ShardScope(planning=True)
@@ -85,11 +85,9 @@ def test_a_task_waits_on_the_store_a_known_number_of_round_trips(files, works, t
                           clock=trio.testing.MockClock(autojump_threshold=0))
         assert result.complete and not result.summary.failures
         results.append((result, source))
-    # The info task: the info with its stat, and the root's stat (which an HTTP source answers
-    # without a request).
-    info, source = results[0]
-    assert (dict(source.counts()), source.round_trips()) == ({"head": 1, "stat": 1}, 2)
-    for result, source in results[1:]:
+    # Each task: the info with its stat, the root's stat (which an HTTP source answers without a
+    # request), its shards' first bytes, their minishard indexes, their chunks.
+    for result, source in results:
         assert dict(source.counts()) == {"stat": 1, "head": 1 + SHARDS_PER_TASK, "read": 3 * SHARDS_PER_TASK}
         assert source.round_trips() == 5
     for result, source in results:
@@ -99,14 +97,14 @@ def test_a_task_waits_on_the_store_a_known_number_of_round_trips(files, works, t
         assert (t.files, t.bytes) == (result.summary.files, result.summary.bytes)
         _consistent(t)
         assert t.open == pytest.approx(2 * LATENCY)  # waits on trio's mock clock are whole round trips
-    shards = [r.timeline for r, _ in results[1:] if r.timeline is not None]
+    shards = [r.timeline for r, _ in results if r.timeline is not None]
     assert all(t.indexes + t.data == pytest.approx(3 * LATENCY) for t in shards)
     assert sum(r.summary.files for r, _ in results) == len(exported_files(tmp_path / "out"))
 
 
 def test_requests_and_round_trips_per_task_are_those_the_server_saw(volume, works, tmp_path):
     """Over HTTP, each task's timeline counts exactly the requests the server logged for it, and
-    their chain: the info (one request, with its stat), the shards' first bytes, their minishard
+    their chain: the info (one request, with its stat), its shards' first bytes, their minishard
     indexes, their chunks."""
     dest = _dest(tmp_path / "out", works)
     with DatasetServer(volume["sharded"].parent) as server:
@@ -118,7 +116,7 @@ def test_requests_and_round_trips_per_task_are_those_the_server_saw(volume, work
             t = result.timeline
             assert result.complete and t is not None
             assert (t.requests, t.round_trips) == (len(server.requests()), server.round_trips())
-            assert t.round_trips == (1 if not work.groups else 4), server.requests()
+            assert t.round_trips == 4, server.requests()
             _consistent(t)
 
 

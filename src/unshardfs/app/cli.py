@@ -188,8 +188,9 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                             "N local worker processes, or env for the address in DASK_SCHEDULER_ADDRESS; export's "
                             "DEST must be on a file system every worker shares")
     group.add_argument("--parts", type=_positive(int), default=0, metavar="N",
-                       help="tasks to deal the shards into (default: 4 per worker thread, at most 16 shards "
-                            "each; files with no shard go in tasks of their own); an export's first run fixes it")
+                       help="tasks to deal the shards into (default: by their bytes, at most 16 shards each, at "
+                            "least one per worker thread and 4 while each keeps 256 MiB); an export's first run "
+                            "fixes it")
     group.add_argument("--debug", action="store_true",
                        help="show Dask's own log lines (INFO and up; otherwise warnings, and with -q only errors)")
 

@@ -275,11 +275,16 @@ def _plan(args: argparse.Namespace, ledger: Ledger, threads: int, phases: RunPha
     if len(works) != found.tasks:
         raise ConfigError(f"DEST {args.dest}: its task list holds {len(works):,} tasks, its plan "
                           f"{found.tasks:,}: not an unshardfs export")
-    if args.parts and shards_per_task(sum(w.shards for w in works), 1, args.parts) != \
-            max(w.shards for w in works):
+    if args.parts and _parts_plan(sum(w.shards for w in works), args.parts) != [w.shards for w in works if w.groups]:
         raise ConfigError(f"DEST {args.dest} holds an export planned as {found.tasks:,} tasks: --parts must "
                           "be left out or the same with --resume")
     return found, works, []
+
+
+def _parts_plan(shards: int, parts: int) -> list[int]:
+    """The shards of each task `--parts` deals `shards` into (what a resume with --parts must match)."""
+    per_task = shards_per_task(shards, 1, parts)
+    return [min(per_task, shards - at) for at in range(0, shards, per_task)]
 
 
 def _prepare(args: argparse.Namespace, threads: int, phases: RunPhases,

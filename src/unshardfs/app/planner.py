@@ -26,7 +26,7 @@ import math
 from collections import deque
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable
+from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable, cast
 
 import trio
 
@@ -50,7 +50,11 @@ CHUNK_XATTR = "user.unshardfs.chunk_id"
 
 TASK_SHARDS_MAX = 16  # shards in one task unless --parts asks for fewer, bigger tasks
 TASK_SHARDS_LIMIT = 1024  # ... whatever --parts asks (a task's line in the task list stays within a ledger line)
-TASKS_PER_THREAD = 4  # below that many shards per task, enough tasks to keep every worker thread busy
+TASKS_PER_THREAD = 4  # below that many shards per task, enough tasks to keep every worker thread busy ...
+TASK_MIN_BYTES = 256 << 20  # ... where shard sizes are known: while each task keeps this many bytes
+TASK_MAX_BYTES = 16 << 30  # ... and holds at most this many (unless one shard is bigger)
+FOLD_FILES = 256  # files with no shard (and directories) that go with the last task of shards ...
+FOLD_BYTES = 4 << 20  # ... of at most this many bytes, instead of a task of their own
 TASK_FILES = 4096  # directories and files with no shard in one task
 TASK_BYTES = 1 << 30  # ... and their bytes (a bigger file is a task of its own)
 TASK_NAMES = 48 << 10  # ... and the length of their paths (a task's line in the task list stays within a ledger line)
@@ -192,10 +196,17 @@ class Survey:
 
     entries: list[tuple[str, int | None]] = field(default_factory=list)
     shards: list[tuple[str, str, Hashable]] = field(default_factory=list)
+    sizes: list[int | None] = field(default_factory=list)  # each shard's bytes, where finding it told them
 
     @property
     def dirs(self) -> int:
         return sum(size is None for _, size in self.entries)
+
+    def shard_bytes(self) -> list[int] | None:
+        """Every shard's bytes, or None unless all are known."""
+        if len(self.sizes) != len(self.shards) or any(size is None for size in self.sizes):
+            return None
+        return cast(list[int], self.sizes)
 
 
 async def survey(root: DirNode, scope: ShardScope, skip_reserved: bool) -> Survey:
@@ -203,7 +214,7 @@ async def survey(root: DirNode, scope: ShardScope, skip_reserved: bool) -> Surve
     (`skip_reserved`)."""
     found = Survey()
     await _survey(root, "", scope, found, skip_reserved)
-    found.shards = scope.recorded
+    found.shards, found.sizes = scope.recorded, scope.sizes
     return found
 
 
@@ -243,10 +254,41 @@ def shards_per_task(shards: int, threads: int, parts: int | None = None) -> int:
     return max(1, min(TASK_SHARDS_MAX, math.ceil(shards / (TASKS_PER_THREAD * max(1, threads)))))
 
 
+def shard_cuts(sizes: list[int], threads: int) -> list[int]:
+    """Where each task of shards of these sizes (in listing order) begins: tasks of about equal bytes,
+    at least TASKS_PER_THREAD per worker thread while each keeps TASK_MIN_BYTES, at least one per
+    thread anyway (as far as there are shards), at most TASK_MAX_BYTES (unless one shard is bigger)
+    and TASK_SHARDS_MAX shards each. Small shards make few tasks: a task's fixed cost (opening
+    SOURCE, the first round trips, the scheduler's) is paid by fewer, bigger ones."""
+    count, total = len(sizes), sum(sizes)
+    if not count:
+        return []
+    threads = max(1, threads)
+    target = min(max(total / (TASKS_PER_THREAD * threads), TASK_MIN_BYTES), TASK_MAX_BYTES)
+    tasks = max(math.ceil(total / target), min(threads, count), math.ceil(count / TASK_SHARDS_MAX))
+    tasks = min(tasks, count)
+    # Each shard goes to the task its middle byte falls in (shards of no bytes: by their number).
+    cuts: list[int] = []
+    before, last = 0, -1
+    for i, size in enumerate(sizes):
+        task = min(tasks - 1, int((before + size / 2) * tasks / total) if total else i * tasks // count)
+        if task != last:
+            cuts.append(i)
+            last = task
+        before += size
+    bounded: list[int] = []
+    for start, end in zip(cuts, [*cuts[1:], count]):
+        pieces = math.ceil((end - start) / TASK_SHARDS_MAX)
+        bounded += [start + (end - start) * k // pieces for k in range(pieces)]
+    return bounded
+
+
 def deal(found: Survey, per_task: int, files: int = TASK_FILES, size: int = TASK_BYTES,
-         named: str | None = None) -> list[TaskWork]:
-    """The tasks: directories and files with no shard first (at most `files` entries and `size`
-    bytes each), then the shards in listing order, `per_task` to a task."""
+         named: str | None = None, cuts: list[int] | None = None) -> list[TaskWork]:
+    """The tasks: directories and files with no shard (at most `files` entries and `size` bytes a
+    task), then the shards in listing order, `per_task` to a task or (`cuts`) in tasks beginning at
+    those positions. Files with no shard that fit in one small task (FOLD_FILES, FOLD_BYTES) go
+    with the last task of shards instead."""
     works: list[TaskWork] = []
     dirs: list[str] = []
     paths: list[str] = []
@@ -267,14 +309,19 @@ def deal(found: Survey, per_task: int, files: int = TASK_FILES, size: int = TASK
     if dirs or paths or not found.shards:
         works.append(TaskWork(tuple(dirs), tuple(paths), format=named))  # (an empty tree: one empty task)
     shards = found.shards
-    for at in range(0, len(shards), per_task):
+    starts = cuts if cuts is not None else list(range(0, len(shards), per_task))
+    for at, end in zip(starts, [*starts[1:], len(shards)]):
         groups: list[tuple[str, str, list[Hashable]]] = []
-        for where, label, shard in shards[at:at + per_task]:
+        for where, label, shard in shards[at:end]:
             if groups and groups[-1][:2] == (where, label):
                 groups[-1][2].append(shard)
             else:
                 groups.append((where, label, [shard]))
         works.append(TaskWork(groups=tuple(ShardGroup(w, s, tuple(h)) for w, s, h in groups), format=named))
+    few = len(works) >= 2 and not works[0].groups and bool(works[1].groups)  # one task of files, then shards
+    if few and len(works[0].dirs) + len(works[0].files) <= FOLD_FILES and held <= FOLD_BYTES:
+        alone, last = works[0], works[-1]
+        works = works[1:-1] + [TaskWork(alone.dirs, alone.files, last.groups, named)]
     return works
 
 
@@ -505,8 +552,12 @@ class Surveyed:
     round_trips: int | None = None
 
     def plan(self, threads: int, parts: int | None = None) -> Planned:
+        """Tasks for `threads` worker threads: by the shards' bytes where all are known (`shard_cuts`),
+        else by their number (`shards_per_task`); `parts` tasks of shards if given."""
         found = self.found
-        works = deal(found, shards_per_task(len(found.shards), threads, parts), named=self.named)
+        sizes = None if parts else found.shard_bytes()
+        works = deal(found, shards_per_task(len(found.shards), threads, parts), named=self.named,
+                     cuts=None if sizes is None else shard_cuts(sizes, threads))
         return Planned(works, self.problems, len(found.shards), found.dirs, self.requests, self.round_trips)
 
 
