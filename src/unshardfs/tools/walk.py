@@ -48,7 +48,9 @@ def failure(rel: str, error: Exception) -> str:
 
 
 async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, FileNode | DirNode]]:
-    """(relative path, node) of every file and directory below `root`, depth first."""
+    """(relative path, node) of every file and directory below `root`, depth first; the caller
+    reads every file (each directory is told so before it is listed: `DirNode.will_read_all`)."""
+    root.will_read_all()
     async for batch in root.entries():
         for name, node in batch:
             problem = name_problem(name)

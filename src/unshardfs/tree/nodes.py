@@ -159,6 +159,13 @@ class DirNode(Node):
 
     stable_key: str | None = None  # identifies the directory across re-lookups
 
+    def will_read_all(self) -> None:
+        """The caller will read every file directly in this directory (and, for a directory of
+        nested chunk keys, below it), whole, in listing order: an export or a check says so before
+        it lists the directory. A directory that can fetch those files ahead in large reads (a
+        sharded directory over a remote source) declares them now, in the background; the rest
+        do nothing (each read is its own). Never required: reads work the same either way."""
+
     def child_name(self, child_id: int) -> str:
         """The name of the child whose `child_id` is given."""
         raise KeyError(child_id)
