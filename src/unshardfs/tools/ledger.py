@@ -46,6 +46,7 @@ _TASK_FILE = re.compile(r"^(\d{6})\.jsonl$")
 # is writable by others too.
 _PLAN_LIMIT = 1 << 20
 _LINE_LIMIT = LINE_LIMIT
+ENTRY_LINES = 4096  # file lines of a ledger entry (or the manifest) made and written at once
 
 
 def reserved(rel: str) -> bool:
@@ -217,13 +218,22 @@ class Ledger:
         return self.dest.exists(task_file(task))
 
     def finish(self, journal: Journal, sync: bool = True) -> None:
-        """Write the task's ledger entry (every file it holds, flushed first), then drop its journal."""
-        records = list(journal.done.values())
-        closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records)}
-        pieces = (r.line().encode() for r in records)
+        """Write the task's ledger entry (every file it holds, flushed first), then drop its journal.
+        The entry is made and written ENTRY_LINES lines at a time, never held whole."""
+        records = journal.done
+        closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records.values())}
         journal.close()
-        self.dest.write(task_file(journal.task), [b"".join(pieces), json.dumps(closing).encode() + b"\n"],
-                        sync=sync, task=journal.task, create=False)
+
+        def pieces() -> Iterator[bytes]:
+            batch: list[bytes] = []
+            for record in records.values():
+                batch.append(record.line().encode())
+                if len(batch) >= ENTRY_LINES:
+                    yield b"".join(batch)
+                    batch = []
+            batch.append(json.dumps(closing).encode() + b"\n")
+            yield b"".join(batch)
+        self.dest.write(task_file(journal.task), pieces(), sync=sync, task=journal.task, create=False)
         self.dest.drop_journal(task_file(journal.task, "journal"))
 
     def task_totals(self, task: int) -> tuple[int, int]:
@@ -264,7 +274,7 @@ class Ledger:
                 for record in self.records(task):
                     batch.append(record.line().encode())
                     count += 1
-                    if len(batch) >= 4096:
+                    if len(batch) >= ENTRY_LINES:
                         yield b"".join(batch)
                         batch = []
                 if count != totals[task]:  # read back short (or grown): the manifest would lie
