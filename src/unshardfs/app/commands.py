@@ -91,9 +91,12 @@ async def _one_part(args: argparse.Namespace) -> PartResult:
     return PartResult(list(problems), summary, session.source.counters.reads)
 
 
-def _checks(args: argparse.Namespace, threads: int) -> tuple[list[Part], PartResult]:
-    """The check's tasks, planned here; and what planning found (its problems, as a result)."""
-    planned = plan_tasks(args.source, _one_version(args), threads, args.parts)
+def _checks(args: argparse.Namespace, threads: int,
+            early: "_EarlySurvey | None" = None) -> tuple[list[Part], PartResult]:
+    """The check's tasks, planned here (from `early`'s walk if one was started); and what planning
+    found (its problems, as a result)."""
+    planned = (plan_tasks(args.source, _one_version(args), threads, args.parts) if early is None
+               else early.wait().plan(threads, args.parts))
     parts = [Part(args.source, _one_version(args), i, work) for i, work in enumerate(planned.works)]
     return parts, PartResult(planned.problems, WalkSummary(), 0, -1)
 
@@ -160,11 +163,13 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _check_results(args: argparse.Namespace) -> list[PartResult]:
     if args.scheduler is not None:
-        from unshardfs.app.cluster import worker_threads
+        from unshardfs.app.cluster import warm_workers, worker_threads
 
+        early = _EarlySurvey(args.source, _one_version(args), skip_reserved=False)
         client = _client(args)
         try:
-            parts, planning = _checks(args, worker_threads(client))
+            warming = warm_workers(client)  # the workers import while the client plans (held until the end)
+            parts, planning = _checks(args, worker_threads(client), early)
             return [planning] + _on_cluster(args, client, parts, "task")
         finally:
             close_client(client)
@@ -211,8 +216,8 @@ class _EarlySurvey:
     """The walk of SOURCE for a new plan, on a thread of its own while the cluster starts or is
     reached: planning waits on the store, starting a cluster on the CPU, so they overlap."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, source: str, options: OpenOptions, skip_reserved: bool) -> None:
+        self.source, self.options, self.skip_reserved = source, options, skip_reserved
         self.result: Surveyed | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
@@ -227,12 +232,12 @@ class _EarlySurvey:
             fresh = Ledger(out).plan() is None
         finally:
             out.close()
-        return cls(args) if fresh else None
+        return cls(_identity(args)[0], _one_version(args), skip_reserved=True) if fresh else None
 
     def _run(self) -> None:
         start = time.monotonic()
         try:
-            self.result = survey_source(_identity(self.args)[0], _one_version(self.args), skip_reserved=True)
+            self.result = survey_source(self.source, self.options, self.skip_reserved)
         except BaseException as e:  # noqa: BLE001 - raised again where the plan is needed
             self.error = e
         self.seconds = time.monotonic() - start
@@ -349,7 +354,7 @@ def _export_run(args: argparse.Namespace) -> int:
 
             early = _EarlySurvey.needed(args)
             client = _client(args)
-            warming = warm_workers(client)  # the workers import while the client plans
+            warming = warm_workers(client)  # the workers import while the client plans (held until the end)
             check_dest_visible(client, args.dest, open_options(args).remote)
             threads = worker_threads(client)
             phases.connect, phases.workers = time.monotonic() - phases.started, len(client.nthreads())
