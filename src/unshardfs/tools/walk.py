@@ -80,7 +80,7 @@ BATCH_FILES = 64  # small files handed to a writer thread at once: one hand-over
 BATCH_SECONDS = 0.02  # ... or fewer, once the first of them has waited this long
 
 
-class _Batch:
+class _WriteBatch:
     """Small files read and waiting to be written, handed to a writer thread together (a hand-over
     to a thread costs more CPU than writing a small file)."""
 
@@ -224,7 +224,7 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
                        progress: Callable[[WalkSummary], None] | None) -> None:
     summary = run.summary
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
-    batch = _Batch()  # small files read, not yet handed to a writer
+    batch = _WriteBatch()  # small files read, not yet handed to a writer
     async for rel, node in entries:
         if summary.stopped is not None:
             return
@@ -269,14 +269,14 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
             batch.add(rel, node, data)
             if batch.full():
                 await _hand_over(run, batch, nursery, limiter)
-                batch = _Batch()
+                batch = _WriteBatch()
         if progress is not None:
             progress(summary)
     if batch.files:
         await _hand_over(run, batch, nursery, limiter)
 
 
-async def _hand_over(run: _Run, batch: _Batch, nursery: trio.Nursery, limiter: trio.CapacityLimiter) -> None:
+async def _hand_over(run: _Run, batch: _WriteBatch, nursery: trio.Nursery, limiter: trio.CapacityLimiter) -> None:
     """Give a batch to a writer thread once one of the `jobs` slots is free (waiting for it is the
     walk's `writes` wait)."""
     token = object()  # the write task, not this one, releases the slot
