@@ -366,12 +366,15 @@ def _export_run(args: argparse.Namespace) -> int:
             submitted, start = time.time(), time.monotonic()
             results = _export_here(args, _exports(args, plan, works, pending))
         phases.tasks = time.monotonic() - start
+        timelines = [r.timeline for r in results if r.timeline is not None]
+        settle_idle(timelines, submitted)
+        # The manifest before the cluster is closed: a local:N cluster takes a while to stop.
+        status = _export_report(args, plan, finished + results, sum(len(w.dirs) for w in works), phases)
     finally:
         if client is not None:
+            start = time.monotonic()
             close_client(client)
-    timelines = [r.timeline for r in results if r.timeline is not None]
-    settle_idle(timelines, submitted)
-    status = _export_report(args, plan, finished + results, sum(len(w.dirs) for w in works), phases)
+            phases.close = time.monotonic() - start
     phases.total = time.monotonic() - phases.started
     if args.stats is not None:
         _write_stats(args, phases, timelines)

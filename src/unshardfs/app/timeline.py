@@ -94,6 +94,7 @@ class RunPhases:
     ledger: float = 0.0  # opening DEST, writing the plan and task list, clearing what a killed run left
     tasks: float = 0.0  # from the first task submitted to the last result
     manifest: float = 0.0  # gathering the ledger entries into the manifest
+    close: float = 0.0  # closing the client (and stopping the workers of a local:N cluster)
     total: float = 0.0  # from the command's start to its end (client_start aside)
     plan_requests: int = 0
     plan_round_trips: int | None = None
@@ -143,7 +144,7 @@ def summary_lines(stats: dict[str, Any]) -> list[str]:
     """A few lines for the terminal: the run's phases, the tasks' medians, the slowest task."""
     run, tasks = stats["run"], stats["tasks"]
     lines = [f"run: {run['total']:.2f} s: " + ", ".join(
-        f"{k} {run[k]:.2f}" for k in ("client_start", "connect", "plan", "ledger", "tasks", "manifest")
+        f"{k} {run[k]:.2f}" for k in ("client_start", "connect", "plan", "ledger", "tasks", "manifest", "close")
         if run.get(k) is not None) + f"; planning sent {run['plan_requests']:,} requests"]
 
     def split(doc: dict[str, Any]) -> str:
