@@ -30,7 +30,7 @@ from unshardfs.core.readahead import ScanScope
 from unshardfs.core.scan import DeclaredScan
 from unshardfs.core.store import Shard, ShardedStore
 from unshardfs.core.table import ChunkTable, int_list
-from unshardfs.tree.nodes import EntryBatch, FdRange, FileNode, Node, Verdict
+from unshardfs.tree.nodes import EntryBatch, FdRange, FileNode, Node, StoredRange, Verdict
 from unshardfs.util.decompress import off_loop
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
@@ -94,6 +94,23 @@ class ChunkFile(FileNode):
         if not size or not self.ctx.direct:
             return None
         return self.ctx.fetcher.cached_direct(self.blob, self.start + offset, size)
+
+    def stored_range(self) -> StoredRange | str:
+        """Where the file's bytes lie in its shard, when its codec leaves them as stored (`StoredBytes`)."""
+        codec = self.ctx.codec
+        piece = codec.stored_slice(self.length)
+        if piece is None:
+            return f"its chunks are stored {codec.label}-encoded: a reader would get them undecoded"
+        skip, keep = piece
+        if keep != self.size:
+            return f"a chunk's stored slice ({keep:,} bytes) is not its file ({self.size:,} bytes)"
+        offset = self.start + skip
+        base = 0
+        for path, size, version in self.blob.parts:
+            if base <= offset and offset + keep <= base + size:
+                return StoredRange(self.ctx.store.source, path, offset - base, keep, version)
+            base += size
+        return f"a chunk spans two stored objects ({self.blob.label})"
 
     def xattrs(self) -> dict[str, bytes]:
         return {

@@ -297,6 +297,41 @@ class BackingFiles(Protocol):
         plain local file). The caller closes it."""
 
 
+@dataclass(frozen=True, slots=True)
+class UrlLocation:
+    """Where an object's bytes are stored, as any reader can fetch them by URL: bytes from `offset` of
+    the object `path` of the store at `root` (a local directory as `file:///abs/dir`, an `http(s)://`
+    base URL, `gs://bucket/prefix`, `s3://bucket/prefix`), which had `version` (as `ObjectStat.version`
+    of that store's `stat`) when the location was given."""
+
+    root: str
+    path: str
+    url: str  # the stored object's own URL: root and path, spelled as that store's readers spell it
+    offset: int
+    version: Version
+
+    def at(self, offset: int) -> "UrlLocation":
+        """The same object, `offset` bytes further in."""
+        return UrlLocation(self.root, self.path, self.url, self.offset + offset, self.version)
+
+
+@runtime_checkable
+class StoredAt(Protocol):
+    """A source whose objects are stored where a reader elsewhere can fetch them by URL, byte for
+    byte (a local directory, HTTP, GCS, S3, and a zip archive's STORED members over one of them):
+    what `unshardfs refs` writes into a reference file."""
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """Where the object at `path` (as `version`, from `stat`; StaleError when it changed) is stored;
+        None when its bytes are not stored as they are read (a compressed zip member, a value of a
+        versioned store) or the store has no URL a reader could use."""
+
+
+async def stored_at(source: ByteSource, path: str, version: Version | None) -> UrlLocation | None:
+    """`source.stored_at(path, version)`, or None for a source that cannot tell (`StoredAt`)."""
+    return await source.stored_at(path, version) if isinstance(source, StoredAt) else None
+
+
 class SourceLayer:
     """A byte source layered over another (counting, disk cache): everything not
     overridden goes to `inner`, and `stats` merges this layer's section with the
@@ -365,6 +400,10 @@ class SourceLayer:
         answers a conditional read from bytes it kept."""
         below = self._read_if_tagged_below
         return await below(path, offset, size, etag) if below is not None else None
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """The `StoredAt` of the source below, through: every layer here leaves bytes as they are."""
+        return await stored_at(self.inner, path, version)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -8,8 +8,10 @@ remote byte source can sit underneath without changing the contract.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Protocol, Union, runtime_checkable
 
+from unshardfs.sources.base import ByteSource, Version
 from unshardfs.sources.base import FdRange as FdRange  # part of the node API (`FileNode.cached_range`)
 
 
@@ -83,6 +85,32 @@ class WholeLocalFile(Protocol):
         """A new O_RDONLY descriptor of that file, if it is still the version this node was
         resolved from (same inode, size, mtime); None otherwise (then the file is read as any
         other). The caller closes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRange:
+    """A file's bytes as they are stored: exactly bytes [offset, offset + length) of the object at
+    `path` of `source`, as of `version` (from that source's `stat`). Where that object lies for a
+    reader elsewhere (a URL) is the source's to say (`sources.base.StoredAt`)."""
+
+    source: ByteSource
+    path: str
+    offset: int
+    length: int
+    version: Version
+
+
+@runtime_checkable
+class StoredBytes(Protocol):
+    """A capability of a `FileNode`: whether its bytes, first to last, are one byte range of one
+    stored object, unchanged (a raw chunk in a shard, a file passed through), so that a reader that
+    knows nothing of unshardfs can fetch them from the store itself (`unshardfs refs`). Files whose
+    bytes are decoded, assembled or computed answer why not; files without the capability are not
+    (in-memory metadata, `BytesFile`, is written out whole instead)."""
+
+    def stored_range(self) -> StoredRange | str:
+        """The range; or, when the bytes are not one, why (a short phrase for a message that names
+        the directory: "its chunks are gzip-encoded")."""
 
 
 Entry = tuple[str, Node]
