@@ -38,7 +38,7 @@ from .mounts import PY, mounted
 from .measure import through
 from .scenarios import remote
 from .store import NginxStore, StoreUnavailable
-from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
+from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache, xargs_read
 
 MIN_NOISE = 0.03  # per-round ratios within this of 1 are not called either way
 READERS = 8
@@ -145,16 +145,15 @@ class Bench:
     def remote_readers(self, side: Side, name: str) -> float:
         ds = self.remote[name]
         with remote_mount(ds, side, self.work) as m:
-            return len(ds.files) / parallel_read([str(m / f) for f in ds.files], READERS)
+            return len(ds.files) / xargs_read(m / ds.chunk_dir, READERS)
 
     def remote_readers_cpu(self, side: Side, name: str) -> float:
         """The daemon's CPU per file (microseconds, /proc/PID/stat) while 8 readers read over HTTP."""
         ds = self.remote[name]
         with remote_mount(ds, side, self.work) as m:
-            paths = [str(m / f) for f in ds.files]
-            got = through(m, len(paths), lambda: parallel_read(paths, READERS))
+            got = through(m, len(ds.files), lambda: xargs_read(m / ds.chunk_dir, READERS))
         assert got.daemon_cpu is not None
-        return got.daemon_cpu / len(paths) * 1e6
+        return got.daemon_cpu / len(ds.files) * 1e6
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import posixpath
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -183,6 +184,20 @@ class StatHead(Protocol):
     async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
         """`stat(path)`, and the object's first `size` bytes (all of a shorter one), or None for
         them where this request could not give them (read them as usual)."""
+
+
+@runtime_checkable
+class KeyOrder(Protocol):
+    """A source that holds its keys in an index in key order (a database's B+tree): what follows a
+    key there, across directories, costs no request per page. Read-ahead follows scans of files in
+    that order, however the reader found them (by name, never listing)."""
+
+    def key_order(self) -> bool:
+        """Whether `keys_after` answers here (a layer asks the source below)."""
+
+    async def keys_after(self, path: str, n: int) -> list[tuple[str, ObjectStat]]:
+        """Up to `n` objects (files, not directories) after `path` in key order, as paths with their
+        stats; fewer at the end."""
 
 
 async def stat_and_head(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
@@ -387,6 +402,15 @@ class SourceLayer:
         if below is None:
             return await self.inner.stat(path), None
         return await below(path, size)
+
+    def key_order(self) -> bool:
+        """The `KeyOrder` of the source below, through."""
+        inner = self.inner
+        return isinstance(inner, KeyOrder) and inner.key_order()
+
+    async def keys_after(self, path: str, n: int) -> "builtins.list[tuple[str, ObjectStat]]":
+        inner = self.inner
+        return await inner.keys_after(path, n) if isinstance(inner, KeyOrder) and inner.key_order() else []
 
     async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
         """The `StatHead` of the source below, through; its `stat` alone where it has none."""
