@@ -147,6 +147,8 @@ class RecordStore(Protocol):
     """The ledger's records in DEST: small documents replaced whole, and journals. Everything read
     back is bounded (`limit`, LINE_LIMIT a line) and parsed by the caller as untrusted."""
 
+    remote: bool  # each record is requests away (object storage): worth reading several at once
+
     def make_dir(self, rel: str) -> None: ...
 
     def replace(self, rel: str, pieces: Iterable[bytes]) -> None:

@@ -138,6 +138,8 @@ class _LocalJournal:
 class LocalRecords:
     """The ledger's records beneath DEST (a RecordStore)."""
 
+    remote = False
+
     def __init__(self, out: Beneath, sync: bool = True) -> None:
         self.out = out
         self.sync = sync

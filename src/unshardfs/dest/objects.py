@@ -271,6 +271,8 @@ class _SegmentedJournal:
 class ObjectRecords:
     """The ledger's records under the prefix (a RecordStore)."""
 
+    remote = True
+
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
