@@ -36,6 +36,7 @@ class TestMemory(SourceConformance):
     """The in-memory source shipped for format authors' unit tests keeps the same contract."""
 
     listable, remote = True, False
+    in_files = False
 
     @pytest.fixture
     def source(self) -> MemorySource:
@@ -56,6 +57,7 @@ class TestLatency(SourceConformance):
 
     listable, remote = False, True
     tails = True
+    in_files = False
     page_size: int | None = None
 
     @pytest.fixture
@@ -93,8 +95,12 @@ class TestDiskCached(SourceConformance):
 
 
 class TestHttp(SourceConformance):
+    """A file server whose entity tags are derived from inode, size and mtime (as nginx's and Apache's are):
+    a rewrite that puts the mtime back keeps its tag, and no client can see it."""
+
     listable, remote = False, True
     tails = True
+    sees_restored = False
 
     @pytest.fixture
     def make(self, tree: Path) -> Iterator[MakeSource]:
@@ -129,6 +135,7 @@ class TestS3(SourceConformance):
 
     listable, remote = True, True
     tails = True
+    in_files = False
     buckets = itertools.count()
 
     @pytest.fixture

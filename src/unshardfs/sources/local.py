@@ -393,11 +393,13 @@ class LocalSource:
     async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
-    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str,
+                             version: Version | None = None) -> bytes | None:
         """`read`, if the file's entity tag is still `etag`: a local file's tag as object-store clients
         derive it (the `object_store` crate Icechunk reads local files with: inode, mtime in microseconds
         and size, in hexadecimal, `{ino:x}-{mtime_us:x}-{size:x}`). The read is made on the version the
-        tag was checked against, so a file rewritten between the two is StaleError too."""
+        tag was checked against (or on `version`, which must be that one), so a file rewritten between
+        the two is StaleError too, and so is one rewritten with its mtime put back since `version`."""
         st = self._object_stat(path)
         if st is None or st.is_dir:
             raise StaleError(path, "file was removed after its entity tag was recorded")
@@ -406,6 +408,8 @@ class LocalSource:
         if opaque_tag(etag) != current:
             raise StaleError(path, f"file changed after its entity tag was recorded (now {current}, not "
                                    f"{opaque_tag(etag)[:100]})")
+        if version is not None and version != st.version:
+            raise StaleError(path, "file changed after it was first read")
         return await self.read(path, offset, size, st.version)
 
     def open_backing(self, path: str, version: Version) -> int | None:
