@@ -15,9 +15,9 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from tests.support.ocdbt import write_one_chunk
 from unshardfs.testing.mounts import wait_for
 from unshardfs.testing.source_conformance import CHANGES, RESTORED, flipped
 
@@ -30,17 +30,9 @@ FAR = 700 << 10  # a page far from the head the reader holds
 def database(tmp_path_factory) -> tuple[Path, bytes]:
     """An OCDBT database (written by TensorStore) holding a Zarr v3 group whose array `arr` is one raw
     1 MiB chunk; and that chunk's bytes."""
-    ts = pytest.importorskip("tensorstore")
+    pytest.importorskip("tensorstore")
     root = tmp_path_factory.mktemp("changed") / "db"
-    kv = {"driver": "ocdbt", "base": f"file://{root}/"}
-    ts.KvStore.open(kv).result().write("zarr.json", b'{"zarr_format": 3, "node_type": "group"}').result()
-    array = ts.open({"driver": "zarr3", "kvstore": {**kv, "path": "arr/"},
-                     "metadata": {"shape": [1024, 1024], "data_type": "uint8",
-                                  "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1024, 1024]}},
-                                  "codecs": [{"name": "bytes"}]}}, create=True).result()
-    chunk = np.random.default_rng(3).integers(0, 256, size=(1024, 1024), dtype=np.uint8)
-    array.write(chunk).result()
-    return root, chunk.tobytes()
+    return root, write_one_chunk(root)
 
 
 def _holder(root: Path, value: bytes) -> tuple[Path, bytes]:

@@ -94,6 +94,9 @@ class ChunkFile(FileNode):
             return None
         return self.ctx.fetcher.cached_direct(self.blob, self.start + offset, size)
 
+    def content_version(self) -> tuple[object, ...]:
+        return (self.blob.version, self.start, self.length)
+
     def xattrs(self) -> dict[str, bytes]:
         return {
             "user.unshardfs.source": self.blob.label.encode(),

@@ -19,6 +19,7 @@ import html
 import json
 import logging
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qs, quote, unquote_to_bytes
@@ -67,9 +68,12 @@ def content_type(name: str) -> str:
 
 
 def etag(node: FileNode) -> str:
-    # Size and mtime come from the backing shard and index: the bytes behind a
-    # file cannot change without one of them changing.
-    return f'"{node.size:x}-{node.mtime_ns:x}"'
+    """A strong tag of the file's content: its size and mtime, and a digest of the version of what its
+    bytes are stored in (a rewrite that puts the mtime back, a packed store's data file copied over,
+    change that alone)."""
+    version = node.content_version()
+    digest = f"-{zlib.crc32(repr(version).encode()):08x}" if version else ""
+    return f'"{node.size:x}-{node.mtime_ns:x}{digest}"'
 
 
 def http_date(mtime_ns: int) -> str:
@@ -252,7 +256,8 @@ class TreeApp:
         await send({"type": "http.response.start", "status": status,
                     "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in merged.items()]})
 
-    async def _file(self, send: Send, node: Node, names: list[str], headers: dict[str, str], head: bool) -> None:
+    async def _file(self, send: Send, node: Node, names: list[str], headers: dict[str, str], head: bool,
+                    followed: bool = False) -> None:
         assert isinstance(node, FileNode)
         tag = etag(node)
         validators = {"ETag": tag, "Last-Modified": http_date(node.mtime_ns), "Accept-Ranges": "bytes",
@@ -269,7 +274,11 @@ class TreeApp:
         extra = {"Content-Range": f"bytes {start}-{end - 1}/{node.size}"} if wanted is not None else {}
         # The first piece is read before the status goes out, so a damaged file
         # is a 502, not a 200 cut short.
-        node, first = await self._read(node, names, start, min(PIECE, end - start))
+        fresh, first = await self._read(node, names, start, min(PIECE, end - start), follow=not followed)
+        if fresh is not node:
+            # The file changed since it was looked up: its validators (and what a condition on them
+            # decided) are the new content's, so the request is answered again from it (once).
+            return await self._file(send, fresh, names, headers, head, followed=True)
         await self._start(send, 206 if wanted is not None else 200,
                           {**validators, **extra, "Content-Length": str(end - start)})
         if head:

@@ -58,6 +58,9 @@ class PassthroughFile(FileNode):
         except SourceError as e:
             raise DataError(self.path, str(e)) from e
 
+    def content_version(self) -> tuple[object, ...]:
+        return self.version
+
     def xattrs(self) -> dict[str, bytes]:
         return {"user.unshardfs.source": self.path.encode()}
 
