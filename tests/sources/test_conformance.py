@@ -26,6 +26,7 @@ FAST = HttpOptions(retries=0, timeout=10)
 
 class TestLocal(SourceConformance):
     listable, remote = True, False
+    in_files = True
 
     @pytest.fixture
     def make(self, tree: Path) -> MakeSource:
@@ -36,7 +37,6 @@ class TestMemory(SourceConformance):
     """The in-memory source shipped for format authors' unit tests keeps the same contract."""
 
     listable, remote = True, False
-    in_files = False
 
     @pytest.fixture
     def source(self) -> MemorySource:
@@ -57,7 +57,6 @@ class TestLatency(SourceConformance):
 
     listable, remote = False, True
     tails = True
-    in_files = False
     page_size: int | None = None
 
     @pytest.fixture
@@ -80,6 +79,7 @@ class TestLatencyListed(TestLatency):
 
 class TestCounting(SourceConformance):
     listable, remote = True, False
+    in_files = True
 
     @pytest.fixture
     def make(self, tree: Path) -> MakeSource:
@@ -88,6 +88,7 @@ class TestCounting(SourceConformance):
 
 class TestDiskCached(SourceConformance):
     listable, remote = True, False
+    in_files = True
 
     @pytest.fixture
     def make(self, tree: Path, tmp_path: Path) -> MakeSource:
@@ -101,6 +102,7 @@ class TestHttp(SourceConformance):
     listable, remote = False, True
     tails = True
     sees_restored = False
+    in_files = True
 
     @pytest.fixture
     def make(self, tree: Path) -> Iterator[MakeSource]:
@@ -113,6 +115,7 @@ class TestGcs(SourceConformance):
 
     listable, remote = True, True
     tails = True
+    in_files = True
 
     @pytest.fixture
     def make(self, tree: Path) -> Iterator[MakeSource]:
@@ -135,7 +138,6 @@ class TestS3(SourceConformance):
 
     listable, remote = True, True
     tails = True
-    in_files = False
     buckets = itertools.count()
 
     @pytest.fixture

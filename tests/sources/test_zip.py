@@ -60,6 +60,7 @@ def _rezip(archive: Path, method: int, path: str, data: bytes | None, under: str
 
 class ZipCase(SourceConformance):
     listable, remote = True, False
+    in_files = True
     method = zipfile.ZIP_STORED
     under = ""
 

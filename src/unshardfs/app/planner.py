@@ -36,6 +36,7 @@ from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
 from unshardfs.tools.ledger import reserved
+from unshardfs.tools.walk import unlisted
 from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError
@@ -214,6 +215,9 @@ async def _survey(node: DirNode, rel: str, scope: ShardScope, found: Survey, ski
             try:
                 batch = await listing.__anext__()
             except StopAsyncIteration:
+                return
+            except Exception as e:  # a directory that cannot be listed: a problem, not an empty one
+                unlisted(rel, e)
                 return
             for name, child in batch:
                 problem = name_problem(name)
@@ -423,6 +427,10 @@ async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, F
                 try:
                     batch = await listing.__anext__()
                 except StopAsyncIteration:
+                    listed = False
+                    break
+                except Exception as e:  # a directory that cannot be listed: a problem, not an empty one
+                    unlisted(rel, e)
                     listed = False
                     break
                 for name, child in batch:

@@ -34,12 +34,19 @@ class ObjectStat:
     `version` changes whenever the object's content may have changed (for a
     local file: device, inode, size and mtime), so caches keyed on it never
     mix an old index with new data.
+
+    `refused`: why an object that exists is not read (a symbolic link leading
+    outside the source, links that loop, a FIFO where a file should be); None
+    for one that is. A refused object is never absent: it is listed and found
+    by name as a file (of at least one byte, so a read reaches its reader),
+    and every read of it fails, saying why.
     """
 
     size: int
     mtime_ns: int
     is_dir: bool
     version: Version = ()
+    refused: str | None = None
 
 
 class IndexCache(Protocol):

@@ -100,6 +100,8 @@ class Pins:
             st = await self.source.stat(pin.path)
             if st is None or st.is_dir:
                 raise DataError(where, f"{pin.path} is missing")
+            if st.refused is not None:
+                raise DataError(where, f"{pin.path}: refused: {st.refused}")
             self._learnt(pin, st.version, where)
         assert pin.version is not None
         return pin.version

@@ -180,8 +180,9 @@ class SourceConformance(ChangedUnderneath):
     listable: ClassVar[bool]
     remote: ClassVar[bool]
     # The objects are the `tree` fixture's files (served or layered as they are): `rewrite` changes
-    # them in place; otherwise (an object store, memory) it replaces the object through `change`.
-    in_files: ClassVar[bool] = True
+    # them in each way `CHANGES` names; otherwise (an object store, memory) it replaces the object
+    # through `change`.
+    in_files: ClassVar[bool] = False
     # Reads made with a version from an earlier stat notice a changed object (StaleError).
     versioned: ClassVar[bool] = True
     # An object's tail comes with its stat (`stat_and_tail`, one request).
