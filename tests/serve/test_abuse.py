@@ -494,3 +494,61 @@ def test_deep_page_listings_leave_the_loop_to_readers() -> None:
 
     during, before = trio.run(main)
     assert during <= 40 * LISTINGS, (during, before)  # before: 1,000 or more (whole listings)
+
+
+def test_clients_that_stop_reading_their_listings_hold_no_turn() -> None:
+    """Listings take turns (at most `LISTINGS` being made at once), but a turn is held while a piece of a
+    listing is made, never while it is sent: more clients than there are turns, each taking the first
+    piece of a long listing and then nothing, leave another client's listing to be answered whole."""
+    import trio
+
+    from unshardfs.http.app import LISTINGS, TreeApp
+
+    class Big(DirNode):
+        async def entries(self):
+            for b in range(100):
+                yield [(f"{b}-{i}", File(1, 0)) for i in range(1024)]
+
+    class File(FileNode):
+        async def read(self, offset, size):
+            return b"x"[offset:offset + size]
+
+    class Root(DirNode):
+        async def lookup(self, name):
+            return Big(0) if name == "big" else None
+
+    app = TreeApp(Root(0), dict)
+    stalled = trio.Event()  # never set: the stalled clients' sends never return
+
+    async def get(path: str, query: bytes, stop_after: int | None) -> bytes:
+        body = bytearray()
+        pieces = 0
+
+        async def send(message):
+            nonlocal pieces
+            if message["type"] == "http.response.body":
+                pieces += 1
+                body.extend(message["body"])
+                if stop_after is not None and pieces > stop_after:
+                    await stalled.wait()
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        await app({"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "headers": [],
+                   "query_string": query}, receive, send)
+        return bytes(body)
+
+    async def main() -> bytes:
+        async with trio.open_nursery() as nursery:
+            for _ in range(LISTINGS + 2):
+                nursery.start_soon(get, "/big/", b"format=json", 1)
+            for _ in range(10):
+                await trio.sleep(0)
+            with trio.fail_after(30):
+                got = await get("/big/", b"format=json", None)
+            nursery.cancel_scope.cancel()
+        return got
+
+    listed = json.loads(trio.run(main))
+    assert len(listed) == 100 * 1024

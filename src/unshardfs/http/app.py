@@ -333,9 +333,15 @@ class TreeApp:
             return await send({"type": "http.response.body", "body": b""})
         body = _json_listing(node) if as_json else _html_listing(node, names, page)
         # A listing is CPU work whose cost the client picks (a million entries, a page past the end of
-        # them): at most LISTINGS are produced at once, and each gives the loop back between batches.
-        async with self._listings, aclosing(body):
-            async for piece in body:
+        # them): at most LISTINGS pieces are being made at once, and each gives the loop back between
+        # batches. A turn is held while a piece is made, never while it is sent: a client that stops
+        # reading its listing holds no turn.
+        async with aclosing(body):
+            while True:
+                async with self._listings:
+                    piece = await anext(body, None)
+                if piece is None:
+                    break
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
