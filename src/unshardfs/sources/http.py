@@ -453,16 +453,17 @@ class HttpSource:
         return status in ABSENT_STATUS
 
     async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
-        return (await self._read(path, offset, size, version))[0]
+        return (await self._read(path, offset, size, version, False))[0]
 
     async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, Version | None]:
         """`read`, and the version the answer names (`VersionedRead`): its validator and, from its
         Content-Range, the object's size, as a stat would give them; None for an answer without them."""
-        data, st = await self._read(path, offset, size, None)
+        data, st = await self._read(path, offset, size, None, True)
         return data, st.version if st is not None else None
 
-    async def _read(self, path: str, offset: int, size: int, version: Version | None) -> tuple[bytes, ObjectStat | None]:
-        """`read`, and the object's stat as the answer (a 206) states it, where it does."""
+    async def _read(self, path: str, offset: int, size: int, version: Version | None, told: bool
+                    ) -> tuple[bytes, ObjectStat | None]:
+        """`read`, and (`told`) the object's stat as the answer (a 206) states it, where it does."""
         if size <= 0:
             return b"", None
         url = self.object_url(path)
@@ -504,7 +505,7 @@ class HttpSource:
                 raise StaleError(path, f"object changed on the server (Last-Modified {answered[:100]}, not {tag})")
         if status == 206:
             body = ranged_body(f"GET {url}", reply, offset, size)
-            total = _content_range_total(reply.headers.get("content-range", ""))
+            total = _content_range_total(reply.headers.get("content-range", "")) if told else None
             return body, self._stat_from(reply, total) if total is not None else None
         if status == 200:
             # The server ignores Range and sent the whole object.
