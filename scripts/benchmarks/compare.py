@@ -31,11 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .ceiling import CeilingUnavailable, binary, options_like
 from .context import KEY
 from .datasets import build_datasets
 from .mounts import PY, mounted
+from .measure import through
 from .scenarios import remote
-from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache
+from .store import NginxStore, StoreUnavailable
+from .workloads import parallel_read, read_files, rel_files, timed, warm_page_cache, xargs_read
 
 MIN_NOISE = 0.03  # per-round ratios within this of 1 are not called either way
 READERS = 8
@@ -49,7 +52,9 @@ class Side:
 
     label: str
     src: Path | None
-    baseline: str = ""  # "nullfs" or "ratarmount"
+    baseline: str = ""  # "nullfs", "ratarmount" or "ceiling"
+    options: tuple[str, ...] = ()  # the baseline's mount options (the ceiling daemon's)
+    readahead_kib: int | None = None  # the baseline's read-ahead (the ceiling daemon's, as unshardfs sets it)
 
     @property
     def env(self) -> dict[str, str] | None:
@@ -95,8 +100,11 @@ class Bench:
 
     # -- figures -----------------------------------------------------------------------
 
+    def mount(self, side: Side, source: Path) -> Any:
+        return mounted(side.kind, source, self.work, *side.options, env=side.env, readahead_kib=side.readahead_kib)
+
     def first_read(self, side: Side) -> float:
-        with mounted(side.kind, self.source(side, "small"), self.work, env=side.env) as m:
+        with self.mount(side, self.source(side, "small")) as m:
             return len(self.files) / timed(lambda: read_files([str(m / f) for f in self.files]))
 
     def warm_reread(self, side: Side) -> float:
@@ -120,7 +128,7 @@ class Bench:
         return elapsed
 
     def sequential(self, side: Side) -> float:
-        with mounted(side.kind, self.source(side, "large"), self.work, env=side.env) as m:
+        with self.mount(side, self.source(side, "large")) as m:
             paths = [str(m / f) for f in self.large_files]
             size = sum(os.path.getsize(p) for p in paths)
             return size / timed(lambda: read_files(paths)) / 2**20
@@ -137,26 +145,32 @@ class Bench:
     def remote_readers(self, side: Side, name: str) -> float:
         ds = self.remote[name]
         with remote_mount(ds, side, self.work) as m:
-            return len(ds.files) / parallel_read([str(m / f) for f in ds.files], READERS)
+            return len(ds.files) / xargs_read(m / ds.chunk_dir, READERS)
+
+    def remote_readers_cpu(self, side: Side, name: str) -> float:
+        """The daemon's CPU per file (microseconds, /proc/PID/stat) while 8 readers read over HTTP."""
+        ds = self.remote[name]
+        with remote_mount(ds, side, self.work) as m:
+            got = through(m, len(ds.files), lambda: xargs_read(m / ds.chunk_dir, READERS))
+        assert got.daemon_cpu is not None
+        return got.daemon_cpu / len(ds.files) * 1e6
 
 
 @contextmanager
 def remote_mount(ds: remote.Dataset, side: Side, work: Path) -> Iterator[Path]:
-    """A fresh mount of `ds` served over HTTP with REMOTE_LATENCY per request."""
-    from unshardfs.testing.http_servers import DatasetServer
-
-    with DatasetServer(ds.root) as server:
-        server.faults.delay = REMOTE_LATENCY
+    """A fresh mount of `ds` served by the store stand-in (nginx) with REMOTE_LATENCY per request."""
+    with NginxStore(ds.root, REMOTE_LATENCY, work) as server:
         with mounted(side.kind, server.url, work, env=side.env) as m:
             yield m
 
 
 FIGURES: dict[str, Figure] = {
-    "first": Figure("first read, 4096 x 16 KiB", "files/s", Bench.first_read, baselines=("nullfs", "ratarmount")),
+    "first": Figure("first read, 4096 x 16 KiB", "files/s", Bench.first_read,
+                    baselines=("nullfs", "ratarmount", "ceiling")),
     "warm": Figure("warm re-read, 4096 x 16 KiB", "files/s", Bench.warm_reread, baselines=("nullfs",)),
     "readers": Figure(f"{READERS} readers, first read", "files/s", Bench.readers),
     "ls": Figure("ls -f, 1,000,000 chunks", "s", Bench.ls_million, higher_is_better=False),
-    "sequential": Figure("sequential, 2 MiB raw chunks", "MiB/s", Bench.sequential, baselines=("nullfs",)),
+    "sequential": Figure("sequential, 2 MiB raw chunks", "MiB/s", Bench.sequential, baselines=("nullfs", "ceiling")),
     # Over HTTP at 20 ms per request (`scripts/bench --only remote`; not in the default set).
     "remote": Figure("cp -r precomputed, 20 ms", "files/s", lambda b, s: b.remote_cp(s, "precomputed")),
     "remote-zarr": Figure("cp -r Zarr v3, 20 ms", "files/s", lambda b, s: b.remote_cp(s, "zarr3")),
@@ -164,8 +178,15 @@ FIGURES: dict[str, Figure] = {
                              lambda b, s: b.remote_readers(s, "zarr3")),
     "remote-readers-precomputed": Figure(f"{READERS} readers precomputed, 20 ms", "files/s",
                                          lambda b, s: b.remote_readers(s, "precomputed")),
+    # The daemon's CPU per file of those 8 readers: lower is better, and load moves it far less.
+    "remote-readers-cpu": Figure(f"{READERS} rdrs Zarr 20ms CPU/file", "us", lambda b, s: b.remote_readers_cpu(s, "zarr3"),
+                                 higher_is_better=False),
+    "remote-readers-precomputed-cpu": Figure(f"{READERS} rdrs precomp. 20ms CPU/file", "us",
+                                             lambda b, s: b.remote_readers_cpu(s, "precomputed"),
+                                             higher_is_better=False),
 }
-REMOTE = ("remote", "remote-zarr", "remote-readers", "remote-readers-precomputed")
+REMOTE = ("remote", "remote-zarr", "remote-readers", "remote-readers-precomputed", "remote-readers-cpu",
+          "remote-readers-precomputed-cpu")
 
 
 # -- checkouts --------------------------------------------------------------------------------
@@ -267,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
         baselines = ([Side("null pyfuse3 fs", None, "nullfs")] if args.null else []) + \
             ([Side("ratarmount on a tar", None, "ratarmount")] if args.ratarmount else [])
         bench = prepare(Path(args.data).resolve(), work, chosen, args.ratarmount)
+        if args.ceiling:
+            baselines.append(ceiling_side(bench, b))
         print(f"{a.label}\n{b.label}\n{runs} runs each, alternating; load average {os.getloadavg()[0]:.1f}",
               flush=True)
         for r in range(runs):
@@ -309,6 +332,19 @@ def prepare(data: Path, work: Path, chosen: list[str], ratarmount: bool) -> Benc
             pass  # ratarmount builds its index once, outside the timing
     print(f"datasets ready in {time.perf_counter() - started:.0f} s ({data})", file=sys.stderr, flush=True)
     return bench
+
+
+def ceiling_side(bench: Bench, like: Side) -> Side:
+    """The ceiling daemon (`ceilingfs.c`) with the request size and read-ahead that side `like`'s
+    unshardfs negotiates on the large scale."""
+    try:
+        binary(bench.work)
+    except CeilingUnavailable as e:
+        raise SystemExit(f"bench-compare: {e}") from None
+    with mounted("unshardfs", bench.data["large"]["sharded"], bench.work, env=like.env) as m:
+        features = json.loads(os.getxattr(m, "user.unshardfs.stats"))["fuse"]["features"]
+    options, readahead = options_like(features)
+    return Side("ceiling daemon (libfuse, 1 thread)", None, "ceiling", tuple(options), readahead)
 
 
 def report(bench: Bench, chosen: list[str], a: Side, b: Side, baselines: list[Side], runs: int) -> bool:
@@ -357,8 +393,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the null pyfuse3 fs each round (ratios to the FUSE ceiling)")
     parser.add_argument("--ratarmount", action="store_true",
                         help="also measure ratarmount on a tar of the chunks each round (first read)")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also measure the ceiling daemon (libfuse, from memory) each round (first, sequential)")
     parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "bench-data"),
                         help="where the datasets are built once and reused (shared with scripts/bench)")
     parser.add_argument("--json", help="write every measured value to this file")
     parser.add_argument("--fail-on-drop", action="store_true", help="exit 1 if any figure dropped beyond noise")
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except StoreUnavailable as e:  # the remote figures' store stand-in cannot run here: one line
+        raise SystemExit(f"bench-compare: {e}") from None

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import ceiling, profiling
+
 SCRIPTS = Path(__file__).resolve().parent.parent
 PY = sys.executable
 UNSHARDFS = [PY, "-m", "unshardfs"]
@@ -37,16 +39,32 @@ def unmount(path: Path) -> None:
 
 @contextmanager
 def mounted(kind: str, source: Path | str, workdir: Path, *options: str,
-            env: dict[str, str] | None = None) -> Iterator[Path]:
+            env: dict[str, str] | None = None, readahead_kib: int | None = None) -> Iterator[Path]:
     """`source` mounted by `kind`; `env` runs unshardfs with another environment (another checkout's
-    code on PYTHONPATH, see `compare`)."""
+    code on PYTHONPATH, see `compare`). Kinds: unshardfs, nullfs, ratarmount, and the ceiling
+    daemon (`ceiling`) on one thread or libfuse's worker threads (`ceiling-mt`), its options
+    `ceiling.options_like` and its read-ahead `readahead_kib` (as unshardfs sets its own, root only).
+    With `scripts/bench --profile`, py-spy samples each unshardfs daemon while it is mounted."""
     mnt = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir))
     # The daemon's log goes to the run's work directory, not the user's cache.
     env = {**(os.environ if env is None else env), "XDG_CACHE_HOME": str(workdir)}
     proc = None
+    recording = None
     try:
         if kind == "unshardfs":
             subprocess.run([*UNSHARDFS, "mount", str(source), str(mnt), *options], check=True, env=env)
+            if profiling.ACTIVE is not None:
+                recording = profiling.attach(daemon_pid(mnt))
+        elif kind in ("ceiling", "ceiling-mt"):
+            binary = ceiling.binary(workdir)
+            threads = ["--mt"] if kind == "ceiling-mt" else []
+            proc = subprocess.Popen([str(binary), *threads, *options, str(source), str(mnt)],
+                                    stdout=subprocess.DEVNULL)
+            wait_mounted(mnt, proc)
+            if readahead_kib:
+                from unshardfs.fuse.mount import set_readahead
+
+                set_readahead(str(mnt), readahead_kib)
         elif kind == "nullfs":
             proc = subprocess.Popen([PY, str(SCRIPTS / "nullfs.py"), *options, str(source), str(mnt)],
                                     stdout=subprocess.DEVNULL)
@@ -60,6 +78,7 @@ def mounted(kind: str, source: Path | str, workdir: Path, *options: str,
         unmount(mnt)
         if proc is not None:
             proc.wait(timeout=30)
+        profiling.stop(recording)
         shutil.rmtree(mnt, ignore_errors=True)
 
 
@@ -70,7 +89,7 @@ def daemon_pid(mnt: Path) -> int:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if str(mnt).encode() in argv and b"--foreground" in argv:
+            if str(mnt).encode() in argv and (b"--foreground" in argv or argv[0].endswith(b"/ceilingfs")):
                 return int(entry.name)
     raise RuntimeError("daemon not found")
 

@@ -45,6 +45,16 @@ def in_processes(target: Callable[..., None], arglists: list[tuple[Any, ...]]) -
     return elapsed, [queue.get() for _ in procs]
 
 
+def xargs_read(directory: Path, readers: int = 8, per_reader: int = 16) -> float:
+    """Seconds for `find . -type f | xargs -P readers -n per_reader cat` in `directory`: readers'
+    own pattern (directory order, each process the next few files of find's listing as the
+    processes before it finish), not one tuned to the daemon."""
+    import subprocess
+
+    return timed(lambda: subprocess.run(f"find . -type f | xargs -P {readers} -n {per_reader} cat > /dev/null",
+                                        shell=True, cwd=directory, check=True))
+
+
 def parallel_read(paths: list[str], n: int) -> float:
     """Seconds for `n` processes to read `paths`, split round-robin."""
     return read_lists([paths[i::n] for i in range(n)])

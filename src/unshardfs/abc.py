@@ -22,6 +22,9 @@ error behaviour. The pieces, bottom up:
   (`yourpkg.plugin:YourFormat`), generic in its options (a frozen
   dataclass; `NoOptions` for none); `unshardfs.testing.format_conformance.FormatConformance`
   is the suite it passes through a real mount.
+- `StoredBytes` (`StoredRange`) on a file, `StoredAt` (`UrlLocation`) on a source: the
+  file's bytes are one range of one stored object, at a URL a reader elsewhere can fetch
+  (what `unshardfs refs` writes as a kerchunk reference).
 - `Fields`, `DataLimits`: metadata parsing with typed errors, bounds on
   untrusted sizes. Errors: `DataError` (damage: EIO), `ConfigError`
   (bad input before serving), `MetadataError` (a ConfigError naming the member).
@@ -42,8 +45,8 @@ from unshardfs.core.registry import Dataset, FormatPlugin, NoOptions, register_f
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
 from unshardfs.core.table import ChunkTable
-from unshardfs.sources.base import ByteSource, ObjectStat, join_path
-from unshardfs.tree.nodes import BytesFile, DirNode, FileNode
+from unshardfs.sources.base import ByteSource, ObjectStat, StoredAt, UrlLocation, join_path
+from unshardfs.tree.nodes import BytesFile, DirNode, FileNode, StoredBytes, StoredRange
 from unshardfs.util.errors import ConfigError, DataError
 from unshardfs.util.fields import Fields, MetadataError
 from unshardfs.util.limits import DataLimits
@@ -53,5 +56,5 @@ __all__ = [
     "Codec", "ConfigError", "DataError", "Dataset", "DecimalNaming", "DirNode", "Extent", "Fetcher", "Fields",
     "FileNode", "FixedSize", "FormatPlugin", "Geometry", "GeometrySized", "IndexLevel", "InventoryPart", "DataLimits", "MetadataError",
     "Naming", "NoOptions", "ObjectStat", "Runtime", "ShardedDir", "ShardedStore", "codec", "join_path", "parse_decimal",
-    "register_codec", "register_format", "unregister_format",
+    "StoredAt", "StoredBytes", "StoredRange", "UrlLocation", "register_codec", "register_format", "unregister_format",
 ]

@@ -101,6 +101,17 @@ def test_export_reports_the_refused_chunk(examples, tmp_path):
     assert not (tmp_path / "out" / CHUNK).exists()
 
 
+@pytest.mark.parametrize("view", ["zarr3", "zarr2"])
+def test_refs_never_send_a_reader_where_the_mount_would_not_go(examples, tmp_path, view):
+    """`refs` writes where each file's bytes are stored, for readers elsewhere: a refused file has no
+    such place (a reference to the link would read the outside file). One line naming it and why."""
+    out = tmp_path / "refs.json"
+    result = run_cli("refs", "-q", "--view", view, str(examples), "-o", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "refused: a symbolic link on its way leads outside the source" in result.stderr, result.stderr
+    assert not out.exists()
+
+
 def test_zarr_python_through_the_mount_fails_instead_of_reading_the_fill_value(examples, mount):
     zarr = pytest.importorskip("zarr")
     m = mount(examples)

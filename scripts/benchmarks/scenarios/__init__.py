@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ..context import Context
-from . import calls, decode, engines, exportscale, http, listing, local, remote, scaleout, sequential, serve, versioned, zipped
+from . import (calls, decode, engines, exportscale, fsspecreads, http, listing, local, remote, scaleout, sequential,
+               serve, versioned, zipped)
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "local": local.run,  # small-file reads: warm, first, parallel, backing reads
@@ -22,4 +23,5 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "engines": engines.run,  # every figure above that FUSE caps, on the kernel engine and on pyfuse3
     "zipped": zipped.run,  # cp -r through a mount of a zip vs of the unzipped shards, local and at 20 ms
     "versioned": versioned.run,  # first chunk and cp -r through OCDBT and Icechunk vs plain shards, at 20 ms
+    "fsspec": fsspecreads.run,  # first reads through the unshard fsspec filesystem vs a fresh mount and TensorStore
 }

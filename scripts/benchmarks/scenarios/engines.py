@@ -19,6 +19,7 @@ from typing import Iterator
 
 from ..context import KEY, Context
 from ..mounts import PY, mounted
+from ..store import NginxStore
 from ..workloads import parallel_read, read_files, rel_files, stat_lists, timed, warm_page_cache, warmed_files
 from .listing import ls_time
 from .local import best_fresh, rate
@@ -114,25 +115,23 @@ def listing(ctx: Context, engines: tuple[str, ...]) -> None:
 
 
 def slow_store(ctx: Context, files: list[str], engines: tuple[str, ...]) -> None:
-    """A store answering every request after 20 ms (the test HTTP server's delay)."""
-    from unshardfs.testing.http_servers import DatasetServer
-
+    """A store answering every request after 20 ms (the nginx stand-in's delay, `store.NginxStore`)."""
     small = ctx.datasets["small"]["sharded"]
     names = files[:200]
     ideal = len(names) / 8 * LATENCY
-    with DatasetServer(small.parent) as server:
+    with NginxStore(small.parent, 0, ctx.work) as server:
         url = f"{server.url}/{small.name}"
         times, readers = {}, {}
         for name in engines:
             with mounted("unshardfs", url, ctx.work, *engine(name)) as m:
-                server.faults.delay = LATENCY
+                server.delay = LATENCY
                 # Round-robin: process i looks up names i, i+8, ... (one directory).
                 times[name] = stat_lists([[str(m / n) for n in names[i::8]] for i in range(8)])
-                server.faults.delay = 0
+                server.delay = 0
             with mounted("unshardfs", url, ctx.work, *engine(name)) as m:
-                server.faults.delay = LATENCY
+                server.delay = LATENCY
                 readers[name] = len(files[:512]) / parallel_read([str(m / f) for f in files[:512]], 8)
-                server.faults.delay = 0
+                server.delay = 0
     for name in engines:
         ctx.report.row(f"8 procs stat 200 names of one dir, 20 ms store [{name}]", times[name], "s",
                        "200/8 x 20 ms", ideal, "<= 1.3x")

@@ -1,5 +1,5 @@
-"""export with N worker processes, N = 1, 2, 4, 8: over the Range server answering every request after
-100 ms (an object store's first byte), and on local shards, into a local DEST with `--no-fsync` (the
+"""export with N worker processes, N = 1, 2, 4, 8: over the store stand-in (nginx, `store.NginxStore`)
+answering every request after 100 ms (an object store's first byte), and on local shards, into a local DEST with `--no-fsync` (the
 cost of a flush is DEST's file system's, not the export's).
 
 Each N runs on a Dask LocalCluster of N single-threaded worker processes (started before the timing,
@@ -9,6 +9,11 @@ same store, and to the target 0.8 x min(N x one worker's rate, one process's rat
 what N workers should reach if they scale until the cores (or the local reads) are the limit. The
 timing covers the whole command: the client's start, the plan (one pass over the store), the tasks
 and the manifest. The load average before each run is recorded (a shared machine skews figures).
+
+Each row carries what bounds it: the CPU seconds of the export's client process (`getrusage` of
+the reaped child), of the Dask workers (`/proc/PID/stat` of their processes, before and after), of
+this process (the LocalCluster's scheduler lives here), and of the store; their CPU per file; and
+the store's requests and round trips on the critical path.
 """
 
 from __future__ import annotations
@@ -17,12 +22,16 @@ import json
 import os
 import shutil
 import subprocess
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import synthetic
+from .. import profiling, synthetic
 from ..context import Context
+from ..cpu import own_seconds, tree_cpu_seconds
 from ..mounts import UNSHARDFS
+from ..store import NginxStore
 from ..workloads import timed, warm_page_cache
 
 LATENCY = 0.1
@@ -48,97 +57,152 @@ def dataset(data: Path) -> Path:
     return root / "sharded"
 
 
+@dataclass
+class Export:
+    """One export run: its seconds and where its CPU went (seconds; None: not there)."""
+
+    seconds: float
+    client_cpu: float  # the `unshardfs export` process (and its children)
+    workers_cpu: float | None = None  # the Dask worker processes
+    scheduler_cpu: float | None = None  # this process: the LocalCluster's scheduler
+    store_cpu: float | None = None
+    counts: dict[str, Any] = field(default_factory=dict)  # the store's requests, round trips, bytes
+
+    def detail(self, files: int) -> dict[str, Any]:
+        cpu = self.client_cpu + (self.workers_cpu or 0.0)
+        out: dict[str, Any] = {"seconds": round(self.seconds, 3), "files": files,
+                               "daemon_cpu_s": round(cpu, 3), "daemon_cpu_us_per_file": round(cpu / files * 1e6),
+                               "client_cpu_s": round(self.client_cpu, 3)}
+        for name, value in (("workers_cpu_s", self.workers_cpu), ("scheduler_cpu_s", self.scheduler_cpu),
+                            ("store_cpu_s", self.store_cpu)):
+            if value is not None:
+                out[name] = round(value, 3)
+        return {**out, **self.counts}
+
+
 def run(ctx: Context) -> None:
     import distributed
 
-    from unshardfs.testing.http_servers import DatasetServer
-
     local_cluster: Any = distributed.LocalCluster  # (untyped)
+    client_class: Any = distributed.Client
 
     source = dataset(Path(ctx.args.data))
     warm_page_cache(source)
     files = GRID[0] * GRID[1] * GRID[2]
     size = files * PAYLOAD
-    seconds: dict[tuple[str, str, int], float] = {}
+    runs: dict[tuple[str, str, int], Export] = {}
     loads: dict[str, list[float]] = {}
-    with DatasetServer(source.parent) as server:
+    with NginxStore(source.parent, 0, ctx.work) as server:
         url = f"{server.url}/{source.name}"
-        seconds[("local", "1 process", 1)] = _best(ctx, str(source), [], loads, "local, 1 process")
+        runs[("local", "1 process", 1)] = _best(ctx, str(source), [], loads, "local, 1 process")
         for n in WORKERS:
-            with local_cluster(n_workers=n, threads_per_worker=1, dashboard_address=None) as cluster:
+            with local_cluster(n_workers=n, threads_per_worker=1, dashboard_address=None) as cluster, \
+                    client_class(cluster) as client:
                 address = cluster.scheduler_address
-                seconds[("local", "Dask", n)] = _best(ctx, str(source), ["--scheduler", address], loads,
-                                                      f"local, Dask {n}")
-                server.faults.delay = LATENCY
-                seconds[("remote", "Dask", n)] = _best(ctx, url, ["--scheduler", address], loads, f"100 ms, Dask {n}",
-                                                       server)
-                server.faults.delay = 0
-            seconds[("local", "--jobs", n)] = _best(ctx, str(source), ["--jobs", str(n)], loads, f"local, --jobs {n}")
-            server.faults.delay = LATENCY
-            seconds[("remote", "--jobs", n)] = _best(ctx, url, ["--jobs", str(n)], loads, f"100 ms, --jobs {n}",
-                                                     server)
-            server.faults.delay = 0
+                workers = sorted(client.run(os.getpid).values())
+                runs[("local", "Dask", n)] = _best(ctx, str(source), ["--scheduler", address], loads,
+                                                   f"local, Dask {n}", workers=workers)
+                server.delay = LATENCY
+                runs[("remote", "Dask", n)] = _best(ctx, url, ["--scheduler", address], loads, f"100 ms, Dask {n}",
+                                                    server, workers=workers)
+                server.delay = 0
+            runs[("local", "--jobs", n)] = _best(ctx, str(source), ["--jobs", str(n)], loads, f"local, --jobs {n}")
+            server.delay = LATENCY
+            runs[("remote", "--jobs", n)] = _best(ctx, url, ["--jobs", str(n)], loads, f"100 ms, --jobs {n}", server)
+            server.delay = 0
         planning(ctx, server, url)
-    report(ctx, seconds, files, size)
+    report(ctx, runs, files, size)
     ctx.report.fact("export-scale load average (1 min) before each run", loads)
     ctx.report.fact("export-scale dataset", {"files": files + 1, "chunks": files, "shards": 1 << SHARD_BITS,
                                              "bytes": size, "latency_s": LATENCY, "rounds": ROUNDS})
 
 
-def planning(ctx: Context, server: Any, url: str) -> None:
+def planning(ctx: Context, server: NginxStore, url: str) -> None:
     """The client's plan alone over the store at 100 ms: its time and requests (a plain HTTP server
     cannot list: every possible shard name is probed, concurrently)."""
     from unshardfs.app.opened import OpenOptions
     from unshardfs.app.planner import plan_tasks
 
-    server.faults.delay = LATENCY
+    server.delay = LATENCY
     server.reset_log()
     seconds = timed(lambda: plan_tasks(url, OpenOptions(versions=False), max(WORKERS)))
-    server.faults.delay = 0
+    server.delay = 0
+    counts = server.counts()
     ctx.report.fact("export-scale planning at 100 ms", {
-        "seconds": round(seconds, 3), "requests": len(server.log), "round_trips": server.round_trips()})
+        "seconds": round(seconds, 3), "requests": counts["requests"], "round_trips": counts["round_trips"]})
 
 
 def _best(ctx: Context, source: str, options: list[str], loads: dict[str, list[float]], label: str,
-          server: Any = None) -> float:
-    """The best time of ROUNDS exports; over `server`, its requests of the last one are a fact."""
+          server: NginxStore | None = None, workers: list[int] | None = None) -> Export:
+    """The fastest of ROUNDS exports, with its CPU (`Export`); over `server`, its requests too."""
     dest = ctx.work / "export-scale"
+    name = f"export {label}"
 
-    def once() -> None:
+    def once() -> Export:
         shutil.rmtree(dest, ignore_errors=True)
-        result = subprocess.run([*UNSHARDFS, "export", "-q", "--no-fsync", *options, source, str(dest)],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"export {label} failed: {result.stderr[-2000:]}")
-
-    best = float("inf")
-    for _ in range(ROUNDS):
-        loads.setdefault(label, []).append(round(os.getloadavg()[0], 2))
         if server is not None:
             server.reset_log()
-        best = min(best, timed(once))
+            store_before = server.cpu_seconds()
+        workers_before = sum(tree_cpu_seconds(p) for p in workers or [])
+        recordings = [profiling.attach(p) for p in workers or []] if profiling.ACTIVE is not None else []
+        own_before = own_seconds()
+        start = time.perf_counter()
+        proc = subprocess.Popen([*UNSHARDFS, "export", "-q", "--no-fsync", *options, source, str(dest)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        recording = profiling.attach(proc.pid) if profiling.ACTIVE is not None else None
+        assert proc.stderr is not None
+        error = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - start
+        scheduler = own_seconds() - own_before
+        workers_cpu = sum(tree_cpu_seconds(p) for p in workers or []) - workers_before
+        profiling.stop(recording)
+        for r in recordings:
+            if r is not None:
+                r.proc.send_signal(2)  # the workers live on: py-spy writes what it has on SIGINT
+            profiling.stop(r)
+        if proc.returncode != 0:
+            raise RuntimeError(f"export {label} failed: {error.decode(errors='replace')[-2000:]}")
+        run = Export(seconds, usage.ru_utime + usage.ru_stime, workers_cpu if workers else None,
+                     scheduler if workers else None)
+        if server is not None:
+            log = server.requests()
+            run.store_cpu = server.cpu_seconds() - store_before
+            run.counts = {"HEAD": sum(e.method == "HEAD" for e in log), "GET": sum(e.method == "GET" for e in log),
+                          "bytes": sum(e.sent for e in log), "requests": len(log),
+                          "round_trips": server.round_trips()}
+        return run
+
+    best: Export | None = None
+    with profiling.figure(name):
+        for _ in range(ROUNDS):
+            loads.setdefault(label, []).append(round(os.getloadavg()[0], 2))
+            run = once()
+            if best is None or run.seconds < best.seconds:
+                best = run
+    assert best is not None
     if server is not None:
-        log = server.log
-        ctx.report.fact(f"export-scale requests, {label}", {
-            "HEAD": sum(e.method == "HEAD" for e in log), "GET": sum(e.method == "GET" for e in log),
-            "bytes": sum(e.sent for e in log), "round_trips": server.round_trips()})
+        ctx.report.fact(f"export-scale requests, {label}", best.counts)
     shutil.rmtree(dest, ignore_errors=True)
     return best
 
 
-def report(ctx: Context, seconds: dict[tuple[str, str, int], float], files: int, size: int) -> None:
-    local_one = files / seconds[("local", "1 process", 1)]
+def report(ctx: Context, runs: dict[tuple[str, str, int], Export], files: int, size: int) -> None:
+    local_one = files / runs[("local", "1 process", 1)].seconds
     for where, tag in (("remote", f"{LATENCY * 1000:.0f} ms"), ("local", "local")):
-        one = files / seconds[(where, "Dask", 1)]
+        one = files / runs[(where, "Dask", 1)].seconds
         for runner in ("Dask", "--jobs"):
             for n in WORKERS:
-                rate = files / seconds[(where, runner, n)]
-                mib = size / 2**20 / seconds[(where, runner, n)]
+                got = runs[(where, runner, n)]
+                rate = files / got.seconds
+                mib = size / 2**20 / got.seconds
                 target = 0.8 * min(n * one, local_one)
                 name = f"export {tag}: Dask, {n} worker{'s' if n > 1 else ''}" if runner == "Dask" else \
                     f"export {tag}: 1 process, --jobs {n}"
                 ctx.report.row(name, rate, "files/s", "Dask, 1 worker", one,
-                               f">= {target:,.0f} files/s: {rate / target:.2f}x")
+                               f">= {target:,.0f} files/s: {rate / target:.2f}x",
+                               detail={"ours": got.detail(files), "baseline": runs[(where, "Dask", 1)].detail(files)})
                 ctx.report.row(f"{name} (MiB/s)", mib, "MiB/s", "Dask, 1 worker", one * size / files / 2**20)
-    facts: dict[str, Any] = {f"{w} {r} {n}": round(s, 3) for (w, r, n), s in seconds.items()}
+    facts: dict[str, Any] = {f"{w} {r} {n}": round(e.seconds, 3) for (w, r, n), e in runs.items()}
     ctx.report.fact("export-scale seconds", facts)

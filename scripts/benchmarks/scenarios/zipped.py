@@ -1,6 +1,6 @@
 """Datasets inside zip archives: `cp -r` of the chunk directory through a mount of the zip (members
 STORED, as RFC-9 `.ozx` and zarr-python's ZipStore write them) against the same command through a mount
-of the unzipped sharded directory, locally and through a Range server answering after 20 ms. The
+of the unzipped sharded directory, locally and through the store stand-in answering after 20 ms. The
 datasets are the remote scenario's (1,024 chunks of 32 KiB, precomputed and Zarr v3). Each pair is
 measured alternately, best of `ROUNDS` (3), so load on the shared machine hits both sides alike; the
 requests and round trips each `cp -r` costs the server are reported too (they do not depend on load).
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..context import Context
+from ..store import NginxStore
 from .remote import build, cp_dir
 
 ROUNDS = 3
@@ -36,8 +37,6 @@ def _best(ctx: Context, sources: tuple[str, str], chunk_dir: str) -> tuple[float
 
 
 def run(ctx: Context) -> None:
-    from unshardfs.testing.http_servers import DatasetServer
-
     datasets, _ = build(ctx)
     for ds in datasets:
         archive = _archive(ds.root)
@@ -45,8 +44,7 @@ def run(ctx: Context) -> None:
         zipped, plain = _best(ctx, (str(archive), str(ds.root)), ds.chunk_dir)
         ctx.report.row(f"cp -r through a zip mount ({ds.name}, local)", n / zipped, "files/s",
                        "same, unzipped sharded dir", n / plain, ">= 0.9")
-        with DatasetServer(ds.root.parent) as server:
-            server.faults.delay = LATENCY
+        with NginxStore(ds.root.parent, LATENCY, ctx.work) as server:
             sources = (f"{server.url}/{archive.name}|zip:", f"{server.url}/{ds.root.name}")
             zipped, plain = _best(ctx, sources, ds.chunk_dir)
             # Load-independent: what each cp -r asked of the server.

@@ -136,7 +136,10 @@ def _parser() -> argparse.ArgumentParser:
                        epilog="exit status: 0 intact, 1 damaged (each problem printed with its shard and chunk id)\n"
                               "examples:\n  unshardfs check /data/ds && echo intact\n"
                               "  unshardfs check --manifest /scratch/ds/.unshardfs/manifest.jsonl /scratch/ds")
-    c.add_argument("source", metavar="SOURCE|DEST")
+    c.add_argument("source", metavar="SOURCE|DEST", nargs="?")
+    c.add_argument("--refs", metavar="REFS",
+                   help="instead: say whether the objects the references REFS (written by `refs`) point into "
+                        "are unchanged, and which references each changed one invalidated (exit 1)")
     c.add_argument("--manifest", metavar="MANIFEST",
                    help="verify the copy DEST against this manifest (written by export): every file's presence, "
                         "size and crc32c, and no file more; one line per difference and a summary. MANIFEST and "
@@ -162,11 +165,29 @@ def _parser() -> argparse.ArgumentParser:
                         "loss may then leave files that --resume re-verifies)")
     add_walk_options(e, 4, "concurrent file writes")
 
+    r = command("refs", help="write kerchunk references to SOURCE's unsharded view: read with fsspec alone",
+                epilog=refs_examples())
+    add_refs_arguments(r)
+    add_cache_options(r)
+    add_source_options(r)
+
     u = command("unmount", help="unmount MOUNTPOINT (also cleans up after a crashed daemon)",
                        epilog="example:\n  unshardfs unmount /mnt/ds")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.add_argument("-z", "--lazy", action="store_true", help="detach even if busy")
     return parser
+
+
+def refs_examples() -> str:
+    from unshardfs.app.refs import EXAMPLES
+
+    return EXAMPLES
+
+
+def add_refs_arguments(parser: argparse.ArgumentParser) -> None:
+    from unshardfs.app.refs import add_refs_arguments as add
+
+    add(parser)
 
 
 def add_walk_options(parser: argparse.ArgumentParser, jobs: int, jobs_help: str) -> None:
@@ -306,7 +327,7 @@ def _stats(mountpoint: str) -> int:
     return 0
 
 
-COMMANDS = ("mount", "unmount", "stats", "serve", "inspect", "check", "export")
+COMMANDS = ("mount", "unmount", "stats", "serve", "inspect", "check", "export", "refs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
             return _stats(args.mountpoint)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "refs" or (args.command == "check" and args.refs):
+            from unshardfs.app.refs import check_refs, run_refs
+
+            return run_refs(args) if args.command == "refs" else check_refs(args)
+        if args.command == "check" and not args.source:
+            raise ConfigError("check needs SOURCE (or --refs REFS)")
         if args.command in ("inspect", "check", "export"):
             from unshardfs.app.commands import run_tool
 

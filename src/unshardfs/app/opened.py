@@ -68,7 +68,7 @@ class OpenedSource:
         spec = parse_source(url)
         if spec.format is None and named is not None:
             spec = replace(spec, format=named)  # (so no versioned store is probed for either)
-        ocdbt = OcdbtOptions(read_ahead=options.policy.read_ahead, gap=options.policy.max_gap)
+        ocdbt = OcdbtOptions(gap=options.policy.max_gap)
         source = await open_spec(spec, lambda base: open_source(base, options.remote), options.limits, options.icechunk,
                                  ocdbt)
         return await cls.over(source if layer is None else layer(source), spec.format, options, caches)

@@ -19,11 +19,9 @@ No task lists what another task reads, and no task lists a directory.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
-from collections import deque
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable
@@ -31,8 +29,6 @@ from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable
 import trio
 
 from unshardfs.app.opened import OpenedSource, OpenOptions
-from unshardfs.core.chunks import ChunkFile
-from unshardfs.core.fetch import Extent, Fetcher
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
 from unshardfs.tools.ledger import reserved
@@ -375,84 +371,28 @@ async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
                 yield entry
 
 
-AHEAD_FILES = 1024  # chunk files a task asks the fetcher to prefetch at once (the fetcher's byte budget bounds it)
-AHEAD_EVERY = 64  # ... topped up after this many files
-
-
-class _Ahead:
-    """A task knows the very chunks it reads next (its listing, in order): their payloads are
-    prefetched ahead of the walk through the fetcher's coalesced, budgeted prefetch, so a
-    remote task waits on the store about once per prefetch window, not once per chunk."""
-
-    def __init__(self) -> None:
-        self.pending: deque[tuple[int, Extent]] = deque()  # (position in the listing, extent) not asked for yet
-        self.fetcher: Fetcher | None = None
-        self.added = 0
-        self.front = 0  # the listing position up to which prefetches were asked for
-
-    def add(self, node: FileNode) -> None:
-        if isinstance(node, ChunkFile) and not node.ctx.direct:
-            self.fetcher = node.ctx.fetcher
-            self.pending.append((self.added, node.extent))
-        self.added += 1
-
-    def reached(self, count: int) -> None:
-        """`count` files of the listing are being read: those not prefetched are no more wanted."""
-        while self.pending and self.pending[0][0] < count:
-            self.pending.popleft()
-        if self.fetcher is None or not self.pending:
-            return
-        # Topped up every AHEAD_EVERY files, and at every file while fewer than that are on their
-        # way (big files: the byte budget holds only a few at once).
-        if count % AHEAD_EVERY and self.front - count >= AHEAD_EVERY:
-            return
-        window = [ext for _, ext in itertools.islice(self.pending, AHEAD_FILES)]
-        for _ in range(self.fetcher.prefetch(window)):
-            self.front = self.pending.popleft()[0] + 1
-
-
 async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
     """The chunk files (and nested chunk directories) of one directory's chunk listing: of an
-    overlay its computed entries only (its other entries are planned by path). The listing is
-    read up to AHEAD_FILES files ahead of the walk, across shards, and their payloads prefetched."""
+    overlay its computed entries only (its other entries are planned by path). The task reads
+    every one of them: the directory declares them first (`DirNode.will_read_all`), so their
+    shards' indexes and payloads are fetched in large reads ahead of the walk."""
+    node.will_read_all()
     listing = (node.virtual_entries() if isinstance(node, OverlayDir) else node.entries()).__aiter__()
     prefix = f"{rel}/" if rel else ""
-    ahead = _Ahead()
-    buffer: deque[tuple[str, FileNode | DirNode]] = deque()
-    listed = True
-    files = 0
     try:
-        while True:
-            while listed and ahead.added - files < AHEAD_FILES:
-                try:
-                    batch = await listing.__anext__()
-                except StopAsyncIteration:
-                    listed = False
-                    break
-                except Exception as e:  # a directory that cannot be listed: a problem, not an empty one
-                    unlisted(rel, e)
-                    listed = False
-                    break
-                for name, child in batch:
-                    if name_problem(name) is not None:
-                        continue  # computed names never have one; a walk that writes must not trust that
-                    if isinstance(child, DirNode):
-                        buffer.append((prefix + name, child))
-                    elif isinstance(child, FileNode) and CHUNK_XATTR in child.xattrs():
-                        buffer.append((prefix + name, child))
-                        ahead.add(child)
-            if not buffer:
-                return
-            path, child = buffer.popleft()
-            if isinstance(child, DirNode):
-                yield path, child
-                async with aclosing(_chunk_entries(child, path)) as nested:  # nested chunk directories
-                    async for item in nested:
-                        yield item
-                continue
-            ahead.reached(files)
-            files += 1
-            yield path, child
+        async for batch in listing:
+            for name, child in batch:
+                if name_problem(name) is not None:
+                    continue  # computed names never have one; a walk that writes must not trust that
+                if isinstance(child, DirNode):
+                    yield prefix + name, child
+                    async with aclosing(_chunk_entries(child, prefix + name)) as nested:  # nested chunk directories
+                        async for item in nested:
+                            yield item
+                elif isinstance(child, FileNode) and CHUNK_XATTR in child.xattrs():
+                    yield prefix + name, child
+    except Exception as e:  # a directory that cannot be listed: a problem, not an empty one
+        unlisted(rel, e)
     finally:
         if isinstance(listing, Closable):
             await listing.aclose()

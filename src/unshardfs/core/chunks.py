@@ -27,9 +27,10 @@ from unshardfs.core.nameorder import NameOrder
 from unshardfs.core.naming import Naming
 from unshardfs.core.policy import POLICY
 from unshardfs.core.readahead import ScanScope
+from unshardfs.core.scan import DeclaredScan
 from unshardfs.core.store import Shard, ShardedStore
 from unshardfs.core.table import ChunkTable, int_list
-from unshardfs.tree.nodes import EntryBatch, FdRange, FileNode, Node, Verdict
+from unshardfs.tree.nodes import EntryBatch, FdRange, FileNode, Node, StoredRange, Verdict
 from unshardfs.util.decompress import off_loop
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
@@ -97,6 +98,25 @@ class ChunkFile(FileNode):
     def content_version(self) -> tuple[object, ...]:
         return (self.blob.version, self.start, self.length)
 
+    def stored_range(self) -> StoredRange | str:
+        """Where the file's bytes lie in its shard, when its codec leaves them as stored (`StoredBytes`)."""
+        if self.blob.refused is not None:  # a reader elsewhere must not be sent where the mount would not go
+            return f"its shard is refused: {self.blob.refused}"
+        codec = self.ctx.codec
+        piece = codec.stored_slice(self.length)
+        if piece is None:
+            return f"its chunks are stored {codec.label}-encoded: a reader would get them undecoded"
+        skip, keep = piece
+        if keep != self.size:
+            return f"a chunk's stored slice ({keep:,} bytes) is not its file ({self.size:,} bytes)"
+        offset = self.start + skip
+        base = 0
+        for path, size, version in self.blob.parts:
+            if base <= offset and offset + keep <= base + size:
+                return StoredRange(self.ctx.store.source, path, offset - base, keep, version)
+            base += size
+        return f"a chunk spans two stored objects ({self.blob.label})"
+
     def xattrs(self) -> dict[str, bytes]:
         return {
             "user.unshardfs.source": self.blob.label.encode(),
@@ -135,6 +155,7 @@ class ChunkContext:
         self.direct = self.fetcher.direct and codec.transparent and self.scope is None
         self._name_order: NameOrder | None = None  # built when read-ahead first asks
         self._name_order_built = False
+        self._declared: _Declared | None = None  # the last `will_read_all`
 
     # -- what read-ahead sees (readahead.ScanTarget) --------------------------------------
 
@@ -267,6 +288,33 @@ class ChunkContext:
         return await self.fetcher.flights.cached(
             self.caches.decoded_chunk, (ext.key, f.chunk_id, f.extra, self.codec.label, f.size), decode)
 
+    # -- declared scans ----------------------------------------------------------------
+
+    def will_read_all(self, within: object = None, select: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """The caller will read every chunk file of the directory (those `within`/`select` pick
+        out, as `listing`), whole: declare them, shard by shard in listing order, to a
+        `DeclaredScan` (each shard's index, then its chunks in large reads, at most half the
+        prefetch budget ahead of the reader). A background task declares the shards ahead of the
+        listing; the listing declares each shard it reaches first itself, before it yields its
+        files, so the reader's first read joins the scan's. Nothing on local shards."""
+        if not self.fetcher.can_prefetch or (self._declared is not None and self._declared.whole):
+            return
+        scope = self.store.runtime.shard_scope
+        if scope is not None and scope.planning:
+            return  # planning a split run: nothing is read
+        encoded = self.caches.encoded_chunk
+        declared = self._declared = _Declared(DeclaredScan(self.fetcher, skip=lambda ext: ext.key in encoded),
+                                              within, select)
+        self.fetcher.spawn(self._declare_ahead, declared)
+
+    async def _declare_ahead(self, declared: "_Declared") -> None:
+        async for shard, tables in self.shard_tables(declared.within):
+            if self._declared is not declared:
+                return  # another declaration took over
+            await declared.scan.room()
+            declared.add(self.store.token(shard), tables)
+
+    # -- listings ----------------------------------------------------------------------
     # -- listings ----------------------------------------------------------------------
 
     async def shard_tables(self, within: object = None) -> AsyncIterator[tuple[Shard, list[ChunkTable]]]:
@@ -328,7 +376,9 @@ class ChunkContext:
         """
         pending: list[ChunkTable] = []
         count = 0
-        async for _shard, tables in self.shard_tables(within):
+        async for shard, tables in self.shard_tables(within):
+            if self._declared is not None:
+                self._declared.add(self.store.token(shard), tables)
             for table in tables:
                 if select is not None and len(table):
                     table = table.where(select(table.ids))
@@ -373,7 +423,7 @@ class ChunkContext:
         if not len(table):
             return None
         if self.scope is not None:
-            self.scope.listed(table)
+            self.scope.listed(table, tables)
         # Entries without a name were dropped above.
         return ChunkBatch(self, table, cast(list[str], names), int_list(sizes), self.naming.child_ids(table.ids))
 
@@ -408,6 +458,32 @@ class ChunkContext:
 
     def _where(self, table: ChunkTable, i: int) -> str:
         return f"{table.blob.label} {self.store.describe(int(table.ids[i]))}"
+
+
+class _Declared:
+    """A `will_read_all` under way: its scan, what picks its chunks, and the shards queued."""
+
+    def __init__(self, scan: DeclaredScan, within: object, select: Callable[[np.ndarray], np.ndarray] | None) -> None:
+        self.scan = scan
+        self.within = within
+        self.select = select
+        self.whole = within is None and select is None
+        self._queued: set[str] = set()
+
+    def add(self, token: str, tables: list[ChunkTable]) -> None:
+        """Queue the chunks of one shard (once), in their order in the shard."""
+        if token in self._queued:
+            return
+        self._queued.add(token)
+        extents: list[Extent] = []
+        for table in tables:
+            if self.select is not None and len(table):
+                table = table.where(self.select(table.ids))
+            blob = table.blob
+            extents += [Extent(blob, start, length) for start, length in
+                        zip(table.starts.tolist(), table.lengths.tolist()) if length <= WHOLE_READ_MAX]
+        extents.sort(key=lambda ext: ext.start)
+        self.scan.queue(extents)
 
 
 async def _given(store: ShardedStore[Any, Any], shards: tuple[Shard, ...], within: object) -> AsyncIterator[Shard]:

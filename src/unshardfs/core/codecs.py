@@ -101,6 +101,12 @@ class Codec:
     def size_from_trailer(self, trailer: bytes, cap: int, where: str) -> int:
         raise NotImplementedError
 
+    def stored_slice(self, length: int) -> tuple[int, int] | None:
+        """The file's bytes as a slice of a payload of `length` bytes, (skip, keep), when they are
+        one, unchanged (nothing to decode); None when they must be decoded. The default: the whole
+        payload for a transparent codec."""
+        return (0, length) if self.transparent else None
+
     async def prepare(self, f: PayloadRef) -> object:
         """Whatever `decode` needs besides the payload that takes I/O to get (a schema); None by default."""
         return None
@@ -232,6 +238,10 @@ class Crc32cSuffix(Codec):
               ) -> tuple[np.ndarray, np.ndarray]:
         sizes = lengths.astype(np.int64) - 4
         return sizes, (sizes >= 0) & (sizes <= cap)
+
+    def stored_slice(self, length: int) -> tuple[int, int] | None:
+        # All but the checksum: a reader of the slice does not verify it.
+        return (0, length - 4) if length >= 4 else None
 
     def decode(self, payload: bytes, f: PayloadRef, prepared: object = None) -> bytes:
         data = payload[:-4]

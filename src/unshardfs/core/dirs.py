@@ -36,6 +36,9 @@ class ShardedDir(OverlayDir):
     def virtual_entries(self) -> AsyncIterator[Batch]:
         return self.chunks.listing()
 
+    def will_read_all(self) -> None:
+        self.chunks.will_read_all()
+
     def child_name(self, child_id: int) -> str:
         return self.chunks.naming.name_of_child_id(child_id)
 
@@ -56,6 +59,9 @@ class ChunksDir(DirNode):
 
     def entries(self) -> AsyncIterator[Batch]:
         return self.chunks.listing()
+
+    def will_read_all(self) -> None:
+        self.chunks.will_read_all()
 
     def child_name(self, child_id: int) -> str:
         return self.chunks.naming.name_of_child_id(child_id)

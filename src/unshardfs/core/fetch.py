@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar, cast
+from typing import Awaitable, Callable, Hashable, Iterable, Protocol, Sequence, TypeVar, cast
 
 import trio
 
@@ -89,12 +89,22 @@ class FetchCounters:
         return dict(self.__dict__)
 
 
-def prefetch_cache(budget: int, counters: FetchCounters) -> BoundedMap[ExtentKey, bytes]:
-    """Prefetched payloads waiting for their reader, within `budget` bytes; what the bound
-    evicts unread was wasted."""
+class Watcher(Protocol):
+    """Who declared a prefetched extent (a `DeclaredScan`): told when it is handed over or lost."""
 
-    def wasted(_key: ExtentKey, value: bytes) -> None:
+    def took(self, key: ExtentKey) -> None: ...
+
+    def dropped(self, key: ExtentKey) -> None: ...
+
+
+def prefetch_cache(budget: int, counters: FetchCounters,
+                   lost: Callable[[ExtentKey], None] = lambda key: None) -> BoundedMap[ExtentKey, bytes]:
+    """Prefetched payloads waiting for their reader, within `budget` bytes; what the bound
+    evicts unread was wasted (and `lost`)."""
+
+    def wasted(key: ExtentKey, value: bytes) -> None:
         counters.prefetch_wasted_bytes += len(value)
+        lost(key)
 
     return BoundedMap(budget, getsizeof=payload_size, on_evict=wasted)
 
@@ -178,7 +188,9 @@ class Fetcher:
         self._reads_now = source if isinstance(source, ReadNow) else None
         self._cached_ranges = source if isinstance(source, CachedRange) else None
         self.counters = FetchCounters()
-        self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters)
+        self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters, self._lost)
+        # Declared extents prefetched or on their way, and who declared them (`watch`).
+        self._watchers: dict[ExtentKey, Watcher] = {}
         self.flights = Flights()
         self._in_flight: dict[Identity, list[_Run]] = {}  # runs being read, by blob
         self._prefetch_in_flight = 0  # bytes
@@ -382,11 +394,36 @@ class Fetcher:
 
     def _prefetched(self, ext: Extent) -> bytes | None:
         """The extent's bytes if a prefetch brought them (taken out of the prefetch cache)."""
-        hit: bytes | None = self.prefetched.pop(ext.key, None)
+        key = ext.key
+        hit: bytes | None = self.prefetched.pop(key, None)
         if hit is not None:
             self.counters.prefetch_hits += 1
             self.counters.prefetch_hit_bytes += len(hit)
+            if self._watchers:
+                watcher = self._watchers.pop(key, None)
+                if watcher is not None:
+                    watcher.took(key)
         return hit
+
+    # -- declared scans (core/scan.py) -------------------------------------------------
+
+    def watch(self, ext: Extent, watcher: Watcher) -> bool:
+        """Tell `watcher` when the prefetched extent is handed over or lost; False (nothing to
+        watch) if it is neither prefetched nor on its way, or watched already."""
+        key = ext.key
+        if key in self._watchers or not self.holds(ext):
+            return False
+        self._watchers[key] = watcher
+        return True
+
+    def holds(self, ext: Extent) -> bool:
+        """Whether the extent is prefetched or on its way (a read of it costs no request)."""
+        return ext.key in self.prefetched or self._covering(ext) is not None
+
+    def _lost(self, key: ExtentKey) -> None:
+        watcher = self._watchers.pop(key, None) if self._watchers else None
+        if watcher is not None:
+            watcher.dropped(key)
 
     @staticmethod
     def _raise(run: _Run) -> None:
@@ -567,6 +604,9 @@ class Fetcher:
         finally:
             self._prefetch_in_flight -= size
             self._untrack(run)
+            if run.error is not None and self._watchers:
+                for ext in run.extents + run.adopted:
+                    self._lost(ext.key)
 
     def _land(self, run: _Run) -> None:
         """Put what prefetches wanted of a run that has been read into the prefetch cache."""
@@ -575,6 +615,7 @@ class Fetcher:
             self.prefetched[ext.key] = _slice(run, ext)
             if ext.key not in self.prefetched:  # larger than the whole cache
                 self.counters.prefetch_wasted_bytes += ext.length
+                self._lost(ext.key)
         if run.prefetch:
             # Bytes read only to join extents into one request were read for nothing.
             self.counters.prefetch_wasted_bytes += (run.end - run.start) - _covered(run.extents + run.adopted)

@@ -37,6 +37,13 @@ class CorePolicy:
     joint_confirm: int = 5
     joint_reads: int = 8
     behind: int = 32
+    # A read follows in an order when the chunk before it there was among the last `recent` reads
+    # (one reader among a few dozen reading at once). Readers each walking their own run of one
+    # order (`xargs -P 8 -n 16`) confirm a scan once `spread_confirm` of them, near each other,
+    # have each been followed `spread_follows` times.
+    recent: int = 64
+    spread_confirm: int = 3
+    spread_follows: int = 3
     # Index tables (a shard's stat and index, a minishard index) read at once ahead of a scan's
     # windows, per directory: each is a chain of requests, and the windows go on past the chunks
     # they hold meanwhile (formats with hashed shards meet dozens of tables in one window).

@@ -7,6 +7,7 @@ from typing import Hashable
 
 from unshardfs.core.caches import Caches
 from unshardfs.core.fetch import Fetcher, FetchPolicy
+from unshardfs.core.filescan import ScannedFiles
 from unshardfs.sources.base import ByteSource
 from unshardfs.util.limits import DataLimits
 
@@ -24,6 +25,10 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.fetcher = Fetcher(self.source, self.policy)
+        if self.fetcher.policy.read_ahead and self.source.remote and self.source.listable:
+            # Files shown as they are stored are read ahead of scans too (`core/filescan.py`); the
+            # fetcher reads from the source below.
+            self.source = ScannedFiles(self.source, self.fetcher)
 
     def stats(self) -> dict[str, object]:
         return {"fetch": self.fetcher.stats()}

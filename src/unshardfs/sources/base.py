@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import posixpath
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -203,6 +204,20 @@ class StatHead(Protocol):
         them where this request could not give them (read them as usual)."""
 
 
+@runtime_checkable
+class KeyOrder(Protocol):
+    """A source that holds its keys in an index in key order (a database's B+tree): what follows a
+    key there, across directories, costs no request per page. Read-ahead follows scans of files in
+    that order, however the reader found them (by name, never listing)."""
+
+    def key_order(self) -> bool:
+        """Whether `keys_after` answers here (a layer asks the source below)."""
+
+    async def keys_after(self, path: str, n: int) -> list[tuple[str, ObjectStat]]:
+        """Up to `n` objects (files, not directories) after `path` in key order, as paths with their
+        stats; fewer at the end."""
+
+
 async def stat_and_head(source: ByteSource, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
     """`source.stat(path)`, and the object's first `size` bytes where the source gives them in
     the same request (`StatHead`); None where it does not (read them as usual)."""
@@ -312,6 +327,41 @@ class BackingFiles(Protocol):
         plain local file). The caller closes it."""
 
 
+@dataclass(frozen=True, slots=True)
+class UrlLocation:
+    """Where an object's bytes are stored, as any reader can fetch them by URL: bytes from `offset` of
+    the object `path` of the store at `root` (a local directory as `file:///abs/dir`, an `http(s)://`
+    base URL, `gs://bucket/prefix`, `s3://bucket/prefix`), which had `version` (as `ObjectStat.version`
+    of that store's `stat`) when the location was given."""
+
+    root: str
+    path: str
+    url: str  # the stored object's own URL: root and path, spelled as that store's readers spell it
+    offset: int
+    version: Version
+
+    def at(self, offset: int) -> "UrlLocation":
+        """The same object, `offset` bytes further in."""
+        return UrlLocation(self.root, self.path, self.url, self.offset + offset, self.version)
+
+
+@runtime_checkable
+class StoredAt(Protocol):
+    """A source whose objects are stored where a reader elsewhere can fetch them by URL, byte for
+    byte (a local directory, HTTP, GCS, S3, and a zip archive's STORED members over one of them):
+    what `unshardfs refs` writes into a reference file."""
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """Where the object at `path` (as `version`, from `stat`; StaleError when it changed) is stored;
+        None when its bytes are not stored as they are read (a compressed zip member, a value of a
+        versioned store) or the store has no URL a reader could use."""
+
+
+async def stored_at(source: ByteSource, path: str, version: Version | None) -> UrlLocation | None:
+    """`source.stored_at(path, version)`, or None for a source that cannot tell (`StoredAt`)."""
+    return await source.stored_at(path, version) if isinstance(source, StoredAt) else None
+
+
 class SourceLayer:
     """A byte source layered over another (counting, disk cache): everything not
     overridden goes to `inner`, and `stats` merges this layer's section with the
@@ -369,6 +419,15 @@ class SourceLayer:
             return await self.inner.stat(path), None
         return await below(path, size)
 
+    def key_order(self) -> bool:
+        """The `KeyOrder` of the source below, through."""
+        inner = self.inner
+        return isinstance(inner, KeyOrder) and inner.key_order()
+
+    async def keys_after(self, path: str, n: int) -> "builtins.list[tuple[str, ObjectStat]]":
+        inner = self.inner
+        return await inner.keys_after(path, n) if isinstance(inner, KeyOrder) and inner.key_order() else []
+
     async def stat_head(self, path: str, size: int) -> tuple[ObjectStat | None, bytes | None]:
         """The `StatHead` of the source below, through; its `stat` alone where it has none."""
         below = self._stat_head_below
@@ -390,6 +449,10 @@ class SourceLayer:
         if below is None:
             return await self.inner.read(path, offset, size), None
         return await below(path, offset, size)
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """The `StoredAt` of the source below, through: every layer here leaves bytes as they are."""
+        return await stored_at(self.inner, path, version)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -43,7 +43,7 @@ import httpx
 import trio
 
 from unshardfs.sources import h1
-from unshardfs.sources.base import ObjectStat, Version, name_problem, opaque_tag, tag_problem
+from unshardfs.sources.base import UrlLocation, ObjectStat, Version, name_problem, opaque_tag, tag_problem
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -451,6 +451,10 @@ class HttpSource:
 
     def is_absent(self, status: int) -> bool:
         return status in ABSENT_STATUS
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """The object's URL, as requests for it name it (`StoredAt`)."""
+        return UrlLocation(self.base_url, path, self.object_url(path), 0, version or ())
 
     async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return (await self._read(path, offset, size, version, False))[0]

@@ -10,7 +10,7 @@ from typing import AsyncIterator, cast
 
 import trio
 
-from unshardfs.sources.base import FdRange, ObjectStat, Version, join_path, name_problem, opaque_tag
+from unshardfs.sources.base import FdRange, UrlLocation, ObjectStat, Version, join_path, name_problem, opaque_tag
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.fdpath import Beneath, kind_of, regular_file
 from unshardfs.util.logonce import log_once
@@ -247,6 +247,11 @@ class LocalSource:
             raise StaleError(path, "file changed after its index was read")
         self._fds[path] = (fd, (st.st_dev, st.st_ino))
         return fd
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """Where the file is: `file://` and its absolute path (`StoredAt`)."""
+        root = "file://" + os.path.abspath(self.root)
+        return UrlLocation(root, path, f"{root}/{path}" if path else root, 0, version or ())
 
     async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         if size <= 0:

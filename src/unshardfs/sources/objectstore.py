@@ -34,7 +34,7 @@ from urllib.parse import unquote_plus, urlencode
 import trio
 
 from unshardfs.sources import h1
-from unshardfs.sources.base import ObjectStat, join_path, name_problem
+from unshardfs.sources.base import UrlLocation, ObjectStat, Version, join_path, name_problem
 from unshardfs.sources.http import (ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, generation_tag,
                                     path_problem, quote_path)
 from unshardfs.util.errors import ConfigError, SourceError
@@ -131,6 +131,11 @@ class _PrefixListing(HttpSource):
 
     def object_url(self, path: str) -> str:
         return f"{self.base_url}/{quote_path(self.full_path(path))}"
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """`gs://BUCKET/KEY` or `s3://BUCKET/KEY`, as the store's own clients name the object (`StoredAt`)."""
+        root = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        return UrlLocation(root, path, f"{self.scheme}://{self.bucket}/{self.full_path(path)}", 0, version or ())
 
     async def page(self, prefix: str, limit: int | None, token: str | None
                    ) -> tuple[list[tuple[str, ObjectStat]], list[str], str | None]:

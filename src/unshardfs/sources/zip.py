@@ -34,7 +34,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import numpy as np
 import trio
 
-from unshardfs.sources.base import ByteSource, IndexCache, ObjectStat, Version, stat_and_tail
+from unshardfs.sources.base import ByteSource, IndexCache, UrlLocation, ObjectStat, Version, stat_and_tail, stored_at
 from unshardfs.sources.zipformat import (EOCD64, LOCAL, METHODS, STORED, CentralDirectory, Expected, decode,
                                          local_header_size, read_end, root_prefix)
 from unshardfs.sources.zipindex import ZipIndex, build_index
@@ -374,6 +374,16 @@ class ZipSource:
             if version is not None:
                 raise
         return await self._read_member(path, offset, size, None, idx)
+
+    async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
+        """A STORED member's bytes are a range of the archive: where the archive is, that far in
+        (`StoredAt`); None for a compressed member."""
+        index, st, i = await self._member(path, version)
+        if int(index.method[i]) != STORED:
+            return None
+        offset, _ = await self._data_offset(index, st, i, path)
+        archive = await stored_at(self.inner, self.archive, st.version)
+        return None if archive is None else archive.at(offset)
 
     async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self._guarded_read(path, offset, size, version, False)

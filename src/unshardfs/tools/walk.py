@@ -56,8 +56,10 @@ def unlisted(rel: str, error: Exception) -> None:
 
 
 async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, FileNode | DirNode]]:
-    """(relative path, node) of every file and directory below `root`, depth first. A directory whose
-    listing fails is a problem (`unlisted`), never a directory that looks empty."""
+    """(relative path, node) of every file and directory below `root`, depth first; the caller
+    reads every file (each directory is told so before it is listed: `DirNode.will_read_all`). A
+    directory whose listing fails is a problem (`unlisted`), never a directory that looks empty."""
+    root.will_read_all()
     try:
         async for batch in root.entries():
             for name, node in batch:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import enum
 import zlib
+from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Protocol, Union, runtime_checkable
 
+from unshardfs.sources.base import ByteSource, Version
 from unshardfs.sources.base import FdRange as FdRange  # part of the node API (`FileNode.cached_range`)
 
 
@@ -93,6 +95,32 @@ class WholeLocalFile(Protocol):
         other). The caller closes it."""
 
 
+@dataclass(frozen=True, slots=True)
+class StoredRange:
+    """A file's bytes as they are stored: exactly bytes [offset, offset + length) of the object at
+    `path` of `source`, as of `version` (from that source's `stat`). Where that object lies for a
+    reader elsewhere (a URL) is the source's to say (`sources.base.StoredAt`)."""
+
+    source: ByteSource
+    path: str
+    offset: int
+    length: int
+    version: Version
+
+
+@runtime_checkable
+class StoredBytes(Protocol):
+    """A capability of a `FileNode`: whether its bytes, first to last, are one byte range of one
+    stored object, unchanged (a raw chunk in a shard, a file passed through), so that a reader that
+    knows nothing of unshardfs can fetch them from the store itself (`unshardfs refs`). Files whose
+    bytes are decoded, assembled or computed answer why not; files without the capability are not
+    (in-memory metadata, `BytesFile`, is written out whole instead)."""
+
+    def stored_range(self) -> StoredRange | str:
+        """The range; or, when the bytes are not one, why (a short phrase for a message that names
+        the directory: "its chunks are gzip-encoded")."""
+
+
 Entry = tuple[str, Node]
 
 
@@ -166,6 +194,13 @@ class DirNode(Node):
     # does not grow with the size of listed directories.
 
     stable_key: str | None = None  # identifies the directory across re-lookups
+
+    def will_read_all(self) -> None:
+        """The caller will read every file directly in this directory (and, for a directory of
+        nested chunk keys, below it), whole, in listing order: an export or a check says so before
+        it lists the directory. A directory that can fetch those files ahead in large reads (a
+        sharded directory over a remote source) declares them now, in the background; the rest
+        do nothing (each read is its own). Never required: reads work the same either way."""
 
     def child_name(self, child_id: int) -> str:
         """The name of the child whose `child_id` is given."""

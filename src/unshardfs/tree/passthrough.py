@@ -12,7 +12,7 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from unshardfs.sources.base import BackingFiles, ByteSource, ObjectStat, join_path, name_problem
-from unshardfs.tree.nodes import Batch, DirNode, Entry, FileNode, Node, Verdict
+from unshardfs.tree.nodes import Batch, DirNode, Entry, FileNode, Node, StoredRange, Verdict
 from unshardfs.util.errors import DataError, SourceError
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,13 @@ class PassthroughFile(FileNode):
 
     def xattrs(self) -> dict[str, bytes]:
         return {"user.unshardfs.source": self.path.encode()}
+
+    def stored_range(self) -> StoredRange | str:
+        """The whole object (`StoredBytes`); none for one the source refuses (a reader elsewhere must not
+        be sent where the mount would not go)."""
+        if self.refused is not None:
+            return f"it is refused: {self.refused}"
+        return StoredRange(self.source, self.path, 0, self.size, self.version)
 
 
 class PassthroughDir(DirNode):

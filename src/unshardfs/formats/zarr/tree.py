@@ -109,6 +109,14 @@ class ChunkView:
         self.stable_key = stable_key
         self.mtime_ns = mtime_ns
 
+    def will_read_all(self, prefix: tuple[int, ...] = ()) -> None:
+        """Every chunk below `prefix` will be read (`DirNode.will_read_all`): declared at once."""
+        if prefix:
+            select, within = self._slab(prefix)
+            self.ctx.will_read_all(within, select)
+        else:
+            self.ctx.will_read_all()
+
     def leaf(self, prefix: tuple[int, ...]) -> ChunkContext:
         return self.ctx.with_naming(LeafNaming(self.store, prefix))
 
@@ -171,6 +179,9 @@ class ChunkDir(DirNode):
     def entries(self) -> AsyncIterator[Batch]:
         return self.view.entries_at(self.prefix)
 
+    def will_read_all(self) -> None:
+        self.view.will_read_all(self.prefix)
+
     def child_name(self, child_id: int) -> str:
         return str(child_id)
 
@@ -188,6 +199,9 @@ class ArrayDir(OverlayDir):
 
     def claims(self, name: str) -> bool:
         return self.view.layout.claims(name)
+
+    def will_read_all(self) -> None:
+        self.view.will_read_all()
 
     def hides(self, name: str) -> bool:
         # The source's own chunk (shard) keys are replaced by the view's.

@@ -55,16 +55,6 @@ MAX_HEIGHT = 32  # B+tree levels: a real tree of 10^12 keys has fewer than 8
 MAX_VERSIONS = 100_000  # versions listed (the newest); an older one opens as `|ocdbt:@vN/`
 MANIFEST_BYTES = 16 << 20  # encoded or decoded: 65,536 inline versions take under 4 MiB
 NODE_CAP_FLOOR = 16 << 20
-# Read-ahead of a scan in key order: after SCAN_CONFIRM reads in a row of the next entry, a value's read
-# also takes the values of the entries after it in the same data file, SCAN_FIRST_WINDOW entries at first,
-# twice as many each time up to SCAN_MAX_WINDOW, at most SCAN_SPAN bytes per read (`_plan_ahead`); what is
-# read ahead waits in AHEAD_BYTES.
-SCAN_CONFIRM = 2
-SCAN_FIRST_WINDOW = 4
-SCAN_MAX_WINDOW = 64
-SCAN_SPAN = 8 << 20
-SCAN_GAP = 64 << 10  # bytes of a read ahead that no value kept needs, per value kept (the read path's prefetch gap)
-AHEAD_BYTES = 32 << 20
 VERSION_NAME = re.compile(r"v([1-9][0-9]{0,19})\Z")
 TIME_NAME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?Z\Z")
 
@@ -103,11 +93,10 @@ class VersionSpec:
 
 @dataclass(frozen=True)
 class OcdbtOptions:
-    """How a database's values are read over a remote base: a scan in key order read ahead (`read_ahead`,
-    off with `--no-read-ahead`), and values of one data file asked for at one moment joined across gaps of
-    at most `gap` bytes (`--coalesce-gap`)."""
+    """How a database's values are read over a remote base: values of one data file asked for at one moment
+    joined across gaps of at most `gap` bytes (`--coalesce-gap`). (Scans are read ahead by the core, which
+    follows them in the database's key order: `KeyOrder`.)"""
 
-    read_ahead: bool = True
     gap: int = GAP
 
 
@@ -136,17 +125,9 @@ class OcdbtStore:
         self.pins = Pins(inner)
         # Value reads of one moment, per data file (and the version they are held to).
         self.values: RangeReads[Pin | str] = RangeReads(self._read_data, self.options.gap)
-        # Values read ahead of a scan in key order, until their own reads (what the bound drops unread was
-        # read for nothing), by where they lie and the pin they were read through.
-        self.ahead: BoundedMap[tuple[tuple[str, int, int], Pin | None], bytes] = BoundedMap(
-            AHEAD_BYTES, getsizeof=len, on_evict=self._wasted)
         self._versions: list[Version] | None = None
         self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0,
-                         "node_cache_dir_hits": 0, "ahead_reads": 0, "ahead_bytes": 0, "ahead_hits": 0,
-                         "ahead_hit_bytes": 0, "ahead_wasted_bytes": 0}
-
-    def _wasted(self, _key: tuple[tuple[str, int, int], Pin | None], data: bytes) -> None:
-        self.counters["ahead_wasted_bytes"] += len(data)
+                         "node_cache_dir_hits": 0}
 
     # -- manifest and versions ----------------------------------------------------------
 
@@ -421,11 +402,6 @@ class OcdbtSource:
         self.index_cache: IndexCache | None = store.inner.index_cache
         shown = f"@v{version.generation}/" if pinned else ""
         self.description = f"{store.description}{shown}{prefix}"
-        # A scan in key order (`_follow`): the leaf and entry of the last value first read, how many reads
-        # in a row were of the next entry, and how many values the next read ahead may take.
-        self._last: tuple[tuple[str, int, int], int] | None = None
-        self._streak = 0
-        self._window = SCAN_FIRST_WINDOW
         if version.root_height > MAX_HEIGHT:
             raise ConfigError(f"{self.description}: B+tree of height {version.root_height} (at most {MAX_HEIGHT} "
                               f"is believable)")
@@ -597,98 +573,35 @@ class OcdbtSource:
         assert location is not None
         if pin is not None and pin.path != self.store.root + location.file.path:
             raise StaleError(path, "the key names another data file than when it was looked up")
-        if index or not self.remote:
-            return await self.store.read_value(location, offset, size, index, pin)
-        ahead = self.store.ahead
-        scan = self.store.options.read_ahead
-        if offset == 0 and scan:
-            self._follow(found)
-        kept = ahead.get((location.identity, pin))
-        if kept is not None:
-            if offset + size >= location.length:
-                ahead.pop((location.identity, pin), None)  # read to its end: not needed again
-            self.store.counters["ahead_hits"] += 1
-            self.store.counters["ahead_hit_bytes"] += min(size, location.length - offset)
-            return kept[offset:offset + max(size, 0)]
-        plan = self._plan_ahead(found, location, pin) if scan and offset == 0 and self._streak >= SCAN_CONFIRM else None
-        if plan is None:
-            return await self.store.read_value(location, offset, size, index, pin)
-        return await self._read_ahead(location, *plan, size, pin)
-
-    # -- read-ahead of a scan in key order ----------------------------------------------
-
-    def _follow(self, found: Found) -> None:
-        """Note a value's first read: a read of the entry right after the last one read extends a scan in key
-        order (`cp -r`, `tar`, `find` of an unsharded array walk its chunk keys in listing order); any other
-        read ends it."""
-        position = (found.node, found.index)
-        last = self._last
-        if last is not None and last[0] == position[0] and last[1] + 1 == position[1]:
-            self._streak += 1
-        elif last != position:
-            self._streak = 0
-            self._window = SCAN_FIRST_WINDOW
-        self._last = position
-
-    def _plan_ahead(self, found: Found, location: Location, pin: Pin | None
-                    ) -> tuple[Location, builtins.list[Location]] | None:
-        """The range of the data file to read for the value at `location` and the values after `found` in
-        key order, and the values wholly inside it to keep; None when there is nothing to read ahead.
-
-        A writer need not store a commit's values in key order (TensorStore interleaves them): the range
-        spans the next `_window` entries of the leaf held in the same data file and not kept already
-        (within SCAN_SPAN bytes), and every value of the next four windows' entries lying inside it is kept
-        too (read now, or later again). A range holding more than SCAN_GAP bytes per value kept that belong
-        to none of them (values read before, other keys', nodes) is not read: the value is read alone.
-        Nothing when the leaf is no longer cached (the next descent reads it again)."""
-        leaf = self.store.nodes.get(("b", found.node))
-        if not isinstance(leaf, BtreeNode):
-            return None
-        window, ahead = self._window, self.store.ahead
-        candidates: builtins.list[Location] = []
-        for j in range(found.index + 1, min(len(leaf), found.index + 1 + 4 * window)):
-            nxt = leaf.value(j).location
-            if nxt is not None and nxt.file == location.file and (nxt.identity, pin) not in ahead:
-                candidates.append(nxt)
-        start, end = location.offset, location.offset + location.length
-        for nxt in candidates[:window]:
-            low, high = min(start, nxt.offset), max(end, nxt.offset + nxt.length)
-            if high - low > SCAN_SPAN:
-                break
-            start, end = low, high
-        kept = [nxt for nxt in candidates if start <= nxt.offset and nxt.offset + nxt.length <= end]
-        if not kept or (end - start) - _covered([location, *kept]) > len(kept) * SCAN_GAP:
-            return None
-        return Location(location.file, start, end - start), kept
-
-    async def _read_ahead(self, location: Location, span: Location, kept: builtins.list[Location],
-                          size: int, pin: Pin | None) -> bytes:
-        """The first `size` bytes of the value at `location`, read with the range `span` around it (one
-        request); the values `kept` inside it are kept for their own reads, and the window doubles."""
-        counters = self.store.counters
-        try:
-            data = await self.store.read_value(span, 0, span.length, False, pin)
-        except StaleError:
-            raise
-        except DataError:  # the range runs past the data file's end: never this value's failure
-            self._window = SCAN_FIRST_WINDOW
-            return await self.store.read_value(location, 0, size, False, pin)
-        counters["ahead_reads"] += 1
-        for nxt in kept:
-            at = nxt.offset - span.offset
-            self.store.ahead[(nxt.identity, pin)] = data[at:at + nxt.length]
-            counters["ahead_bytes"] += nxt.length
-        self._window = min(self._window * 2, SCAN_MAX_WINDOW)
-        at = location.offset - span.offset
-        if size < location.length:
-            self.store.ahead[(location.identity, pin)] = data[at:at + location.length]  # the rest, for its next reads
-        return data[at:at + min(size, location.length)]
+        return await self.store.read_value(location, offset, size, index, pin)
 
     async def read(self, path: str, offset: int, size: int, version: ObjectVersion | None = None) -> bytes:
         return await self._read(path, offset, size, False, _pin_of(version))
 
     async def read_index(self, path: str, offset: int, size: int, version: ObjectVersion | None = None) -> bytes:
         return await self._read(path, offset, size, True, _pin_of(version))
+
+    def key_order(self) -> bool:
+        return True  # (`KeyOrder`: the B+tree)
+
+    async def keys_after(self, path: str, n: int) -> builtins.list[tuple[str, ObjectStat]]:
+        out: builtins.list[tuple[str, ObjectStat]] = []
+        if not path or _path_problem(path) or n <= 0:
+            return out
+        async with aclosing(self._scan(self._key(path) + b"\0")) as entries:
+            async for found, _leaf, _prefix in entries:
+                if not found.key.startswith(self.prefix):
+                    break
+                try:
+                    name = found.key[len(self.prefix):].decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if not name or _path_problem(name):
+                    continue
+                out.append((name, self._stat(found)))
+                if len(out) >= n:
+                    break
+        return out
 
     async def aclose(self) -> None:
         if self.owns_inner:
@@ -733,17 +646,6 @@ def _pin_of(version: ObjectVersion | None) -> Pin | None:
     if version is not None and len(version) == 3 and isinstance(version[2], Pin):
         return version[2]
     return None
-
-
-def _covered(locations: builtins.list[Location]) -> int:
-    """Bytes of their data file the union of `locations` covers."""
-    total, reach = 0, -1
-    for location in sorted(locations, key=lambda loc: loc.offset):
-        end = location.offset + location.length
-        if end > reach:
-            total += end - max(location.offset, reach)
-            reach = end
-    return total
 
 
 def _path_problem(path: str) -> bool:
