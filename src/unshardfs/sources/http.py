@@ -482,8 +482,19 @@ class HttpSource:
         return UrlLocation(self.base_url, path, self.object_url(path), 0, version or ())
 
     async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
+        return (await self._read(path, offset, size, version, False))[0]
+
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, Version | None]:
+        """`read`, and the version the answer names (`VersionedRead`): its validator and, from its
+        Content-Range, the object's size, as a stat would give them; None for an answer without them."""
+        data, st = await self._read(path, offset, size, None, True)
+        return data, st.version if st is not None else None
+
+    async def _read(self, path: str, offset: int, size: int, version: Version | None, told: bool
+                    ) -> tuple[bytes, ObjectStat | None]:
+        """`read`, and (`told`) the object's stat as the answer (a 206) states it, where it does."""
         if size <= 0:
-            return b""
+            return b"", None
         url = self.object_url(path)
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
@@ -522,7 +533,9 @@ class HttpSource:
                 self._stats.pop(path, None)
                 raise StaleError(path, f"object changed on the server (Last-Modified {answered[:100]}, not {tag})")
         if status == 206:
-            return ranged_body(f"GET {url}", reply, offset, size)
+            body = ranged_body(f"GET {url}", reply, offset, size)
+            total = _content_range_total(reply.headers.get("content-range", "")) if told else None
+            return body, self._stat_from(reply, total) if total is not None else None
         if status == 200:
             # The server ignores Range and sent the whole object.
             self.counters.whole_object_fallbacks += 1
@@ -533,9 +546,9 @@ class HttpSource:
             log_once(log, f"norange:{self.base_url}", "%s ignores Range requests: reading objects from their "
                      "start (up to %d MiB into each); a server with Range support is far faster", self.base_url,
                      self.options.whole_object_limit >> 20)
-            return reply.body
+            return reply.body, None
         if status == 416:
-            return b""  # the range starts at or past the end
+            return b"", None  # the range starts at or past the end
         if status == 412 or (version and self.is_absent(status)):
             self._stats.pop(path, None)
             raise StaleError(path, f"object changed on the server (HTTP {status})")
@@ -544,10 +557,12 @@ class HttpSource:
     async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
-    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
-        """`read` with `If-Match` on the recorded tag (the request itself is the check: no HEAD first). A
-        weak tag never matches there (If-Match compares strongly), so it is compared with the tag the
-        object's stat names instead (the stat is kept as long as any other)."""
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str,
+                             version: Version | None = None) -> bytes | None:
+        """`read` with `If-Match` on the recorded tag (the request itself is the check: no HEAD first; a
+        strong tag names the content, so `version` adds nothing). A weak tag never matches there (If-Match
+        compares strongly), so it is compared with the tag the object's stat names instead (the stat is
+        kept as long as any other), and the read is made with `version`, else that stat's."""
         problem = tag_problem(etag)
         if problem is not None:
             raise SourceError(f"{self.object_url(path)}: {problem}")
@@ -558,7 +573,8 @@ class HttpSource:
         current = st.version[0] if st is not None and not st.is_dir and st.version else None
         if not isinstance(current, str) or opaque_tag(current) != opaque:
             raise StaleError(path, f"object changed on the server (ETag {str(current)[:100]}, not {etag[:100]})")
-        return await self.read(path, offset, size)
+        assert st is not None
+        return await self.read(path, offset, size, version or st.version)
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         return

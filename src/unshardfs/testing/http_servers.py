@@ -208,7 +208,8 @@ class DatasetServer:
                 return self._reply(h, 412, b"precondition failed", {}, head, rng)
         if self.gcs_bucket is not None:
             # GCS names an object's generation in every media answer, and honours a precondition on it.
-            generation = str(st.st_mtime_ns)
+            # Every write makes a new one: the file's change time (a rewrite that puts the mtime back too).
+            generation = str(st.st_ctime_ns)
             headers["x-goog-generation"] = generation
             wanted = h.headers.get("x-goog-if-generation-match")
             if wanted is not None and wanted != generation:
@@ -251,7 +252,7 @@ class DatasetServer:
             entries.append((name, {"name": name, "size": str(st.st_size),
                                    "updated": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime)),
                                    "etag": hashlib.md5(name.encode()).hexdigest(),
-                                   "generation": str(st.st_mtime_ns)}))
+                                   "generation": str(st.st_ctime_ns)}))
         page = entries[start:start + limit]
         body: dict[str, Any] = {"kind": "storage#objects"}
         items = [item for _, item in page if item is not None]

@@ -183,6 +183,18 @@ class LatencySource:
     async def read_index(self, path: str, offset: int, size: int, version: tuple[object, ...] | None = None) -> bytes:
         return await self._read(True, path, offset, size, version)
 
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, tuple[object, ...] | None]:
+        """`read`, and the version of the object the bytes came from, in one request, as an HTTP answer
+        names its ETag (`VersionedRead`)."""
+        sent = await self._request()
+        try:
+            st = await self.inner.stat(path)
+            if st is None or st.is_dir:
+                return await self.inner.read(path, offset, size), None  # (the inner source says what is wrong)
+            return await self.inner.read(path, offset, size, st.version), st.version
+        finally:
+            self._answered("read", path, sent, offset, size)
+
     async def _read(self, index: bool, path: str, offset: int, size: int, version: tuple[object, ...] | None) -> bytes:
         sent = await self._request()
         try:

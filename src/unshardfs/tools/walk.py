@@ -19,7 +19,7 @@ from unshardfs.dest.base import FileSink, PendingFile, WriteStopped
 from unshardfs.dest.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
-from unshardfs.util.errors import DataError
+from unshardfs.util.errors import DataError, expected_failure
 from unshardfs.util.logonce import log_once
 from unshardfs.util.waits import Waits, now
 
@@ -46,23 +46,36 @@ def failure(rel: str, error: Exception) -> str:
     return f"{rel}: {classify(error).message}"
 
 
+def unlisted(rel: str, error: Exception) -> None:
+    """A directory whose listing failed (a directory that cannot be read, damage, a backend that
+    failed): one problem, logged once and collected as `check` and `export` collect every other, and
+    the walk goes on; a bug is raised."""
+    if expected_failure(error) is None:
+        raise error
+    log_once(log, f"unlisted:{rel}:{error}", "listing %s: %s", rel or ".", error)
+
+
 async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, FileNode | DirNode]]:
     """(relative path, node) of every file and directory below `root`, depth first; the caller
-    reads every file (each directory is told so before it is listed: `DirNode.will_read_all`)."""
+    reads every file (each directory is told so before it is listed: `DirNode.will_read_all`). A
+    directory whose listing fails is a problem (`unlisted`), never a directory that looks empty."""
     root.will_read_all()
-    async for batch in root.entries():
-        for name, node in batch:
-            problem = name_problem(name)
-            if problem is not None:  # no tree should show one; a walk that writes must not trust that
-                log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
-                continue
-            if not isinstance(node, (FileNode, DirNode)):
-                continue  # never taken: every Node is a file or a directory (listings are typed Node)
-            path = f"{prefix}{name}"
-            yield path, node
-            if isinstance(node, DirNode):
-                async for item in walk(node, path + "/"):
-                    yield item
+    try:
+        async for batch in root.entries():
+            for name, node in batch:
+                problem = name_problem(name)
+                if problem is not None:  # no tree should show one; a walk that writes must not trust that
+                    log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
+                    continue
+                if not isinstance(node, (FileNode, DirNode)):
+                    continue  # never taken: every Node is a file or a directory (listings are typed Node)
+                path = f"{prefix}{name}"
+                yield path, node
+                if isinstance(node, DirNode):
+                    async for item in walk(node, path + "/"):
+                        yield item
+    except Exception as e:  # (the walks below report their own)
+        unlisted(prefix.rstrip("/"), e)
 
 
 async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
