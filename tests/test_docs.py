@@ -220,12 +220,12 @@ def test_code_map_names_every_module_once() -> None:
 
 
 def test_tests_mirror_the_package() -> None:
-    """Every directory of tests/ (but its shared support) is named after a package of src/unshardfs,
+    """Every directory of tests/ (but its shared support and data) is named after a package of src/unshardfs,
     so a package's tests are found where the package is."""
     tests = REPO / "tests"
     real = {p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
     stray = []
-    for directory in sorted(p for p in tests.iterdir() if p.is_dir() and p.name not in ("support", "__pycache__")):
+    for directory in sorted(p for p in tests.iterdir() if p.is_dir() and p.name not in ("support", "data", "__pycache__")):
         if directory.name not in real:
             stray.append(directory.name)
     assert stray == []
