@@ -299,7 +299,7 @@ def test_a_directory_that_cannot_be_listed_fails_check_and_export(examples, tmp_
     """`check` and `export` went down with the listing's error (a traceback, nothing reported of the
     rest); now the directory is one problem, named with why, and the walk goes on."""
     from unshardfs.sources.local import LocalSource
-    from unshardfs.tools.dest import open_dest
+    from unshardfs.dest.opener import open_dest
     from unshardfs.tools.walk import check, export
     from unshardfs.util.logonce import collect_problems
 
@@ -309,7 +309,7 @@ def test_a_directory_that_cannot_be_listed_fails_check_and_export(examples, tmp_
             with collect_problems() as checked:
                 summary = await check(session.tree)
             with collect_problems() as exported:
-                written = await export(session.tree, open_dest(str(tmp_path / "out")))
+                written = await export(session.tree, open_dest(str(tmp_path / "out")).files)
         return checked, summary.files, exported, written.files
 
     checked, files, exported, written = trio.run(main)

@@ -32,7 +32,7 @@ from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.timeline import source_requests
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
-from unshardfs.tools.ledger import reserved
+from unshardfs.dest.ledger import reserved
 from unshardfs.tools.walk import unlisted
 from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir

@@ -43,7 +43,7 @@ class MountOptions:
     entry_timeout: float = 3600.0
     attr_timeout: float = 3600.0
     # How long the kernel engine's reader looks for the next request itself before it waits
-    # through trio (`server.Connection._quick_wait`, which gives way to trio's own work); 0: never.
+    # through trio (`transport.QuickWait`, which gives way to trio's own work); 0: never.
     quick_wait: float = 100e-6
     # Kernel engine: files stored whole in a local file are opened for FUSE passthrough (the
     # kernel reads them itself), at the cost of an OPEN round trip for every open() of any file.

@@ -33,7 +33,6 @@ from __future__ import annotations
 import datetime
 import email.utils
 import logging
-import random
 import re
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, cast
@@ -44,6 +43,7 @@ import trio
 
 from unshardfs.sources import h1
 from unshardfs.sources.base import UrlLocation, ObjectStat, Version, name_problem, opaque_tag, tag_problem
+from unshardfs.util.backoff import Backoff
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -88,6 +88,10 @@ class HttpOptions:
 
     def request_deadline(self) -> float:
         return self.deadline if self.deadline is not None else 4 * self.timeout
+
+    def retrying(self) -> Backoff:
+        """How a failed request is retried (shared with DEST's writer, `dest.store`)."""
+        return Backoff(self.backoff, self.backoff_max, self.retries)
 
 
 WHOLE_KEPT = 4 << 20  # bytes of small objects kept from ranged stats that brought them whole
@@ -339,19 +343,18 @@ class HttpSource:
         `limit(status)` bytes (None beyond)."""
         self.pool()
         assert self._limiter is not None
-        delay = self.options.backoff
+        retries = self.options.retrying().schedule()
         deadline: float | None = None
         attempts = 0
         last = ""
         try:
-            while attempts <= self.options.retries:
+            while True:
                 if deadline is not None:  # a retry: the first attempt set the deadline
-                    wait = min(delay, self.options.backoff_max) * (0.5 + random.random())
-                    if trio.current_time() + wait >= deadline:
-                        break  # no time left for another attempt
+                    wait = retries.wait(trio.current_time(), deadline)
+                    if wait is None:
+                        break  # no retry left, or no time for one
                     self.counters.retries += 1
                     await trio.sleep(wait)
-                    delay *= 2
                 attempts += 1
                 try:
                     async with self._limiter:
@@ -367,7 +370,7 @@ class HttpSource:
                 last = f"HTTP {reply.status}"
                 retry_after = reply.headers.get("retry-after", "").strip()
                 if _SECONDS.fullmatch(retry_after):
-                    delay = max(delay, float(retry_after))
+                    retries.at_least(float(retry_after))
         except trio.TooSlowError:
             last = f"no complete answer within the {self.options.request_deadline():g} s deadline"
         except SourceError:
@@ -581,7 +584,9 @@ class HttpSource:
         return ObjectStat(0, 0, True) if not path else None
 
     def stats(self) -> dict[str, object]:
-        return {"http": self.counters.as_dict()}
+        """The counters, and the connections opened so far (how well keep-alive holds)."""
+        opened = self._pool.connections if self._pool is not None else 0
+        return {"http": {**self.counters.as_dict(), "connections": opened}}
 
 
 _MISSING = object()

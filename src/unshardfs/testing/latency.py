@@ -35,7 +35,7 @@ _MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class LoggedRequest:
     """One request the source answered (or failed), with its times on trio's clock.
 
     `kind` is "stat", "tail" (a stat with the object's last bytes: `offset` is
@@ -89,7 +89,7 @@ class LatencySource:
         self.listable = inner.listable and (not remote if listable is None else listable)
         self.tails = tails
         self.page_size = page_size
-        self.log: list[Request] = []
+        self.log: list[LoggedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._stats: BoundedMap[str, ObjectStat | None] | None = (
@@ -127,7 +127,7 @@ class LatencySource:
         return sent
 
     def _answered(self, kind: str, path: str, sent: float, offset: int = 0, size: int = 0) -> None:
-        self.log.append(Request(kind, path, offset, size, sent, trio.current_time()))
+        self.log.append(LoggedRequest(kind, path, offset, size, sent, trio.current_time()))
 
     # -- the ByteSource contract -------------------------------------------------------
 

@@ -15,9 +15,8 @@ import crc32c
 import trio
 
 from unshardfs.sources.base import name_problem
-from unshardfs.tools.atomic import WriteStopped
-from unshardfs.tools.dest import Dest, PendingFile
-from unshardfs.tools.ledger import FileRecord, Journal, reserved, source_of
+from unshardfs.dest.base import FileSink, PendingFile, WriteStopped
+from unshardfs.dest.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
 from unshardfs.util.errors import DataError, expected_failure
@@ -118,14 +117,14 @@ class _WriteBatch:
 Outcome = tuple[int, bool] | Exception
 
 
-def _write_batch(dest: Dest, files: list[tuple[str, FileNode, bytes]], sync: bool, task: int | None) -> list[Outcome]:
+def _write_batch(dest: FileSink, files: list[tuple[str, FileNode, bytes]]) -> list[Outcome]:
     """Write each file whole (complete under its name, or not at all), in order: each one's crc32c
     and whether it was written (not found complete already), or its error. A `WriteStopped`
     (DEST takes no more) ends the batch: the files after it are not tried."""
     done: list[Outcome] = []
     for rel, node, data in files:
         try:
-            written = dest.write(rel, [data], node.mtime_ns, sync, task)
+            written = dest.write(rel, [data], node.mtime_ns)
         except (WriteStopped, OSError, DataError) as e:
             done.append(e)
             if isinstance(e, WriteStopped):
@@ -148,15 +147,13 @@ def _cannot_write(rel: str, error: OSError) -> str:
 class _Run:
     """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
 
-    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary,
+    def __init__(self, dest: FileSink, journal: Journal | None, summary: WalkSummary,
                  waits: Waits | None = None) -> None:
-        self.dest = dest
+        self.dest = dest if journal is None else dest.for_task(journal.task)
         self.journal = journal
-        self.sync = sync
         self.summary = summary
         self.waits = waits or Waits()  # what the walk waited for: payload bytes (data), DEST (writes)
         self.scope: trio.CancelScope | None = None
-        self.task = None if journal is None else journal.task
         # A rerun task clears what a killed run of it left, once per directory it writes into.
         self.swept: set[str] | None = set() if journal is not None and journal.rerun else None
 
@@ -164,7 +161,7 @@ class _Run:
         parent = rel.rpartition("/")[0]
         if self.swept is not None and parent not in self.swept:
             self.swept.add(parent)
-            await trio.to_thread.run_sync(self.dest.sweep, parent, self.task)
+            await trio.to_thread.run_sync(self.dest.sweep, parent)
 
     def stop(self, error: WriteStopped) -> None:
         """The first stop wins; later ones (the same full disk, seen by other writes) are dropped."""
@@ -200,11 +197,11 @@ class _Run:
         return True
 
 
-async def export(root: DirNode, dest: Dest, jobs: int = 4,
+async def export(root: DirNode, dest: FileSink, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, entries: Entries | None = None,
-                 journal: Journal | None = None, sync: bool = True, waits: Waits | None = None) -> WalkSummary:
+                 journal: Journal | None = None, waits: Waits | None = None) -> WalkSummary:
     """Write the tree under `dest` (or only `entries`, one task's part of it), every file appearing
-    under its name only when whole (`Dest.write`).
+    under its name only when whole (`FileSink.write`).
 
     Reads happen on the event loop in listing order (sequential in the
     shards); up to `jobs` writer threads run meanwhile. Files of one piece
@@ -220,7 +217,7 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     writes).
     """
     summary = WalkSummary()
-    run = _Run(dest, journal, sync, summary, waits)
+    run = _Run(dest, journal, summary, waits)
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
@@ -302,8 +299,7 @@ async def _hand_over(run: _Run, batch: _WriteBatch, nursery: trio.Nursery, limit
 async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object,
                            files: list[tuple[str, FileNode, bytes]]) -> None:
     try:
-        outcomes = await trio.to_thread.run_sync(_write_batch, run.dest, files, run.sync, run.task,
-                                                 limiter=trio.CapacityLimiter(1))
+        outcomes = await trio.to_thread.run_sync(_write_batch, run.dest, files, limiter=trio.CapacityLimiter(1))
     finally:
         limiter.release_on_behalf_of(token)
     for (rel, node, _), outcome in zip(files, outcomes):
@@ -326,11 +322,11 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
     async with limiter:
         pending: PendingFile | None = None
         try:
-            pending = await trio.to_thread.run_sync(run.dest.open_file, rel, run.task)
+            pending = await trio.to_thread.run_sync(run.dest.open_file, rel)
             crc = 0
             async for piece in file_bytes(node, rel):
                 crc = await trio.to_thread.run_sync(_add_piece, pending, piece, crc)
-            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
+            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns)
             pending = None
             run.landed(rel, node, crc, written)
         except WriteStopped as e:

@@ -37,8 +37,8 @@ from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version,
                                     TaggedRead, normalize_path, read_whole, tag_problem)
 from unshardfs.sources.coalesce import RangeReads
 from unshardfs.sources.pins import Pin, Pins
-from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkRef, Manifest,
-                                               Node, RepoConfig, Snapshot, decode_config, decode_id,
+from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkManifest,
+                                               ChunkRef, RepoConfig, Snapshot, SnapshotNode, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
 from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
@@ -199,12 +199,12 @@ class IcechunkStore:
         snapshot: Snapshot = await self.flights.cached(self.objects, ("s", raw_id), load)
         return snapshot
 
-    async def manifest(self, raw_id: bytes) -> Manifest:
-        async def load() -> Manifest:
+    async def manifest(self, raw_id: bytes) -> ChunkManifest:
+        async def load() -> ChunkManifest:
             body = await self._object("manifests", raw_id, FILE_MANIFEST)
-            return Manifest(body, self.description + "manifests/" + encode_id(raw_id), raw_id)
+            return ChunkManifest(body, self.description + "manifests/" + encode_id(raw_id), raw_id)
 
-        manifest: Manifest = await self.flights.cached(self.objects, ("m", raw_id), load)
+        manifest: ChunkManifest = await self.flights.cached(self.objects, ("m", raw_id), load)
         return manifest
 
     async def history(self, start: bytes, seen: dict[bytes, Snapshot]) -> None:
@@ -395,7 +395,7 @@ def _coords(segments: list[str]) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True, slots=True)
 class ChunkKey:
-    node: Node
+    node: SnapshotNode
     coords: tuple[int, ...]  # all of them (a chunk) or the first few (a directory of chunk keys)
 
 
@@ -504,7 +504,7 @@ class IcechunkSource:
     def _file(self, size: int, identity: tuple[object, ...]) -> ObjectStat:
         return ObjectStat(size, self.snapshot.time_ns, False, ("icechunk", *identity))
 
-    def _chunk(self, ref: ChunkRef, node: Node, coords: tuple[int, ...]) -> ObjectStat:
+    def _chunk(self, ref: ChunkRef, node: SnapshotNode, coords: tuple[int, ...]) -> ObjectStat:
         """A chunk key's stat: its version carries its object's pin (reads of the file are held to the
         object's version the pin's first read meets)."""
         pin = self.store.pin(ref)
