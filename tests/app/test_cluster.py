@@ -17,7 +17,7 @@ from typing import Callable
 import pytest
 
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete
-from tests.support.dask import dask_cluster
+from tests.support.dask_cluster import dask_cluster
 from tests.support.tmpfs import remount, small_tmpfs
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.mounts import UNSHARDFS, run_cli

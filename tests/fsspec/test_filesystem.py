@@ -20,7 +20,7 @@ import trio
 import zarr
 
 from tests.fsspec.conftest import Datasets
-from tests.support.dask import dask_cluster
+from tests.support.dask_cluster import dask_cluster
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from unshardfs.fsspec.session import SESSIONS
 from unshardfs.testing.http_servers import DatasetServer
