@@ -18,7 +18,8 @@ from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.latency import LatencySource
 from unshardfs.testing.memory import MemorySource
-from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance
+from unshardfs.sources.subdir import SubdirSource
+from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
 
 # Failures are final at once: a conformance failure must not hide behind retries.
 FAST = HttpOptions(retries=0, timeout=10)
@@ -152,3 +153,40 @@ class TestS3(SourceConformance):
                 client.put_object(Bucket=bucket, Key=f"data/{path}", Body=data)
 
         return change
+
+
+class TestSubdir(SourceConformance):
+    """A directory of another source (a dataset in a tree of datasets), with a decoy beside it."""
+
+    listable, remote = True, False
+
+    @pytest.fixture
+    def tree(self, tmp_path: Path) -> Path:
+        outer = tmp_path / "outer"
+        write_tree(outer / "release" / "em")
+        (outer / "release" / "a.bin").write_bytes(b"not the one below em/")
+        return outer / "release" / "em"
+
+    @pytest.fixture
+    def make(self, tree: Path) -> MakeSource:
+        return lambda: SubdirSource(LocalSource(str(tree.parent.parent)), "release/em")
+
+
+class TestSubdirLatency(TestLatency):
+    """... and over the listed object-store stand-in (a stat with its tail)."""
+
+    listable = True
+    page_size = 2
+
+    @pytest.fixture
+    def source(self) -> MemorySource:
+        return MemorySource({**{f"rel/em/{k}": v for k, v in TREE.items()}, "rel/a.bin": b"decoy"})
+
+    @pytest.fixture
+    def make(self, source: MemorySource) -> MakeSource:
+        return lambda: SubdirSource(LatencySource(source, 0.001, listable=True, page_size=2), "rel/em")
+
+    @pytest.fixture
+    def change(self, source: MemorySource) -> Change:
+        return lambda path, data: source.remove(f"rel/em/{path}") if data is None else source.put(f"rel/em/{path}",
+                                                                                                  data)

@@ -206,37 +206,79 @@ async def open_spec(spec: SourceSpec, open_base: Callable[[str], ByteSource],
     source = await _open_archive(spec, open_base, limits)
     try:
         ice = spec.icechunk
-        probe_icechunk = ice is None and spec.ocdbt is None and spec.format in (None, "zarr")
-        probe_ocdbt = ice is None and spec.ocdbt is None and spec.format is None
-        if source.remote and (probe_icechunk or probe_ocdbt):
-            # The stores' markers and the format's own, in one round trip instead of one each.
-            await stat_all(source, [*([ICECHUNK_MAIN] if probe_icechunk else []),
-                                    *([OCDBT_MANIFEST] if probe_ocdbt else []), *detection_probes(spec.format)])
-        if probe_icechunk and await _exists(source, ICECHUNK_MAIN):
-            ice = IcechunkPart(None, "")
+        if ice is None and spec.ocdbt is None:
+            found = await found_store(source, spec.format)
+            if found == "icechunk":
+                ice = IcechunkPart(None, "")
+            elif found == "ocdbt":
+                return await _open_ocdbt(source, spec, OcdbtPart(None, ""), limits, ocdbt)
         if ice is not None:
             from unshardfs.sources.icechunk import open_icechunk
 
             url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
             return await open_icechunk(source, "", ice.path, ice.version, limits, description=f"{url}|icechunk:",
-                                       url=None if spec.zip_path is not None else _as_url(spec.base),
+                                       url=None if spec.zip_path is not None else as_url(spec.base),
                                        options=icechunk, open_url=open_base)
-        part = spec.ocdbt
-        if part is None and spec.format is None and await _is_ocdbt(source):
-            part = OcdbtPart(None, "")
-        if part is None:
+        if spec.ocdbt is None:
             return source
-        from unshardfs.sources.ocdbt import open_ocdbt
-
-        url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
-        return await open_ocdbt(source, "", part.path, part.version, limits, description=f"{url}|ocdbt:",
-                                options=ocdbt)
+        return await _open_ocdbt(source, spec, spec.ocdbt, limits, ocdbt)
     except BaseException:
         await source.aclose()
         raise
 
 
-def _as_url(base: str) -> str:
+async def _open_ocdbt(source: ByteSource, spec: SourceSpec, part: OcdbtPart, limits: DataLimits | None,
+                      ocdbt: OcdbtOptions | None) -> ByteSource:
+    from unshardfs.sources.ocdbt import open_ocdbt
+
+    url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
+    return await open_ocdbt(source, "", part.path, part.version, limits, description=f"{url}|ocdbt:", options=ocdbt)
+
+
+async def found_store(source: ByteSource, named: str | None) -> str | None:
+    """Which versioned store the root of `source` holds, by its marker, as SOURCE's is found: "icechunk"
+    (branch main's ref; not when a format other than zarr is named), "ocdbt" (`manifest.ocdbt`; not when a
+    format is named), or None. Over a remote source the markers and the format probes are statted at once
+    (one round trip), and the stats kept for the detection that follows."""
+    probe_icechunk = named in (None, "zarr")
+    probe_ocdbt = named is None
+    if source.remote and (probe_icechunk or probe_ocdbt):
+        # The stores' markers and the format's own, in one round trip instead of one each.
+        await stat_all(source, [*([ICECHUNK_MAIN] if probe_icechunk else []),
+                                *([OCDBT_MANIFEST] if probe_ocdbt else []), *detection_probes(named)])
+    if probe_icechunk and await _exists(source, ICECHUNK_MAIN):
+        return "icechunk"
+    if probe_ocdbt and await _is_ocdbt(source):
+        return "ocdbt"
+    return None
+
+
+def store_probes() -> list[str]:
+    """What `found_store` and format detection stat in a directory (with no format named)."""
+    return [ICECHUNK_MAIN, OCDBT_MANIFEST, *detection_probes()]
+
+
+async def open_found_store(source: ByteSource, limits: DataLimits | None, icechunk: IcechunkOptions | None,
+                           ocdbt: OcdbtOptions | None, url: str | None = None,
+                           open_url: Callable[[str], ByteSource] | None = None) -> ByteSource:
+    """The store at the root of `source` (a directory of a tree of datasets) by the rules SOURCE's is
+    found by: its Icechunk repository (branch main) or OCDBT database (newest version), else `source`.
+    `url`: where a reader elsewhere finds that directory (virtual references into it)."""
+    found = await found_store(source, None)
+    if found == "icechunk":
+        from unshardfs.sources.icechunk import open_icechunk
+
+        return await open_icechunk(source, "", "", None, limits, description=f"{source.description}|icechunk:",
+                                   url=url, options=icechunk, open_url=open_url)
+    if found == "ocdbt":
+        from unshardfs.sources.ocdbt import open_ocdbt
+
+        return await open_ocdbt(source, "", "", None, limits, description=f"{source.description}|ocdbt:",
+                                options=ocdbt)
+    return source
+
+
+def as_url(base: str) -> str:
     """BASE as the URL a virtual reference into it would name (`file:///abs/path` for a local path)."""
     scheme, sep, rest = base.partition("://")
     if sep and scheme != "file":

@@ -32,6 +32,7 @@ from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
 from unshardfs.tools.ledger import reserved
+from unshardfs.tree.namespaced import inner_dir
 from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError
@@ -373,7 +374,8 @@ async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, F
     every one of them: the directory declares them first (`DirNode.will_read_all`), so their
     shards' indexes and payloads are fetched in large reads ahead of the walk."""
     node.will_read_all()
-    listing = (node.virtual_entries() if isinstance(node, OverlayDir) else node.entries()).__aiter__()
+    shown = inner_dir(node)  # (a dataset of a tree of datasets, or a version: as its format built it)
+    listing = (shown.virtual_entries() if isinstance(shown, OverlayDir) else node.entries()).__aiter__()
     prefix = f"{rel}/" if rel else ""
     try:
         async for batch in listing:

@@ -187,6 +187,11 @@ def json_names() -> frozenset[str]:
     return _json_names
 
 
+class NotDetected(ConfigError):
+    """No format recognises a source (the one-line error says what each looks for): a directory of a
+    tree of datasets that is none."""
+
+
 def plugin(name: str) -> FormatPlugin[Any]:
     for p in plugins():
         if p.name == name:
@@ -230,14 +235,17 @@ async def detect(source: ByteSource, named: str | None, given: Mapping[str, obje
             return p
     markers = " nor ".join(f"{p.marker} ({p.description})" for p in reversed(plugins()))
     hint = " (or the store refuses to let us read them: check the URL and credentials)" if source.remote else ""
-    raise ConfigError(f"{source.description} has neither {markers}{hint}")
+    raise NotDetected(f"{source.description} has neither {markers}{hint}")
 
 
-async def open_dataset(runtime: Runtime, named: str | None, given: Mapping[str, object]) -> Dataset:
-    """Detect (or take the named) format, refuse options of other formats, open it."""
-    chosen = await detect(runtime.source, named, given)
+async def open_dataset(runtime: Runtime, named: str | None, given: Mapping[str, object],
+                       strict: bool = True) -> Dataset:
+    """Detect (or take the named) format, refuse options of other formats, open it. Not `strict`: a
+    dataset of a tree of datasets, detected as without options (`--info` names one DVID export, not
+    every directory) and the options of other formats, meant for its other datasets, left alone."""
+    chosen = await detect(runtime.source, named, given if strict else {})
     for name, options in given.items():
-        if name != chosen.name:
+        if name != chosen.name and strict:
             changed = changed_options(options)
             flags = ", ".join("--" + key.replace("_", "-") for key in changed)
             verb = "applies" if len(changed) == 1 else "apply"
