@@ -160,7 +160,7 @@ def test_a_second_export_without_resume_is_refused(volume, tmp_path):
     mixed = run_cli("export", "-q", "--resume", str(other), str(dest))
     assert mixed.returncode == 1 and len(mixed.stderr.strip().splitlines()) == 1
     assert f"holds an export of {volume} with options" in mixed.stderr
-    replanned = run_cli("export", "-q", "--resume", "--parts", "3", str(volume), str(dest))
+    replanned = run_cli("export", "-q", "--resume", "--parts", "4", str(volume), str(dest))
     assert replanned.returncode == 1 and f"planned as {tasks} tasks" in replanned.stderr
     assert {rel: p.stat().st_ino for rel, p in walk_files(dest).items()} == before
     # Resuming a finished export rewrites nothing, the manifest included.

@@ -163,6 +163,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--no-fsync", action="store_true",
                    help="do not flush files to stable storage before renaming them into place (faster; a power "
                         "loss may then leave files that --resume re-verifies)")
+    e.add_argument("--stats", metavar="FILE",
+                   help="write where the run's time went as JSON to FILE (- for standard output): its phases, and "
+                        "each task's time by what it waited for (opening SOURCE, indexes, data, DEST, the "
+                        "scheduler), its requests and round trips, summed up with medians and the slowest task")
     add_walk_options(e, 4, "concurrent file writes")
 
     r = command("refs", help="write kerchunk references to SOURCE's unsharded view: read with fsspec alone",
@@ -205,8 +209,9 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                             "N local worker processes, or env for the address in DASK_SCHEDULER_ADDRESS; export's "
                             "DEST must be on a file system every worker shares")
     group.add_argument("--parts", type=_positive(int), default=0, metavar="N",
-                       help="tasks to deal the shards into (default: 4 per worker thread, at most 16 shards "
-                            "each; files with no shard go in tasks of their own); an export's first run fixes it")
+                       help="tasks to deal the shards into (default: by their bytes, at most 16 shards each, at "
+                            "least one per worker thread and 4 while each keeps 256 MiB); an export's first run "
+                            "fixes it")
     group.add_argument("--debug", action="store_true",
                        help="show Dask's own log lines (INFO and up; otherwise warnings, and with -q only errors)")
 

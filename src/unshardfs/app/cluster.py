@@ -111,6 +111,22 @@ def close_client(client: Any) -> None:
         cluster.close()
 
 
+def warm_up() -> None:
+    """On a worker: import what a task runs and load the format plug-ins (unpickling this function
+    imported this module, and with it the task's code)."""
+    from unshardfs.core.registry import load_plugins
+
+    load_plugins()
+
+
+def warm_workers(client: Any) -> list[Any]:
+    """`warm_up` started on every worker now, so that their first tasks do not wait for the imports
+    while the client plans meanwhile. The futures: keep them until the tasks are submitted (a future
+    dropped before its task ran may cancel it)."""
+    return [client.submit(warm_up, workers=[worker], allow_other_workers=False, pure=False)
+            for worker in client.nthreads()]
+
+
 def worker_threads(client: Any) -> int:
     """The cluster's worker threads now (what a plan's task sizes are chosen for)."""
     return max(1, int(sum(client.nthreads().values())))
@@ -168,7 +184,7 @@ def run_part_reporting(job: Part) -> PartResult:
         if now - last >= PROGRESS_SECONDS:
             last = now
             worker.log_event(PROGRESS_TOPIC, {"part": job.part, "files": summary.files, "bytes": summary.bytes})
-    return run_part(job, progress)
+    return run_part(job, progress, str(worker.address))
 
 
 class Tally:

@@ -20,8 +20,10 @@ from unshardfs.app.cluster import close_client
 from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.pipeline import archive_lines
 from unshardfs.app.options import open_options
-from unshardfs.app.planner import Planned, TaskWork, parse_tasks, plan_tasks, shards_per_task, task_lines
+from unshardfs.app.planner import (Planned, Surveyed, TaskWork, parse_tasks, plan_tasks, shards_per_task, survey_source,
+                                   task_lines)
 from unshardfs.app.split import Part, PartResult, run_part
+from unshardfs.app.timeline import RunPhases, TaskTimeline, process_age, settle_idle, summary, summary_lines
 from unshardfs.core.registry import changed_options
 from unshardfs.tools.atomic import WriteStopped
 from unshardfs.tools.dest import dest_name, is_object_url, open_dest
@@ -89,9 +91,12 @@ async def _one_part(args: argparse.Namespace) -> PartResult:
     return PartResult(list(problems), summary, session.source.counters.reads)
 
 
-def _checks(args: argparse.Namespace, threads: int) -> tuple[list[Part], PartResult]:
-    """The check's tasks, planned here; and what planning found (its problems, as a result)."""
-    planned = plan_tasks(args.source, _one_version(args), threads, args.parts)
+def _checks(args: argparse.Namespace, threads: int,
+            early: "_EarlySurvey | None" = None) -> tuple[list[Part], PartResult]:
+    """The check's tasks, planned here (from `early`'s walk if one was started); and what planning
+    found (its problems, as a result)."""
+    planned = (plan_tasks(args.source, _one_version(args), threads, args.parts) if early is None
+               else early.wait().plan(threads, args.parts))
     parts = [Part(args.source, _one_version(args), i, work) for i, work in enumerate(planned.works)]
     return parts, PartResult(planned.problems, WalkSummary(), 0, -1)
 
@@ -158,11 +163,13 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _check_results(args: argparse.Namespace) -> list[PartResult]:
     if args.scheduler is not None:
-        from unshardfs.app.cluster import worker_threads
+        from unshardfs.app.cluster import warm_workers, worker_threads
 
+        early = _EarlySurvey(args.source, _one_version(args), skip_reserved=False)
         client = _client(args)
         try:
-            parts, planning = _checks(args, worker_threads(client))
+            warming = warm_workers(client)  # the workers import while the client plans (held until the end)
+            parts, planning = _checks(args, worker_threads(client), early)
             return [planning] + _on_cluster(args, client, parts, "task")
         finally:
             close_client(client)
@@ -205,13 +212,60 @@ def _check(args: argparse.Namespace) -> int:
 LOCAL_THREADS = 2  # an export in one process is planned as for two threads: 8 tasks or more
 
 
-def _plan(args: argparse.Namespace, ledger: Ledger, threads: int) -> tuple[Plan, list[TaskWork], list[str]]:
-    """The export's plan and its tasks: those DEST already holds (with --resume), else new ones;
-    and the problems planning met (a name skipped, say)."""
+class _EarlySurvey:
+    """The walk of SOURCE for a new plan, on a thread of its own while the cluster starts or is
+    reached: planning waits on the store, starting a cluster on the CPU, so they overlap."""
+
+    def __init__(self, source: str, options: OpenOptions, skip_reserved: bool) -> None:
+        self.source, self.options, self.skip_reserved = source, options, skip_reserved
+        self.result: Surveyed | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=self._run, name="unshardfs-survey", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def needed(cls, args: argparse.Namespace) -> "_EarlySurvey | None":
+        """Started when DEST holds no plan yet (else there is nothing to walk)."""
+        out = open_dest(args.dest, open_options(args).remote)
+        try:
+            fresh = Ledger(out).plan() is None
+        finally:
+            out.close()
+        return cls(_identity(args)[0], _one_version(args), skip_reserved=True) if fresh else None
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        try:
+            self.result = survey_source(self.source, self.options, self.skip_reserved)
+        except BaseException as e:  # noqa: BLE001 - raised again where the plan is needed
+            self.error = e
+        self.seconds = time.monotonic() - start
+
+    def wait(self) -> Surveyed:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def _plan(args: argparse.Namespace, ledger: Ledger, threads: int, phases: RunPhases,
+          early: _EarlySurvey | None = None) -> tuple[Plan, list[TaskWork], list[str]]:
+    """The export's plan and its tasks: those DEST already holds (with --resume), else new ones
+    (from `early`'s walk if one was started); and the problems planning met (a name skipped, say)."""
     found = ledger.plan()
     source, formats = _identity(args)
     if found is None:
-        planned: Planned = plan_tasks(source, _one_version(args), threads, args.parts, skip_reserved=True)
+        start = time.monotonic()
+        if early is not None:
+            surveyed = early.wait()
+            phases.plan = early.seconds
+        else:
+            surveyed = survey_source(source, _one_version(args), skip_reserved=True)
+            phases.plan = time.monotonic() - start
+        planned: Planned = surveyed.plan(threads, args.parts)
+        phases.plan_requests, phases.plan_round_trips = planned.requests, planned.round_trips
         wanted = Plan(source, formats, len(planned.works))
         ledger.start(wanted, task_lines(planned.works))
         return wanted, planned.works, planned.problems
@@ -226,20 +280,27 @@ def _plan(args: argparse.Namespace, ledger: Ledger, threads: int) -> tuple[Plan,
     if len(works) != found.tasks:
         raise ConfigError(f"DEST {args.dest}: its task list holds {len(works):,} tasks, its plan "
                           f"{found.tasks:,}: not an unshardfs export")
-    if args.parts and shards_per_task(sum(w.shards for w in works), 1, args.parts) != \
-            max(w.shards for w in works):
+    if args.parts and _parts_plan(sum(w.shards for w in works), args.parts) != [w.shards for w in works if w.groups]:
         raise ConfigError(f"DEST {args.dest} holds an export planned as {found.tasks:,} tasks: --parts must "
                           "be left out or the same with --resume")
     return found, works, []
 
 
-def _prepare(args: argparse.Namespace, threads: int) -> tuple[Plan, list[TaskWork], list[int], list[PartResult]]:
+def _parts_plan(shards: int, parts: int) -> list[int]:
+    """The shards of each task `--parts` deals `shards` into (what a resume with --parts must match)."""
+    per_task = shards_per_task(shards, 1, parts)
+    return [min(per_task, shards - at) for at in range(0, shards, per_task)]
+
+
+def _prepare(args: argparse.Namespace, threads: int, phases: RunPhases,
+             early: _EarlySurvey | None = None) -> tuple[Plan, list[TaskWork], list[int], list[PartResult]]:
     """Open DEST, fix the plan, clear a killed run's temporaries; (plan, its tasks, tasks to run,
     tasks done)."""
+    start = time.monotonic()
     out = open_dest(args.dest, open_options(args).remote)
     try:
         ledger = Ledger(out)
-        plan, works, problems = _plan(args, ledger, threads)
+        plan, works, problems = _plan(args, ledger, threads, phases, early)
         if args.resume:
             out.clear()  # temporaries, unfinished uploads
         done = ledger.complete() & set(range(plan.tasks))
@@ -250,6 +311,7 @@ def _prepare(args: argparse.Namespace, threads: int) -> tuple[Plan, list[TaskWor
                                        recorded=True))
     finally:
         out.close()
+    phases.ledger = max(0.0, time.monotonic() - start - phases.plan)
     return plan, works, [t for t in range(plan.tasks) if t not in done], finished
 
 
@@ -284,25 +346,61 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_run(args: argparse.Namespace) -> int:
+    phases = RunPhases(client_start=process_age())
     client = None
     try:
         if args.scheduler is not None:
-            from unshardfs.app.cluster import check_dest_visible, worker_threads
+            from unshardfs.app.cluster import check_dest_visible, warm_workers, worker_threads
 
+            early = _EarlySurvey.needed(args)
             client = _client(args)
+            warming = warm_workers(client)  # the workers import while the client plans (held until the end)
             check_dest_visible(client, args.dest, open_options(args).remote)
-            plan, works, pending, finished = _prepare(args, worker_threads(client))
+            threads = worker_threads(client)
+            phases.connect, phases.workers = time.monotonic() - phases.started, len(client.nthreads())
+            plan, works, pending, finished = _prepare(args, threads, phases, early)
+            submitted, start = time.time(), time.monotonic()
             results = _on_cluster(args, client, _exports(args, plan, works, pending), "task")
         else:
-            plan, works, pending, finished = _prepare(args, LOCAL_THREADS)
+            plan, works, pending, finished = _prepare(args, LOCAL_THREADS, phases)
+            submitted, start = time.time(), time.monotonic()
             results = _export_here(args, _exports(args, plan, works, pending))
+        phases.tasks = time.monotonic() - start
+        timelines = [r.timeline for r in results if r.timeline is not None]
+        settle_idle(timelines, submitted)
+        # The manifest before the cluster is closed: a local:N cluster takes a while to stop.
+        status = _export_report(args, plan, finished + results, sum(len(w.dirs) for w in works), phases)
     finally:
         if client is not None:
+            start = time.monotonic()
             close_client(client)
-    return _export_report(args, plan, finished + results, sum(len(w.dirs) for w in works))
+            phases.close = time.monotonic() - start
+    phases.total = time.monotonic() - phases.started
+    if args.stats is not None:
+        _write_stats(args, phases, timelines)
+    return status
 
 
-def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResult], dirs: int) -> int:
+def _write_stats(args: argparse.Namespace, phases: RunPhases, timelines: list[TaskTimeline]) -> None:
+    """The run's statistics as JSON into --stats FILE (`-`: standard output), and a few lines of
+    them on standard error (unless -q)."""
+    stats = summary(phases, timelines)
+    text = json.dumps(stats, indent=1) + "\n"
+    if args.stats == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            with open(args.stats, "w") as f:
+                f.write(text)
+        except OSError as e:
+            print(f"unshardfs: cannot write --stats {args.stats}: {e.strerror}", file=sys.stderr)
+    if not args.quiet:
+        for line in summary_lines(stats):
+            print(line, file=sys.stderr)
+
+
+def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResult], dirs: int,
+                   phases: RunPhases) -> int:
     problems = sorted(dict.fromkeys(line for r in results for line in r.problems))
     failures = sorted(dict.fromkeys(f for r in results for f in r.summary.failures))
     stopped = next((r.summary.stopped for r in results if r.summary.stopped is not None), None)
@@ -315,6 +413,7 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
     tail = f"; {len(failures)} failed" if failures else ""
     finished = complete == plan.tasks and stopped is None
     if finished:
+        start = time.monotonic()
         out = open_dest(args.dest, open_options(args).remote)
         try:
             ledger = Ledger(out)
@@ -328,6 +427,7 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
             stopped, finished = str(e), False
         finally:
             out.close()
+            phases.manifest = time.monotonic() - start
     if not finished:
         tail += f"; {complete:,} of {plan.tasks:,} tasks complete (run again with --resume)"
     print(f"exported {written + skipped:,} files ({written:,} written, {skipped:,} already complete, "

@@ -24,11 +24,12 @@ import logging
 import math
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable
+from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable, cast
 
 import trio
 
 from unshardfs.app.opened import OpenedSource, OpenOptions
+from unshardfs.app.timeline import source_requests
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
 from unshardfs.tools.ledger import reserved
@@ -37,6 +38,7 @@ from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError
 from unshardfs.util.logonce import collect_problems, log_once
+from unshardfs.util.waits import Waits, now
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,11 @@ CHUNK_XATTR = "user.unshardfs.chunk_id"
 
 TASK_SHARDS_MAX = 16  # shards in one task unless --parts asks for fewer, bigger tasks
 TASK_SHARDS_LIMIT = 1024  # ... whatever --parts asks (a task's line in the task list stays within a ledger line)
-TASKS_PER_THREAD = 4  # below that many shards per task, enough tasks to keep every worker thread busy
+TASKS_PER_THREAD = 4  # below that many shards per task, enough tasks to keep every worker thread busy ...
+TASK_MIN_BYTES = 256 << 20  # ... where shard sizes are known: while each task keeps this many bytes
+TASK_MAX_BYTES = 16 << 30  # ... and holds at most this many (unless one shard is bigger)
+FOLD_FILES = 256  # files with no shard (and directories) that go with the last task of shards ...
+FOLD_BYTES = 4 << 20  # ... of at most this many bytes, instead of a task of their own
 TASK_FILES = 4096  # directories and files with no shard in one task
 TASK_BYTES = 1 << 30  # ... and their bytes (a bigger file is a task of its own)
 TASK_NAMES = 48 << 10  # ... and the length of their paths (a task's line in the task list stays within a ledger line)
@@ -187,10 +193,17 @@ class Survey:
 
     entries: list[tuple[str, int | None]] = field(default_factory=list)
     shards: list[tuple[str, str, Hashable]] = field(default_factory=list)
+    sizes: list[int | None] = field(default_factory=list)  # each shard's bytes, where finding it told them
 
     @property
     def dirs(self) -> int:
         return sum(size is None for _, size in self.entries)
+
+    def shard_bytes(self) -> list[int] | None:
+        """Every shard's bytes, or None unless all are known."""
+        if len(self.sizes) != len(self.shards) or any(size is None for size in self.sizes):
+            return None
+        return cast(list[int], self.sizes)
 
 
 async def survey(root: DirNode, scope: ShardScope, skip_reserved: bool) -> Survey:
@@ -198,7 +211,7 @@ async def survey(root: DirNode, scope: ShardScope, skip_reserved: bool) -> Surve
     (`skip_reserved`)."""
     found = Survey()
     await _survey(root, "", scope, found, skip_reserved)
-    found.shards = scope.recorded
+    found.shards, found.sizes = scope.recorded, scope.sizes
     return found
 
 
@@ -238,10 +251,41 @@ def shards_per_task(shards: int, threads: int, parts: int | None = None) -> int:
     return max(1, min(TASK_SHARDS_MAX, math.ceil(shards / (TASKS_PER_THREAD * max(1, threads)))))
 
 
+def shard_cuts(sizes: list[int], threads: int) -> list[int]:
+    """Where each task of shards of these sizes (in listing order) begins: tasks of about equal bytes,
+    at least TASKS_PER_THREAD per worker thread while each keeps TASK_MIN_BYTES, at least one per
+    thread anyway (as far as there are shards), at most TASK_MAX_BYTES (unless one shard is bigger)
+    and TASK_SHARDS_MAX shards each. Small shards make few tasks: a task's fixed cost (opening
+    SOURCE, the first round trips, the scheduler's) is paid by fewer, bigger ones."""
+    count, total = len(sizes), sum(sizes)
+    if not count:
+        return []
+    threads = max(1, threads)
+    target = min(max(total / (TASKS_PER_THREAD * threads), TASK_MIN_BYTES), TASK_MAX_BYTES)
+    tasks = max(math.ceil(total / target), min(threads, count), math.ceil(count / TASK_SHARDS_MAX))
+    tasks = min(tasks, count)
+    # Each shard goes to the task its middle byte falls in (shards of no bytes: by their number).
+    cuts: list[int] = []
+    before, last = 0, -1
+    for i, size in enumerate(sizes):
+        task = min(tasks - 1, int((before + size / 2) * tasks / total) if total else i * tasks // count)
+        if task != last:
+            cuts.append(i)
+            last = task
+        before += size
+    bounded: list[int] = []
+    for start, end in zip(cuts, [*cuts[1:], count]):
+        pieces = math.ceil((end - start) / TASK_SHARDS_MAX)
+        bounded += [start + (end - start) * k // pieces for k in range(pieces)]
+    return bounded
+
+
 def deal(found: Survey, per_task: int, files: int = TASK_FILES, size: int = TASK_BYTES,
-         named: str | None = None) -> list[TaskWork]:
-    """The tasks: directories and files with no shard first (at most `files` entries and `size`
-    bytes each), then the shards in listing order, `per_task` to a task."""
+         named: str | None = None, cuts: list[int] | None = None) -> list[TaskWork]:
+    """The tasks: directories and files with no shard (at most `files` entries and `size` bytes a
+    task), then the shards in listing order, `per_task` to a task or (`cuts`) in tasks beginning at
+    those positions. Files with no shard that fit in one small task (FOLD_FILES, FOLD_BYTES) go
+    with the last task of shards instead."""
     works: list[TaskWork] = []
     dirs: list[str] = []
     paths: list[str] = []
@@ -262,14 +306,19 @@ def deal(found: Survey, per_task: int, files: int = TASK_FILES, size: int = TASK
     if dirs or paths or not found.shards:
         works.append(TaskWork(tuple(dirs), tuple(paths), format=named))  # (an empty tree: one empty task)
     shards = found.shards
-    for at in range(0, len(shards), per_task):
+    starts = cuts if cuts is not None else list(range(0, len(shards), per_task))
+    for at, end in zip(starts, [*starts[1:], len(shards)]):
         groups: list[tuple[str, str, list[Hashable]]] = []
-        for where, label, shard in shards[at:at + per_task]:
+        for where, label, shard in shards[at:end]:
             if groups and groups[-1][:2] == (where, label):
                 groups[-1][2].append(shard)
             else:
                 groups.append((where, label, [shard]))
         works.append(TaskWork(groups=tuple(ShardGroup(w, s, tuple(h)) for w, s, h in groups), format=named))
+    few = len(works) >= 2 and not works[0].groups and bool(works[1].groups)  # one task of files, then shards
+    if few and len(works[0].dirs) + len(works[0].files) <= FOLD_FILES and held <= FOLD_BYTES:
+        alone, last = works[0], works[-1]
+        works = works[1:-1] + [TaskWork(alone.dirs, alone.files, last.groups, named)]
     return works
 
 
@@ -291,14 +340,26 @@ class KnownDirs(SourceLayer):
 
 
 class _Resolver:
-    """Directories of the tree by path, looked up one component at a time (each once per task)."""
+    """Directories of the tree by path, looked up one component at a time (each once per task);
+    the time the lookups take is the task's `plan` wait."""
 
-    def __init__(self, root: DirNode) -> None:
+    def __init__(self, root: DirNode, waits: Waits) -> None:
         self.known: dict[str, DirNode] = {"": root}
+        self.waits = waits
 
     async def node(self, rel: str) -> Node | None:
+        with self.waits.waiting("plan"):
+            return await self._node(rel)
+
+    async def dir(self, rel: str) -> DirNode | None:
+        if rel in self.known:
+            return self.known[rel]
+        with self.waits.waiting("plan"):
+            return await self._dir(rel)
+
+    async def _node(self, rel: str) -> Node | None:
         parent, _, name = rel.rpartition("/")
-        above = await self.dir(parent)
+        above = await self._dir(parent)
         if above is None:
             return None
         found = await above.lookup(name)
@@ -306,19 +367,22 @@ class _Resolver:
             self.known[rel] = found
         return found
 
-    async def dir(self, rel: str) -> DirNode | None:
+    async def _dir(self, rel: str) -> DirNode | None:
         if rel in self.known:
             return self.known[rel]
-        found = await self.node(rel)
+        found = await self._node(rel)
         return found if isinstance(found, DirNode) else None
 
 
-async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
-                       missing: list[str]) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
+async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork, missing: list[str],
+                       waits: Waits | None = None) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
     """(relative path, node) of everything one task checks or exports: its directories and the
     directories above its files (each once, before what is in them), its files, and the chunk
-    files of its shards. A path the plan names that SOURCE no longer holds is a line in `missing`."""
-    resolver = _Resolver(root)
+    files of its shards. A path the plan names that SOURCE no longer holds is a line in `missing`.
+    `waits`, if given, gets the seconds spent looking up the plan's paths (`plan`) and waiting
+    for the chunk listings of its shards (`indexes`)."""
+    waits = waits or Waits()
+    resolver = _Resolver(root, waits)
     shown: set[str] = {""}
     gone: set[str] = set()
 
@@ -363,28 +427,43 @@ async def task_entries(root: DirNode, scope: ShardScope, work: TaskWork,
         if at is None:
             continue  # reported by `above`
         scope.give(group.store, group.shards)
-        async with aclosing(_chunk_entries(at, group.dir)) as chunks:
+        async with aclosing(shard_chunks(at, group.dir, waits)) as chunks:
             async for entry in chunks:
                 yield entry
 
 
-async def _chunk_entries(node: DirNode, rel: str) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
+def shard_chunks(node: DirNode, rel: str, waits: Waits) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
+    """How a task reads its shards, all in this one function: the chunk files (and nested chunk
+    directories) of the chunk listing of directory `node` (tree path `rel`), which reads only the
+    shards the task's `ShardScope` was given, declared to the core as a scan of them all."""
+    return _chunk_entries(node, rel, waits)
+
+
+async def _chunk_entries(node: DirNode, rel: str, waits: Waits) -> AsyncGenerator[tuple[str, FileNode | DirNode], None]:
     """The chunk files (and nested chunk directories) of one directory's chunk listing: of an
     overlay its computed entries only (its other entries are planned by path). The task reads
     every one of them: the directory declares them first (`DirNode.will_read_all`), so their
-    shards' indexes and payloads are fetched in large reads ahead of the walk."""
+    shards' indexes and payloads are fetched in large reads ahead of the walk. The time the walk
+    waits for the listing is `indexes` in `waits`."""
     node.will_read_all()
     shown = inner_dir(node)  # (a dataset of a tree of datasets, or a version: as its format built it)
     listing = (shown.virtual_entries() if isinstance(shown, OverlayDir) else node.entries()).__aiter__()
     prefix = f"{rel}/" if rel else ""
     try:
-        async for batch in listing:
+        while True:
+            start = now()
+            try:
+                batch = await listing.__anext__()
+            except StopAsyncIteration:
+                return
+            finally:
+                waits.add("indexes", now() - start)
             for name, child in batch:
                 if name_problem(name) is not None:
                     continue  # computed names never have one; a walk that writes must not trust that
                 if isinstance(child, DirNode):
                     yield prefix + name, child
-                    async with aclosing(_chunk_entries(child, prefix + name)) as nested:  # nested chunk directories
+                    async with aclosing(_chunk_entries(child, prefix + name, waits)) as nested:  # nested chunk dirs
                         async for item in nested:
                             yield item
                 elif isinstance(child, FileNode) and CHUNK_XATTR in child.xattrs():
@@ -406,15 +485,42 @@ class Planned:
     problems: list[str]
     shards: int
     dirs: int
+    requests: int = 0  # what planning asked of the store
+    round_trips: int | None = None
+
+
+@dataclass
+class Surveyed:
+    """What walking SOURCE found, before it is dealt into tasks for some number of worker threads."""
+
+    found: Survey
+    problems: list[str]
+    named: str | None  # the format tasks open SOURCE as (None: a versioned store, found again)
+    requests: int = 0
+    round_trips: int | None = None
+
+    def plan(self, threads: int, parts: int | None = None) -> Planned:
+        """Tasks for `threads` worker threads: by the shards' bytes where all are known (`shard_cuts`),
+        else by their number (`shards_per_task`); `parts` tasks of shards if given."""
+        found = self.found
+        sizes = None if parts else found.shard_bytes()
+        works = deal(found, shards_per_task(len(found.shards), threads, parts), named=self.named,
+                     cuts=None if sizes is None else shard_cuts(sizes, threads))
+        return Planned(works, self.problems, len(found.shards), found.dirs, self.requests, self.round_trips)
+
+
+def survey_source(source: str, options: OpenOptions, skip_reserved: bool = False) -> Surveyed:
+    """Walk SOURCE's tree once for a plan, in this process (not inside a trio run; any thread)."""
+    return trio.run(_survey_source, source, options, skip_reserved)
 
 
 def plan_tasks(source: str, options: OpenOptions, threads: int, parts: int | None = None,
                skip_reserved: bool = False) -> Planned:
     """Plan SOURCE's tasks in this process (not inside a trio run)."""
-    return trio.run(_plan, source, options, threads, parts, skip_reserved)
+    return survey_source(source, options, skip_reserved).plan(threads, parts)
 
 
-async def _plan(source: str, options: OpenOptions, threads: int, parts: int | None, skip_reserved: bool) -> Planned:
+async def _survey_source(source: str, options: OpenOptions, skip_reserved: bool) -> Surveyed:
     session = await OpenedSource.open(source, options)
     scope = ShardScope(planning=True)
     session.runtime.shard_scope = scope
@@ -423,8 +529,8 @@ async def _plan(source: str, options: OpenOptions, threads: int, parts: int | No
             async with session.running():
                 found = await survey(session.tree, scope, skip_reserved)
     finally:
+        requests, round_trips = source_requests(session.source.stats())
         await session.aclose()
     # Tasks open SOURCE as the named format (no probing for one); a versioned store is found again.
     named = session.dataset.format if session.versioned is None else None
-    works = deal(found, shards_per_task(len(found.shards), threads, parts), named=named)
-    return Planned(works, list(problems), len(found.shards), found.dirs)
+    return Surveyed(found, list(problems), named, requests, round_trips)

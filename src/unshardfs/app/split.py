@@ -15,6 +15,8 @@ rewrites nothing complete.
 
 from __future__ import annotations
 
+import os
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
@@ -23,12 +25,15 @@ import trio
 
 from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.planner import KnownDirs, TaskWork, task_entries
+from unshardfs.app.timeline import TaskTimeline, source_requests
 from unshardfs.core.runtime import ShardScope
+from unshardfs.sources.base import ByteSource
 from unshardfs.tools.atomic import WriteStopped
 from unshardfs.tools.dest import Dest, open_dest
 from unshardfs.tools.ledger import Journal, Ledger
 from unshardfs.tools.walk import Entries, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
+from unshardfs.util.waits import Waits, now
 
 
 @dataclass(frozen=True)
@@ -52,19 +57,35 @@ class PartResult:
     part: int = 0
     complete: bool = False  # export: the task's ledger entry is in place
     recorded: bool = False  # ... and was before this run began
+    timeline: TaskTimeline | None = None  # where the task's time went (a task run in this run)
+
+
+@dataclass
+class _Task:
+    """One running task: its job, where its time goes, and (for tests) the byte source to open."""
+
+    job: Part
+    timeline: TaskTimeline
+    waits: Waits
+    source: ByteSource | None = None
 
 
 @asynccontextmanager
-async def _opened(job: Part) -> AsyncIterator[tuple[OpenedSource, Entries, list[str], list[str]]]:
+async def _opened(task: _Task) -> AsyncIterator[tuple[OpenedSource, Entries, list[str], list[str]]]:
     """The task's own opened SOURCE, running, and what the task visits; the problems logged
     meanwhile, and the paths the plan names that SOURCE no longer holds."""
+    job = task.job
     dirs = job.work.directories()
-    session = await OpenedSource.open(job.source, job.options, named=job.work.format,
-                                      layer=lambda source: KnownDirs(source, dirs))
+    with task.waits.waiting("open"):
+        if task.source is None:
+            session = await OpenedSource.open(job.source, job.options, named=job.work.format,
+                                              layer=lambda source: KnownDirs(source, dirs))
+        else:
+            session = await OpenedSource.over(KnownDirs(task.source, dirs), job.work.format, job.options)
     scope = ShardScope(planning=False)
     session.runtime.shard_scope = scope
     missing: list[str] = []
-    entries = task_entries(session.tree, scope, job.work, missing)
+    entries = task_entries(session.tree, scope, job.work, missing, task.waits)
     try:
         with collect_problems() as problems:
             async with session.running():
@@ -73,36 +94,42 @@ async def _opened(job: Part) -> AsyncIterator[tuple[OpenedSource, Entries, list[
                 finally:
                     await entries.aclose()  # a walk that stopped early leaves it part way
     finally:
+        task.timeline.requests, task.timeline.round_trips = source_requests(session.source.stats())
         await session.aclose()
 
 
-async def _check(job: Part, progress: Callable[[WalkSummary], None] | None) -> PartResult:
-    async with _opened(job) as (session, entries, problems, missing):
-        summary = await check(session.tree, progress, entries)
+async def _check(task: _Task, progress: Callable[[WalkSummary], None] | None) -> PartResult:
+    async with _opened(task) as (session, entries, problems, missing):
+        summary = await check(session.tree, progress, entries, task.waits)
     summary.failures += missing
-    return PartResult(list(problems), summary, session.source.counters.reads, job.part)
+    return PartResult(list(problems), summary, session.source.counters.reads, task.job.part)
 
 
-async def _export(job: Part, out: Dest, progress: Callable[[WalkSummary], None] | None) -> PartResult:
+async def _export(task: _Task, out: Dest, progress: Callable[[WalkSummary], None] | None) -> PartResult:
     """Export one task into DEST: skipped whole if its ledger entry is there; else its journal's
     files are kept where DEST still matches them, the others written, and the entry written once
     every file of the task is in place (none failed, none missing, no listing problem)."""
+    job, waits = task.job, task.waits
     ledger = Ledger(out)
-    if job.part in ledger.complete():
+    with waits.waiting("ledger"):
+        done = await trio.to_thread.run_sync(ledger.is_complete, job.part)
+    if done:
         files, _ = ledger.task_totals(job.part)
         return PartResult([], WalkSummary(files=files, skipped=files), 0, job.part, complete=True, recorded=True)
     try:
-        journal = Journal.open(out, job.part)
+        with waits.waiting("ledger"):
+            journal = await trio.to_thread.run_sync(Journal.open, out, job.part)
     except WriteStopped as e:
         return PartResult([], WalkSummary(stopped=str(e)), 0, job.part)
     try:
-        async with _opened(job) as (session, entries, problems, missing):
-            summary = await export(session.tree, out, job.write_jobs, progress, entries, journal, job.sync)
+        async with _opened(task) as (session, entries, problems, missing):
+            summary = await export(session.tree, out, job.write_jobs, progress, entries, journal, job.sync, waits)
         summary.failures += missing
         complete = False
         if summary.stopped is None and not summary.failures and not problems:
             try:
-                await trio.to_thread.run_sync(_finish, ledger, journal, job.sync)
+                with waits.waiting("ledger"):
+                    await trio.to_thread.run_sync(_finish, ledger, journal, job.sync)
                 complete = True
             except WriteStopped as e:
                 summary.stopped = str(e)
@@ -121,16 +148,30 @@ def _finish(ledger: Ledger, journal: Journal, sync: bool) -> None:
     ledger.finish(journal, sync)
 
 
-async def _run(job: Part, progress: Callable[[WalkSummary], None] | None = None) -> PartResult:
+async def run_task(job: Part, progress: Callable[[WalkSummary], None] | None = None, worker: str = "",
+                   source: ByteSource | None = None) -> PartResult:
+    """Run one task in this trio run, with its timeline (`worker` names where it runs). With
+    `source`, its dataset is opened over that byte source (a test's), not the job's SOURCE."""
+    task = _Task(job, TaskTimeline(job.part, worker or f"pid {os.getpid()}", time.time()), Waits(), source)
+    start, cpu = now(), time.process_time()
     if job.dest is None:
-        return await _check(job, progress)
-    out = open_dest(job.dest, job.options.remote)
-    try:
-        return await _export(job, out, progress)
-    finally:
-        out.close()
+        result = await _check(task, progress)
+    else:
+        with task.waits.waiting("ledger"):
+            out = await trio.to_thread.run_sync(open_dest, job.dest, job.options.remote)
+        try:
+            result = await _export(task, out, progress)
+        finally:
+            out.close()
+    timeline = task.timeline
+    timeline.wall = now() - start
+    timeline.cpu = time.process_time() - cpu
+    timeline.settle(task.waits.seconds)
+    timeline.files, timeline.bytes = result.summary.files, result.summary.bytes
+    result.timeline = timeline
+    return result
 
 
-def run_part(job: Part, progress: Callable[[WalkSummary], None] | None = None) -> PartResult:
-    """Run one part to completion (in this process, a worker process or a Dask worker thread)."""
-    return trio.run(_run, job, progress)
+def run_part(job: Part, progress: Callable[[WalkSummary], None] | None = None, worker: str = "") -> PartResult:
+    """Run one task to completion (in this process, a worker process or a Dask worker thread)."""
+    return trio.run(run_task, job, progress, worker)

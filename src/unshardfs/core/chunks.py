@@ -326,8 +326,8 @@ class ChunkContext:
         window = max(1, self.fetcher.policy.concurrency) if self.fetcher.background and store.source.remote else 0
         scope = store.runtime.shard_scope
         if scope is not None and scope.planning:
-            async for shard in store.shards(within):
-                scope.record(store.label, store.token(shard), shard)
+            async for shard, size in store.sized_shards(within):
+                scope.record(store.label, store.token(shard), shard, size)
             return
         shards = (store.shards(within) if scope is None else _given(store, scope.given(store.label), within)).__aiter__()
         exhausted = False

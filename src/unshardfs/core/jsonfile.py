@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, TypeVar, cast
 
-from unshardfs.sources.base import ByteSource, ObjectStat
+from unshardfs.sources.base import ByteSource, ObjectStat, stat_and_head
 from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.util.fields import DEFAULT_LIMITS, check_size, load_json, off_loop, one_big_document
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.maps import BoundedMap
 
 T = TypeVar("T")
+
+# A metadata file is asked for with its stat, its first HEAD_BYTES in the same request where the
+# source can (`StatHead`): one round trip, not two, for a file no bigger (nearly all of them).
+HEAD_BYTES = 64 << 10
 
 
 def _as_read(parsed: object, st: ObjectStat) -> tuple[object, ObjectStat]:
@@ -59,8 +63,12 @@ async def read_built(source: ByteSource, path: str, limits: DataLimits,
     a Zarr group resolves each child's zarr.json -- cost one stat, and a damaged or oversized
     file is not read again for every request that meets it. A failure to read the source is not
     remembered (it may pass).
+
+    Where the source can (`StatHead`, over HTTP), the stat brings the file's first HEAD_BYTES
+    with it: a file no bigger costs one request. A bigger one is read again whole, as one
+    version (not pieced together from two).
     """
-    st = await source.stat(path)
+    st, head = await stat_and_head(source, path, HEAD_BYTES)
     if st is None or st.is_dir:
         return None
     # `build` is often a closure made per call: its code identifies what it builds.
@@ -70,7 +78,8 @@ async def read_built(source: ByteSource, path: str, limits: DataLimits,
         if known is not None:
             return cast(T, known.outcome())  # what `build` returned for this key
     try:
-        value = await _read_and_build(source, path, limits, build, st)
+        value = await _read_and_build(source, path, limits, build, st,
+                                      head if head is not None and len(head) == st.size else None)
     except _Unreadable as e:
         raise ConfigError(str(e)) from e.__cause__
     except ConfigError as e:
@@ -87,11 +96,12 @@ class _Unreadable(Exception):
 
 
 async def _read_and_build(source: ByteSource, path: str, limits: DataLimits, build: Callable[[object, ObjectStat], T],
-                          st: ObjectStat) -> T:
+                          st: ObjectStat, whole: bytes | None = None) -> T:
+    """Read (unless `whole`, the file's bytes, came with its stat), parse and build."""
     check_size(st.size, path, limits)
     async with one_big_document(st.size):
         try:
-            raw = await source.read(path, 0, st.size)
+            raw = whole if whole is not None else await source.read(path, 0, st.size)
         except SourceError as e:
             raise _Unreadable(f"cannot read {path}: {e}") from e
         held = [raw]  # handed over, so the bytes are freed once parsed, while the tree is built on

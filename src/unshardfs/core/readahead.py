@@ -103,6 +103,7 @@ RECENT = POLICY.recent
 SPREAD_CONFIRM = POLICY.spread_confirm
 SPREAD_FOLLOWS = POLICY.spread_follows
 GUESSES_MAX = 4 * MAX_STREAMS  # guesses kept at once (each a few integers)
+STALE_READS = 4 * MAX_STREAMS * FIRST_WINDOW  # (`_refill`)
 EXACT_GAP = 2  # other reads that may come between one reader's reads of a scan's next chunks
 GUESS_AGE = 4 * JOINT_READS  # reads after which a guess nothing followed is dropped
 READY_MAX = 1 << 16  # index tables remembered as read (a cache may drop them since: then a window waits)
@@ -267,6 +268,7 @@ class Stream:
     opens: bool = False  # its first read was a listing batch's first entry (or lowest id)
     confirmed: bool = False
     hits: int = 0  # reads matched, once confirmed
+    last_hit: int = 0  # the scope's read count at its last match (a stream nobody reads any more is dropped)
     window: int = FIRST_WINDOW
     frontier: int = 0  # positions below it have been declared or passed
     ended: bool = False  # the order has no positions past `frontier`
@@ -287,10 +289,11 @@ class Stream:
         """Whether a read at `p` is one of the scan's (confirmed streams)."""
         return self.lo - max(BEHIND, self.window) <= p < max(self.frontier, self.hi + 1) + SLACK
 
-    def reached(self, p: int) -> None:
+    def reached(self, p: int, now: int) -> None:
         self.hi = max(self.hi, p)
         self.hits += 1
         self.age = 0
+        self.last_hit = now
 
 
 class Positions:
@@ -364,6 +367,7 @@ class ScanScope:
         self.guesses: list[Stream] = []  # newest last
         self.recent: dict[int, None] = {}  # the last RECENT ids read, oldest first
         self.last_read: int | None = None
+        self.reads = 0  # reads seen (what a stream's `last_hit` is counted in)
         self.pending: deque[int | None] = deque(maxlen=4096)  # reads to follow (None: refill)
         self.working = False
         self.scan: DeclaredScan | None = None  # what the streams declared (made on first use)
@@ -425,7 +429,7 @@ class ScanScope:
         for stream in self.streams:
             p = stream.declared.pop(chunk_id, None)
             if p is not None:
-                stream.reached(p)
+                stream.reached(p, self.reads)
                 self._remember(chunk_id)
                 return stream
         return None
@@ -436,6 +440,7 @@ class ScanScope:
         if len(recent) > RECENT:
             del recent[next(iter(recent))]
         self.last_read = chunk_id
+        self.reads += 1
 
     async def _work(self) -> None:
         try:
@@ -463,7 +468,7 @@ class ScanScope:
         for stream in self.streams:
             p = at.get(stream.order)
             if p is not None and stream.covers(p):
-                stream.reached(p)
+                stream.reached(p, self.reads)
                 self._remember(chunk_id)
                 return
         listings = self.listings
@@ -597,6 +602,9 @@ class ScanScope:
         the scan alone, each passing over what those before it have declared."""
         skip: set[int] = set()
         last = self.last_read
+        # A stream none of the last STALE_READS reads (and at least twice its window) was of has been
+        # left by its readers: what it would read ahead now they read long ago, or never will.
+        self.streams = [s for s in self.streams if self.reads - s.last_hit <= max(STALE_READS, 2 * s.window)]
         for i, stream in enumerate(self.streams):
             if i and last is not None:  # (reads the streams before it took)
                 p = self.positions.of(stream.order, last)
@@ -688,13 +696,18 @@ class ScanScope:
     async def _window(self, stream: Stream, start: int, want: int, skip: set[int] | frozenset[int] = frozenset(),
                       stretch: bool = True) -> tuple[list[Picked], int]:
         """(position, extent, table) of the stream's chunks from position `start` on, and where they
-        stop: up to `want`, then (with `stretch`) on while they stay in the last one's blob (a
-        window never splits a shard's run of chunks into two requests), with at most MAX_WINDOW
-        more and a quarter of the prefetch budget in bytes. Chunks read already are passed over;
+        stop: up to `want`, then (with `stretch`) on while they stay in the last one's blob, or for
+        a listing in the blobs the window reads from (a window never splits a shard's run of chunks
+        into two requests), with at most MAX_WINDOW more and a quarter of the prefetch budget in
+        bytes. Chunks read already are passed over;
         one whose index table is being read too (a hole, declared once it is read: `_fill_holes`);
         the window stops early only at one whose table cannot be read yet (OPENS_MAX being read
         already)."""
         picked: list[Picked] = []
+        # A listing's window is stretched while it stays in the shards it reads from (a nested Zarr
+        # directory's listing walks every shard of a row in turn); the others' while in the last one's.
+        blobs: set[Identity] = set()
+        listing = stream.order is ScanOrder.LISTING
         limit = want + MAX_WINDOW if stretch else want
         budget = self.ctx.fetcher.policy.prefetch_bytes // 4
         recent = self.recent
@@ -715,7 +728,8 @@ class ScanScope:
                     hole = not self.lookups  # declared once its table is read (`_fill_holes`)
                 elif not self.lookups:
                     found = await self._extent(chunk_id)
-            if p >= want and (found is None or not picked or found[0].blob.identity != picked[-1][2].blob.identity):
+            if p >= want and (found is None or (found[0].blob.identity not in blobs if listing else
+                                                not picked or found[0].blob.identity != picked[-1][2].blob.identity)):
                 stream.ended = False
                 break
             if self.lookups:
@@ -725,6 +739,7 @@ class ScanScope:
             elif found is not None:
                 picked.append((p, chunk_id, *found))
                 budget -= found[0].length
+                blobs.add(found[0].blob.identity)
             p += 1
         else:
             if budget <= 0 and p < start + len(ids):

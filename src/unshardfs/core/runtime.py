@@ -73,16 +73,19 @@ class ShardScope:
         self.planning = planning
         self.where = ""  # planning: the tree path of the directory being listed
         self.recorded: list[tuple[str, str, Hashable]] = []
+        self.sizes: list[int | None] = []  # the bytes of each recorded shard, where finding it told them
         self._seen: set[tuple[str, str, str]] = set()
         self._given: dict[str, tuple[Hashable, ...]] = {}
         self._held: dict[str, frozenset[Hashable]] = {}
 
-    def record(self, label: str, token: str, shard: Hashable) -> None:
-        """A shard the listing of `where` reads (once per directory, however often it is listed)."""
+    def record(self, label: str, token: str, shard: Hashable, size: int | None = None) -> None:
+        """A shard the listing of `where` reads (once per directory, however often it is listed), and
+        its bytes if known."""
         key = (self.where, label, token)
         if key not in self._seen:
             self._seen.add(key)
             self.recorded.append((self.where, label, shard))
+            self.sizes.append(size)
 
     def give(self, label: str, shards: tuple[Hashable, ...]) -> None:
         """The shards listings of the store `label` read from now on (the others: none)."""

@@ -119,6 +119,13 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
         terms (a slab of a Zarr shard grid, for its nested chunk directories).
         """
 
+    async def sized_shards(self, within: object = None) -> AsyncIterator[tuple[ShardT, int | None]]:
+        """`shards(within)`, each with its stored size in bytes where finding it told it (a listing's
+        sizes, a probe's stat), None where it did not: a planned check or export deals shards into
+        tasks by their bytes. Default: no sizes."""
+        async for shard in self.shards(within):
+            yield shard, None
+
     @abstractmethod
     async def open_shard(self, shard: ShardT) -> Blob | None:
         """The shard's stored object(s) as they are now; None if the shard does not exist.

@@ -217,13 +217,18 @@ async def stat_and_tail(source: ByteSource, path: str, size: int) -> tuple[Objec
     return await source.stat(path), None
 
 
+PROBE_HEAD = 64 << 10  # bytes a probe asks for with its stat: a small metadata file comes whole
+
+
 async def stat_all(source: ByteSource, paths: Iterable[str]) -> None:
     """Stat `paths` of `source` at once, for the stats it keeps (a remote source's stat cache): probes
-    that would each wait a round trip one after another then wait for one together. What fails is
-    left for the stat that needs it, which asks again."""
+    that would each wait a round trip one after another then wait for one together. Where the source
+    gives an object's first bytes with its stat (`StatHead`), a probe asks for PROBE_HEAD of them,
+    so that a small metadata file found comes whole with it and reading it costs no further request.
+    What fails is left for the stat that needs it, which asks again."""
     async def one(path: str) -> None:
         try:
-            await source.stat(path)
+            await stat_and_head(source, path, PROBE_HEAD)
         except Exception:  # the caller's own stat meets it and says what it is
             pass
 

@@ -90,9 +90,15 @@ class HttpOptions:
         return self.deadline if self.deadline is not None else 4 * self.timeout
 
 
+WHOLE_KEPT = 4 << 20  # bytes of small objects kept from ranged stats that brought them whole
+
+
 @dataclass
 class HttpCounters:
     requests: int = 0
+    # The longest chain of requests each sent once the one before it was answered: the round
+    # trips a client waited for one after another, however many requests overlapped.
+    round_trips: int = 0
     retries: int = 0
     failures: int = 0
     bytes: int = 0
@@ -100,7 +106,8 @@ class HttpCounters:
     status: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
-        return {"requests": self.requests, "retries": self.retries, "failures": self.failures,
+        return {"requests": self.requests, "round_trips": self.round_trips, "retries": self.retries,
+                "failures": self.failures,
                 "bytes": self.bytes, "whole_object_fallbacks": self.whole_object_fallbacks,
                 "status": {str(k): v for k, v in sorted(self.status.items())}}
 
@@ -258,6 +265,10 @@ class HttpSource:
         self._stats: BoundedMap[str, ObjectStat | None] = BoundedMap(200_000, lru=False, ttl=self.options.stat_ttl)
         self._no_suffix = False  # the server ignores Range: `stat_tail` is a HEAD
         self._stat_flights = Flights()  # HEADs in flight, joined by stats of the same path
+        # Small objects a ranged stat brought whole (a metadata file probed for detection), with their
+        # version: a later `stat_head`/`stat_tail` of the same version takes them instead of a read.
+        self._whole: BoundedMap[str, tuple[object, bytes]] = BoundedMap(
+            WHOLE_KEPT, getsizeof=lambda kept: len(kept[1]), ttl=self.options.stat_ttl)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -287,8 +298,11 @@ class HttpSource:
             request = h1.ClientRequest(method, url, {**BASE_HEADERS, **(headers or {})})
             if h1.endpoint(url).key == self._credential_key:
                 await self.authorize(request)
-            self.counters.requests += 1
+            counters = self.counters
+            counters.requests += 1
+            depth = counters.round_trips + 1  # a chain one longer than the longest answered so far
             response = await self.pool().send(request, self.options.timeout)
+            counters.round_trips = max(counters.round_trips, depth)
             location = response.headers.get("location")
             if response.status not in REDIRECT_STATUS or not location:
                 return response
@@ -425,7 +439,13 @@ class HttpSource:
         that ignores Range (200: remembered, it is never asked so again), an empty object (416) or
         an answer without a total: statted as usual, a HEAD more. Another error status is the
         error a HEAD would have met."""
-        if (size <= 0 or not path or self._no_suffix or self._stats.get(path, _MISSING) is not _MISSING
+        known = self._stats.get(path, _MISSING)
+        if isinstance(known, ObjectStat):
+            kept = self._whole.get(path)
+            if kept is not None and kept[0] == known.version:  # the object as that stat saw it, whole
+                start = start_of(known.size)
+                return known, kept[1][start:start + size]
+        if (size <= 0 or not path or self._no_suffix or known is not _MISSING
                 or path_problem(path) is not None):
             return await self.stat(path), None
         url = self.object_url(path)
@@ -447,6 +467,8 @@ class HttpSource:
         # The bytes Content-Range must name for this request, or a SourceError.
         body = ranged_body(f"GET {url}", reply, start_of(total), size)
         stat = self._stats[path] = self._stat_from(reply, total)
+        if len(body) == total:
+            self._whole[path] = (stat.version, body)
         return stat, body
 
     def is_absent(self, status: int) -> bool:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generator, Iterable, Iterator
 
@@ -46,6 +48,9 @@ _TASK_FILE = re.compile(r"^(\d{6})\.jsonl$")
 # is writable by others too.
 _PLAN_LIMIT = 1 << 20
 _LINE_LIMIT = LINE_LIMIT
+ENTRY_LINES = 4096  # file lines of a ledger entry (or the manifest) made and written at once
+MANIFEST_READERS = 8  # ledger entries in object storage read at once while the manifest is gathered ...
+MANIFEST_AHEAD = 1 << 19  # ... holding at most this many file lines between them (but always one entry)
 
 
 def reserved(rel: str) -> bool:
@@ -212,14 +217,27 @@ class Ledger:
         """The tasks whose ledger entry is in place."""
         return {int(m.group(1)) for name in self.dest.names(TASKS) if (m := _TASK_FILE.match(name))}
 
+    def is_complete(self, task: int) -> bool:
+        """Whether `task`'s ledger entry is in place (one stat, not a listing of every task's)."""
+        return self.dest.exists(task_file(task))
+
     def finish(self, journal: Journal, sync: bool = True) -> None:
-        """Write the task's ledger entry (every file it holds, flushed first), then drop its journal."""
-        records = list(journal.done.values())
-        closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records)}
-        pieces = (r.line().encode() for r in records)
+        """Write the task's ledger entry (every file it holds, flushed first), then drop its journal.
+        The entry is made and written ENTRY_LINES lines at a time, never held whole."""
+        records = journal.done
+        closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records.values())}
         journal.close()
-        self.dest.write(task_file(journal.task), [b"".join(pieces), json.dumps(closing).encode() + b"\n"],
-                        sync=sync, task=journal.task, create=False)
+
+        def pieces() -> Iterator[bytes]:
+            batch: list[bytes] = []
+            for record in records.values():
+                batch.append(record.line().encode())
+                if len(batch) >= ENTRY_LINES:
+                    yield b"".join(batch)
+                    batch = []
+            batch.append(json.dumps(closing).encode() + b"\n")
+            yield b"".join(batch)
+        self.dest.write(task_file(journal.task), pieces(), sync=sync, task=journal.task, create=False)
         self.dest.drop_journal(task_file(journal.task, "journal"))
 
     def task_totals(self, task: int) -> tuple[int, int]:
@@ -242,32 +260,56 @@ class Ledger:
         return self.dest.exists(MANIFEST)
 
     def write_manifest(self, plan: Plan, sync: bool = True) -> tuple[int, int]:
-        """Gather every task's file lines into the manifest (streamed); (files, bytes)."""
-        files = size = 0
-        totals = []
-        for task in range(plan.tasks):
-            f, b = self.task_totals(task)
-            totals.append(f)
-            files, size = files + f, size + b
-        header = {"format": MANIFEST_FORMAT, "version": VERSION, "source": plan.source, "files": files,
-                  "bytes": size, "checksum": "crc32c"}
+        """Gather every task's file lines into the manifest (streamed); (files, bytes).
 
-        def pieces() -> Iterator[bytes]:
-            yield json.dumps(header).encode() + b"\n"
-            for task in range(plan.tasks):
-                batch: list[bytes] = []
+        In object storage each entry is a few requests away: up to MANIFEST_READERS entries
+        (and MANIFEST_AHEAD file lines) are read at once, ahead of the writing, their closing
+        lines first, so thousands of tasks cost their round trips in parallel, not one after
+        another. In a directory the entries are streamed one after another."""
+        readers = MANIFEST_READERS if self.dest.remote else 1
+        with ThreadPoolExecutor(readers, thread_name_prefix="unshardfs-manifest") as pool:
+            totals = list(pool.map(self.task_totals, range(plan.tasks)))
+            files, size = sum(f for f, _ in totals), sum(b for _, b in totals)
+            header = {"format": MANIFEST_FORMAT, "version": VERSION, "source": plan.source, "files": files,
+                      "bytes": size, "checksum": "crc32c"}
+
+            def checked(task: int, lines: Iterable[bytes]) -> Iterator[bytes]:
                 count = 0
-                for record in self.records(task):
-                    batch.append(record.line().encode())
+                batch: list[bytes] = []
+                for line in lines:
+                    batch.append(line)
                     count += 1
-                    if len(batch) >= 4096:
+                    if len(batch) >= ENTRY_LINES:
                         yield b"".join(batch)
                         batch = []
-                if count != totals[task]:  # read back short (or grown): the manifest would lie
-                    raise DataError(task_file(task), f"{count:,} file lines, its closing line counts {totals[task]:,}")
+                if count != totals[task][0]:  # read back short (or grown): the manifest would lie
+                    raise DataError(task_file(task), f"{count:,} file lines, its closing line counts {totals[task][0]:,}")
                 yield b"".join(batch)
-        self.dest.write(MANIFEST, pieces(), sync=sync, create=False)
+
+            def pieces() -> Iterator[bytes]:
+                yield json.dumps(header).encode() + b"\n"
+                if readers == 1:
+                    for task in range(plan.tasks):
+                        yield from checked(task, (record.line().encode() for record in self.records(task)))
+                    return
+                ahead: deque[tuple[int, Future[list[bytes]]]] = deque()
+                held = 0  # file lines read ahead
+                following = 0
+                while following < plan.tasks or ahead:
+                    while following < plan.tasks and len(ahead) < readers and \
+                            (not ahead or held + totals[following][0] <= MANIFEST_AHEAD):
+                        ahead.append((following, pool.submit(self._entry_lines, following)))
+                        held += totals[following][0]
+                        following += 1
+                    task, entry = ahead.popleft()
+                    held -= totals[task][0]
+                    yield from checked(task, entry.result())
+            self.dest.write(MANIFEST, pieces(), sync=sync, create=False)
         return files, size
+
+    def _entry_lines(self, task: int) -> list[bytes]:
+        """A complete task's file lines, each checked and made again as a manifest line."""
+        return [record.line().encode() for record in self.records(task)]
 
 
 def _manifest_lines(path: str, remote: RemoteOptions | None) -> Generator[bytes, None, None]:

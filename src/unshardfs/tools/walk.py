@@ -22,6 +22,7 @@ from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
 from unshardfs.util.errors import DataError
 from unshardfs.util.logonce import log_once
+from unshardfs.util.waits import Waits, now
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,50 @@ async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
         yield data
 
 
-def _write_whole(dest: Dest, rel: str, data: bytes, mtime_ns: int, sync: bool, task: int | None) -> tuple[int, bool]:
-    """Write a file of one piece (complete under its name, or not at all); its crc32c, and whether
-    it was written (not found complete already)."""
-    written = dest.write(rel, [data], mtime_ns, sync, task)
-    return crc32c.crc32c(data), written
+BATCH_FILES = 64  # small files handed to a writer thread at once: one hand-over per batch, not per file
+BATCH_SECONDS = 0.02  # ... or fewer, once the first of them has waited this long
+
+
+class _WriteBatch:
+    """Small files read and waiting to be written, handed to a writer thread together (a hand-over
+    to a thread costs more CPU than writing a small file)."""
+
+    __slots__ = ("files", "size", "since")
+
+    def __init__(self) -> None:
+        self.files: list[tuple[str, FileNode, bytes]] = []
+        self.size = 0
+        self.since = 0.0
+
+    def add(self, rel: str, node: FileNode, data: bytes) -> None:
+        if not self.files:
+            self.since = now()
+        self.files.append((rel, node, data))
+        self.size += len(data)
+
+    def full(self) -> bool:
+        return len(self.files) >= BATCH_FILES or self.size >= PIECE or now() - self.since >= BATCH_SECONDS
+
+
+# What became of one file of a batch: (crc32c, written) once in place, or the error that stopped it.
+Outcome = tuple[int, bool] | Exception
+
+
+def _write_batch(dest: Dest, files: list[tuple[str, FileNode, bytes]], sync: bool, task: int | None) -> list[Outcome]:
+    """Write each file whole (complete under its name, or not at all), in order: each one's crc32c
+    and whether it was written (not found complete already), or its error. A `WriteStopped`
+    (DEST takes no more) ends the batch: the files after it are not tried."""
+    done: list[Outcome] = []
+    for rel, node, data in files:
+        try:
+            written = dest.write(rel, [data], node.mtime_ns, sync, task)
+        except (WriteStopped, OSError, DataError) as e:
+            done.append(e)
+            if isinstance(e, WriteStopped):
+                break
+            continue
+        done.append((crc32c.crc32c(data), written))
+    return done
 
 
 def _add_piece(pending: PendingFile, piece: bytes, crc: int) -> int:
@@ -95,11 +135,13 @@ def _cannot_write(rel: str, error: OSError) -> str:
 class _Run:
     """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
 
-    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary) -> None:
+    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary,
+                 waits: Waits | None = None) -> None:
         self.dest = dest
         self.journal = journal
         self.sync = sync
         self.summary = summary
+        self.waits = waits or Waits()  # what the walk waited for: payload bytes (data), DEST (writes)
         self.scope: trio.CancelScope | None = None
         self.task = None if journal is None else journal.task
         # A rerun task clears what a killed run of it left, once per directory it writes into.
@@ -147,21 +189,25 @@ class _Run:
 
 async def export(root: DirNode, dest: Dest, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, entries: Entries | None = None,
-                 journal: Journal | None = None, sync: bool = True) -> WalkSummary:
+                 journal: Journal | None = None, sync: bool = True, waits: Waits | None = None) -> WalkSummary:
     """Write the tree under `dest` (or only `entries`, one task's part of it), every file appearing
     under its name only when whole (`Dest.write`).
 
     Reads happen on the event loop in listing order (sequential in the
-    shards); up to `jobs` file writes run in worker threads meanwhile. Files
-    of one piece are read whole and written by a worker; bigger ones are
-    streamed piece by piece, so memory stays within about `jobs + 1` pieces
-    whatever the file sizes. Each file that lands is counted and appended to
+    shards); up to `jobs` writer threads run meanwhile. Files of one piece
+    are read whole and handed to a writer in batches (at most BATCH_FILES
+    files and one piece of bytes: a hand-over to a thread costs more than
+    writing a small file); bigger ones are streamed piece by piece, so
+    memory stays within about `jobs + 1` pieces whatever the file sizes. Each file that lands is counted and appended to
     `journal`; files the journal already holds and DEST still matches are
     kept. The first error meaning DEST can take no more (`WriteStopped`)
-    ends the walk: `summary.stopped` says which file and why.
+    ends the walk: `summary.stopped` says which file and why. `waits`, if
+    given, gets the seconds the walk was blocked on payload bytes (`data`)
+    and on DEST (`writes`: a free write slot, a streamed file, the last
+    writes).
     """
     summary = WalkSummary()
-    run = _Run(dest, journal, sync, summary)
+    run = _Run(dest, journal, sync, summary, waits)
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
@@ -169,6 +215,8 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
                                progress)
         except WriteStopped as e:
             run.stop(e)
+        drained = now()  # the writes still running: waited for when the nursery closes
+    run.waits.add("writes", now() - drained)
     return summary
 
 
@@ -176,6 +224,7 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
                        progress: Callable[[WalkSummary], None] | None) -> None:
     summary = run.summary
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
+    batch = _WriteBatch()  # small files read, not yet handed to a writer
     async for rel, node in entries:
         if summary.stopped is not None:
             return
@@ -198,39 +247,64 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
             summary.dirs += 1
             continue
         summary.files += 1
+        waits = run.waits
+        start = now()
         await run.sweep(rel)
-        if await run.already_there(rel, node):
+        there = await run.already_there(rel, node)
+        waits.add("writes", now() - start)
+        if there:
             summary.skipped += 1
         elif node.size > PIECE:
-            await _stream(run, rel, node, limiter)
+            with waits.waiting("writes"):  # (its reads are few and big: DEST's share dominates)
+                await _stream(run, rel, node, limiter)
         else:
+            start = now()
             try:
                 data = b"".join([piece async for piece in file_bytes(node, rel)])
             except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
                 summary.failures.append(failure(rel, e))
                 continue
-            token = object()  # the write task, not this one, releases the slot
-            await limiter.acquire_on_behalf_of(token)
-            nursery.start_soon(_write_in_thread, run, limiter, token, rel, node, data)
+            finally:
+                waits.add("data", now() - start)
+            batch.add(rel, node, data)
+            if batch.full():
+                await _hand_over(run, batch, nursery, limiter)
+                batch = _WriteBatch()
         if progress is not None:
             progress(summary)
+    if batch.files:
+        await _hand_over(run, batch, nursery, limiter)
 
 
-async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object, rel: str, node: FileNode,
-                           data: bytes) -> None:
+async def _hand_over(run: _Run, batch: _WriteBatch, nursery: trio.Nursery, limiter: trio.CapacityLimiter) -> None:
+    """Give a batch to a writer thread once one of the `jobs` slots is free (waiting for it is the
+    walk's `writes` wait)."""
+    token = object()  # the write task, not this one, releases the slot
+    start = now()
+    await limiter.acquire_on_behalf_of(token)
+    run.waits.add("writes", now() - start)
+    nursery.start_soon(_write_in_thread, run, limiter, token, batch.files)
+
+
+async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object,
+                           files: list[tuple[str, FileNode, bytes]]) -> None:
     try:
-        crc, written = await trio.to_thread.run_sync(_write_whole, run.dest, rel, data, node.mtime_ns, run.sync,
-                                                     run.task,
-                                            limiter=trio.CapacityLimiter(1))
-        run.landed(rel, node, crc, written)
-    except WriteStopped as e:
-        run.stop(e)
-    except OSError as e:  # e.g. ELOOP: a symlink where the file's directory goes
-        run.summary.failures.append(_cannot_write(rel, e))
-    except DataError as e:  # e.g. DEST holds another object there it does not replace
-        run.summary.failures.append(f"{rel}: {e}")
+        outcomes = await trio.to_thread.run_sync(_write_batch, run.dest, files, run.sync, run.task,
+                                                 limiter=trio.CapacityLimiter(1))
     finally:
         limiter.release_on_behalf_of(token)
+    for (rel, node, _), outcome in zip(files, outcomes):
+        if isinstance(outcome, WriteStopped):
+            run.stop(outcome)
+        elif isinstance(outcome, OSError):  # e.g. ELOOP: a symlink where the file's directory goes
+            run.summary.failures.append(_cannot_write(rel, outcome))
+        elif isinstance(outcome, DataError):  # e.g. DEST holds another object there it does not replace
+            run.summary.failures.append(f"{rel}: {outcome}")
+        elif isinstance(outcome, tuple):
+            try:
+                run.landed(rel, node, *outcome)
+            except WriteStopped as e:  # the journal has no room: the file is in place all the same
+                run.stop(e)
 
 
 async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLimiter) -> None:
@@ -258,26 +332,30 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
 
 
 async def check(root: DirNode, progress: Callable[[WalkSummary], None] | None = None,
-                entries: Entries | None = None) -> WalkSummary:
+                entries: Entries | None = None, waits: Waits | None = None) -> WalkSummary:
     """Read every file the tree shows (or those of `entries`, one task's part of it), fully;
     failures are collected, not raised.
 
     Reading decodes every gzip payload (CRC and length checked) and, through
     the listing, every shard and minishard index; problems that make a
     listing skip something are reported by the format via `log_once` and
-    collected by the caller.
+    collected by the caller. `waits`, if given, gets the seconds spent reading
+    files (`data`).
     """
     summary = WalkSummary()
+    waits = waits or Waits()
     async for rel, node in walk(root) if entries is None else entries:
         if isinstance(node, DirNode):
             summary.dirs += 1
             continue
         summary.files += 1
+        start = now()
         try:
             async for piece in file_bytes(node, rel):
                 summary.bytes += len(piece)
         except Exception as e:  # noqa: BLE001 - one file's failure never ends the run
             summary.failures.append(failure(rel, e))
+        waits.add("data", now() - start)
         if progress is not None:
             progress(summary)
     return summary

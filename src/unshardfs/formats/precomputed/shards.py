@@ -172,6 +172,12 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
     async def shards(self, within: object = None) -> AsyncIterator[int]:
         """Existing shards in ascending order, found by listing the directory
         (or, on a source that cannot list, by probing every shard number)."""
+        async for number, _ in self.sized_shards(within):
+            yield number
+
+    async def sized_shards(self, within: object = None) -> AsyncIterator[tuple[int, int | None]]:
+        """`shards` with the bytes of each (its `.shard`, or `.index` and `.data` together): from the
+        listing, or from each probe's stat."""
         if not self.source.listable:
             total = 1 << self.spec.shard_bits
             if total > PROBE_MAX:
@@ -181,23 +187,31 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
             for at in range(0, total, PROBE_BATCH):
                 numbers = range(at, min(at + PROBE_BATCH, total))
                 found = await gather([functools.partial(self._exists, n) for n in numbers], limit=PROBE_BATCH)
-                for n, ok in zip(numbers, found):
-                    if ok:
-                        yield n
+                for n, there in zip(numbers, found):
+                    if there is not False:
+                        yield n, there
             return
-        listed: set[int] = set()
+        listed: dict[int, int] = {}
+        paired: set[int] = set()
         async for name, st in self.source.list(self.dir_path):
             parsed = None if st.is_dir else self.shard_file(name)
-            if parsed is not None and parsed[1] != "data":  # a .data alone is not a shard
-                listed.add(parsed[0])
-        for number in sorted(listed):
-            yield number
+            if parsed is None:
+                continue
+            number, ext = parsed
+            listed[number] = listed.get(number, 0) + st.size
+            if ext != "data":  # a .data alone is not a shard
+                paired.add(number)
+        for number in sorted(paired):
+            yield number, listed[number]
 
-    async def _exists(self, number: int) -> bool:
+    async def _exists(self, number: int) -> int | None | bool:
+        """The shard's bytes if it exists (None: there, but damaged, and listing will report it);
+        False if it does not."""
         try:
-            return await self.open_shard(number) is not None
+            blob = await self.open_shard(number)
         except DataError:
-            return True  # damaged, but there: listing will report it
+            return None
+        return False if blob is None else blob.size
 
     # -- indexes ------------------------------------------------------------------------
 

@@ -125,6 +125,12 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
 
     async def shards(self, within: object = None) -> AsyncIterator[tuple[int, ...]]:
         """Outer indexes of the shard objects that exist (those starting with `within` only), in order."""
+        async for outer, _ in self.sized_shards(within):
+            yield outer
+
+    async def sized_shards(self, within: object = None) -> AsyncIterator[tuple[tuple[int, ...], int | None]]:
+        """`shards` with each shard object's bytes where the listing told them (not on a source that
+        cannot list: every candidate, unsized)."""
         layout, ndim = self.source_keys, len(self.shard_grid)
         # `within`: the leading outer indexes of a slab (nested chunk directories), or None.
         lead: tuple[int, ...] = tuple(cast(Iterable[int], within or ()))
@@ -137,41 +143,41 @@ class ZarrStore(ShardedStore[tuple[int, ...], ChunkTable]):
                          "list; not listed (lookups by name work)", self.label)
                 return
             for outer in itertools.product(*ranges):
-                yield outer
+                yield outer, None
             return
         if not layout.nested:
-            found: list[tuple[int, ...]] = []
+            found: list[tuple[tuple[int, ...], int]] = []
             async for name, st in self.source.list(self.path):
                 parsed = None if st.is_dir else layout.parse_flat(name)
                 if parsed is not None and parsed[:len(lead)] == lead and self._outer_ok(parsed):
-                    found.append(parsed)
-            for outer in sorted(found):
-                yield outer
+                    found.append((parsed, st.size))
+            for outer, size in sorted(found):
+                yield outer, size
             return
 
-        async def walk(prefix: tuple[int, ...], dir_path: str) -> AsyncIterator[tuple[int, ...]]:
+        async def walk(prefix: tuple[int, ...], dir_path: str) -> AsyncIterator[tuple[tuple[int, ...], int | None]]:
             depth = len(prefix)
             last = depth == ndim - 1
-            names: list[tuple[str, int]]
+            names: list[tuple[str, int, int | None]]
             if depth < len(lead):
-                names = [(str(lead[depth]), lead[depth])]
+                names = [(str(lead[depth]), lead[depth], None)]
             else:
                 names = []
                 async for name, st in self.source.list(dir_path):
                     i = parse_index(name)
                     if i is not None and i < self.shard_grid[depth] and st.is_dir != last:
-                        names.append((name, i))
+                        names.append((name, i, st.size))
                 names.sort(key=lambda item: item[1])
-            for name, i in names:
+            for name, i, size in names:
                 if last:
-                    yield prefix + (i,)
+                    yield prefix + (i,), size
                 else:
-                    async for outer in walk(prefix + (i,), join_path(dir_path, name)):
-                        yield outer
+                    async for found_shard in walk(prefix + (i,), join_path(dir_path, name)):
+                        yield found_shard
 
         root = join_path(self.path, layout.lead) if layout.lead else self.path
-        async for outer in walk((), root):
-            yield outer
+        async for found_shard in walk((), root):
+            yield found_shard
 
     def accepts(self, shard: object) -> bool:
         return isinstance(shard, tuple) and len(shard) == len(self.shard_grid) and \
