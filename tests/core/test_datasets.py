@@ -446,3 +446,23 @@ def test_tree_datasets_never_share_cached_bytes(tmp_path):
                     assert await contents(node) == files_below(twin["plain"]), (name, remote)
 
         run(main)
+
+
+def test_more_datasets_than_are_kept_open(release):
+    """A tree of more datasets than stay open at once: each shows its tree whenever it is used again
+    (opened again, not mixed with another)."""
+    from unshardfs.core.datasets import OPEN_DATASETS
+
+    root, want = release
+    zarr = {k[len("cells.zarr/"):]: v for k, v in want.items() if k.startswith("cells.zarr/")}
+    stored = files_below(root / "cells.zarr")
+    count = OPEN_DATASETS + 6
+    source = MemorySource({f"d{i:03d}/{k}": v for i in range(count) for k, v in stored.items()})
+
+    async def main() -> None:
+        async with opened(source) as session:
+            for i in [*range(count), 0, 1, count - 1]:
+                node = await resolve(session.tree, f"d{i:03d}")
+                assert isinstance(node, DirNode) and await contents(node) == zarr, i
+
+    trio.run(main)

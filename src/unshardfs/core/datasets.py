@@ -14,7 +14,9 @@ looked up or listed itself, never while its parent is listed, so a bucket
 with 10^5 prefixes lists page by page for the cost of its listing, and a
 lookup of one dataset costs one round trip of probes (its own stat with
 them) before the dataset's metadata is read. What a directory turned out to
-be is kept for the most recent `KEPT` directories; datasets open share the
+be is kept for the most recent `KEPT` directories (the most recent
+`OPEN_DATASETS` of the datasets: one is opened again, its metadata read
+again, when it is used after that); datasets open share the
 mount's caches and read path (`Runtime.beside`).
 
 Bounds: directories deeper than the tree's depth below SOURCE (`TREE_DEPTH`
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 TREE_DEPTH = 16  # directories below SOURCE a tree of datasets shows (and looks for datasets in)
 KEPT = 1 << 12  # directories whose outcome (a dataset opened, or none) is kept
+OPEN_DATASETS = 64  # ... of which datasets (each holds its format's state: parsed metadata, directories)
 
 # Opens the dataset at a directory of the tree's source (its path, and its depth below SOURCE): None
 # when the directory is no dataset; ConfigError when it is one that cannot be opened.
@@ -76,7 +79,8 @@ class DatasetTree:
         self.open_dir = open_dir
         self.probes = tuple(dict.fromkeys(probes))
         self.depth = depth
-        self._found: BoundedMap[str, Outcome] = BoundedMap(KEPT)
+        self._found: BoundedMap[str, Outcome] = BoundedMap(KEPT)  # directories of the tree, shown as stored
+        self._open: BoundedMap[str, Outcome] = BoundedMap(OPEN_DATASETS)  # datasets
         self._files: BoundedMap[str, bool] = BoundedMap(KEPT, counted=False)  # paths found to be files
         self._flights = Flights()
 
@@ -85,11 +89,20 @@ class DatasetTree:
 
     def known(self, path: str) -> Outcome | None:
         """What directory `path` was found to be, if that is still kept."""
-        return self._found.get(path)
+        return self._open.get(path) or self._found.get(path)
 
     async def found(self, path: str, st: ObjectStat, depth: int, ancestors: tuple[Version, ...]) -> Outcome:
-        """What directory `path` is (looked into once; kept for the most recent `KEPT` directories)."""
-        return await self._flights.cached(self._found, path, lambda: self._look(path, st, depth, ancestors))
+        """What directory `path` is (looked into once while kept)."""
+        known = self.known(path)
+        if known is not None:
+            return known
+
+        async def look() -> Outcome:
+            outcome = await self._look(path, st, depth, ancestors)
+            (self._found if outcome.dataset is None else self._open)[path] = outcome
+            return outcome
+
+        return await self._flights.run(path, look)
 
     async def _look(self, path: str, st: ObjectStat, depth: int, ancestors: tuple[Version, ...]) -> Outcome:
         try:
