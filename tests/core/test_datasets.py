@@ -104,6 +104,26 @@ def test_the_same_tree_from_memory_and_over_a_remote_bucket(release):
     run(main)
 
 
+@pytest.mark.parametrize("directories", [True, False], ids=["with-directory-members", "without"])
+def test_a_zip_of_a_release_is_the_same_tree(release, tmp_path, directories):
+    """A release zipped (with or without directory members), named as a path or as `ARCHIVE|zip:`: the
+    same tree as the release's directory."""
+    from unshardfs.testing.zips import zip_tree
+
+    root, want = release
+    archive = zip_tree(root, tmp_path / "release.zip", directories=directories)
+
+    async def main() -> None:
+        for source in (str(archive), f"{archive}|zip:"):
+            async with opened(source) as session:
+                assert session.dataset.format is None, source
+                assert await contents(session.tree) == want, source
+                node = await resolve(session.tree, "raw/deeper/seg/info")
+                assert isinstance(node, FileNode) and await read_file(node) == want["raw/deeper/seg/info"]
+
+    trio.run(main)
+
+
 def test_a_source_that_cannot_hold_a_tree_is_refused_in_one_line(tmp_path):
     """No directory at all (an empty one, a directory of files), or a source that cannot list (a plain
     HTTP server): the one line detection gives, as before."""

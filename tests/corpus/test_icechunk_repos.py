@@ -136,6 +136,38 @@ def test_what_the_generating_test_wrote(spec):
 
 
 @pytest.mark.parametrize("spec", SPEC)
+def test_the_virtual_chunk_where_the_generating_test_puts_it(spec):
+    """The generating test writes `group1/big_chunks/c/0/1`'s bytes to `s3://testbucket/can_read_old/chunk-1`
+    (its virtual chunk) and reads `big_chunks` as 42.0 everywhere: with that prefix allowed and those bytes
+    there, the virtual chunk is those bytes in both spec versions, on every ref holding it; only the
+    allowed prefix is opened, once."""
+    from unshardfs.sources import LocalSource
+    from unshardfs.sources.icechunk import IcechunkOptions, open_icechunk
+    from unshardfs.testing.memory import MemorySource
+
+    root = DATA / f"test-repo-{spec}"
+    chunk = tree(f"{root}|icechunk:@branch.main/")[0]["group1/big_chunks/c/0/1"]
+    opened: list[str] = []
+
+    def open_url(url: str) -> MemorySource:
+        opened.append(url)
+        return MemorySource({"can_read_old/chunk-1": chunk})
+
+    async def main() -> None:
+        for ref in REFS:
+            source = await open_icechunk(LocalSource(str(root)), "", "", ref, None, url=f"file://{root}",
+                                         options=IcechunkOptions(("s3://testbucket/",)), open_url=open_url)
+            try:
+                assert await source.read(VIRTUAL, 0, 1 << 20) == chunk, ref
+            finally:
+                await source.aclose()
+                await source.store.inner.aclose()
+
+    trio.run(main)
+    assert opened == ["s3://testbucket/"] * len(REFS)
+
+
+@pytest.mark.parametrize("spec", SPEC)
 def test_split_manifests_in_every_version(spec):
     """The repository written with manifest splitting: every commit's values, by the commits' order."""
     root = DATA / f"split-repo-{spec}"
