@@ -228,6 +228,29 @@ def test_the_trees_of_a_tree_of_repositories(tmp_path):
     assert len(v1) > 20
 
 
+def test_inspect_of_a_tree_of_repositories_names_what_they_deleted(tmp_path):
+    """Each repository of a tree is listed as a dataset with what `inspect` says of it alone: its
+    versions, its spec version and the tag it deleted."""
+    import shutil
+
+    for spec in SPEC:
+        shutil.copytree(DATA / f"test-repo-{spec}", tmp_path / "release" / spec)
+    root = tmp_path / "release"
+    report = run_cli("inspect", "-q", str(root))
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[0] == f"{root}: a tree of 2 datasets, 0 sharded directories"
+    for spec in SPEC:
+        at = lines.index(f"{spec}/  (dataset: Zarr v3)")
+        store = lines[at + 1:lines.index("", at)] if "" in lines[at:] else lines[at + 1:]
+        assert store[0] == f"  versions      {4 + len(TEST_HISTORY)} in {root / spec}|icechunk: (@branch.main shown)"
+        assert any(f"; spec version {spec[1]}; " in line for line in store), store
+        assert "  deleted       tag deleted (not shown)" in store, store
+    parts = json.loads(run_cli("inspect", "--json", str(root)).stdout)
+    assert [(p["key"], p["kind"], "  deleted       tag deleted (not shown)" in p["store"]) for p in parts] == \
+        [("v1", "dataset", True), ("v2", "dataset", True)]
+
+
 @pytest.mark.parametrize("spec", SPEC)
 def test_versions_as_directories_of_a_mount(spec, mount):
     """Mounted, each spec version shows branch main at the root and every branch, tag and snapshot as a

@@ -29,6 +29,7 @@ from unshardfs.sources.icechunk import IcechunkOptions
 from unshardfs.sources.ocdbt import OcdbtOptions
 from unshardfs.sources.zip import ZipSource, ZipSummary
 from unshardfs.tree.nodes import Closable, DirNode
+from unshardfs.util.errors import DataError, SourceError
 from unshardfs.util.limits import DataLimits
 
 
@@ -209,15 +210,33 @@ async def _tree(runtime: Runtime, store: ByteSource, options: OpenOptions, open_
         try:
             # A plain directory that is no dataset is a directory of this tree; a versioned store's
             # version that is none holds a tree of its own.
-            return await _shown(other, found, None, options, open_store, depth - at, strict=False,
-                                tree=found is not plain)
+            dataset = await _shown(other, found, None, options, open_store, depth - at, strict=False,
+                                   tree=found is not plain)
         except NotDetected:
             return None
+        if found is not plain and isinstance(found, VersionedSource):
+            dataset = replace(dataset, about=functools.partial(store_lines, found, found.description))
+        return dataset
 
     # (an object store's prefix has no time of its own: no request asks for one)
     root = (None if source.remote else await source.stat_dir("")) or ObjectStat(0, 0, True)
     tree = DatasetTree(source, open_dir, store_probes() if nested else detection_probes(), depth)
     return Dataset(tree.root(root), tree.inventory)
+
+
+async def store_lines(store: VersionedSource, description: str) -> list[str]:
+    """What `inspect` says of a versioned store a dataset of a tree of datasets is read from: its
+    versions (how many, which one is shown) and what the store says of itself (an Icechunk
+    repository: its spec version, the tags and branches it deleted)."""
+    try:
+        count = len(await store.versions())
+        lines = [f"  versions      {count:,} in {description} (@{store.current} shown)"]
+    except (DataError, SourceError) as e:
+        lines = [f"  versions      unreadable: {e}"]
+    summary = getattr(store, "summary_lines", None)  # optional: what else the store says of itself
+    if summary is not None:
+        lines += await summary()
+    return lines
 
 
 async def _holds_a_directory(source: ByteSource) -> bool:

@@ -30,7 +30,7 @@ is shown as stored, the reason logged once and listed by `inspect`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
@@ -176,7 +176,9 @@ class DatasetTree:
                 yield NotShown("shown as stored", path, outcome.problem or "")
                 continue
             named = outcome.dataset.format
-            yield DatasetPart(path, named or "tree", plugin(named).description if named else "a tree of datasets")
+            about = outcome.dataset.about
+            yield DatasetPart(path, named or "tree", plugin(named).description if named else "a tree of datasets",
+                              await about() if about is not None else [])
             async for part in outcome.dataset.inventory():
                 yield InTree(part, path)
 
@@ -326,10 +328,12 @@ class DatasetPart(InventoryPart):
     path: str
     format: str  # the format plug-in's name ("tree": a versioned store holding a tree of its own)
     description: str
+    store: list[str] = field(default_factory=list)  # what the versioned store it is read from says (`Dataset.about`)
     kind: str = "dataset"
 
     async def report(self, progress: Progress | None = None) -> dict[str, Any]:
-        return {"kind": self.kind, "key": self.path or ".", "format": self.format, "description": self.description}
+        report = {"kind": self.kind, "key": self.path or ".", "format": self.format, "description": self.description}
+        return {**report, "store": self.store} if self.store else report
 
 
 @dataclass

@@ -18,7 +18,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, AsyncIterator, Callable, Generic, Iterable, Mapping, TypeVar, cast
+from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
 from unshardfs.core.caches import SHARD_INDEX, IndexLevel
 from unshardfs.core.codecs import CODECS, Codec, register_codec
@@ -37,6 +37,9 @@ class Dataset:
     # resolved on the way, so this is an async iterator).
     inventory: Callable[[], AsyncIterator[InventoryPart]]
     format: str | None = None  # the plug-in that opened it (set by `open_dataset`)
+    # A dataset of a tree of datasets read from a versioned store (an OCDBT database, an Icechunk
+    # repository): what `inspect` says of that store (its versions, what it deleted), as report lines.
+    about: Callable[[], Awaitable[list[str]]] | None = None
 
 
 @dataclass(frozen=True)

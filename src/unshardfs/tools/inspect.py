@@ -25,6 +25,7 @@ def format_report(reports: list[dict[str, Any]], source: str, archive: list[str]
         lines.append("")
         if r.get("kind") == "dataset":
             lines.append(f"{r['key']}/  (dataset: {r.get('description') or r['format']})")
+            lines.extend(r.get("store", ()))
             continue
         if "reason" in r:
             lines.append(f"{r['key']}/  ({r['kind']})")
