@@ -139,6 +139,13 @@ def test_readme_is_short() -> None:
     assert len(lines) <= README_MAX_LINES
 
 
+def test_readme_names_the_demo_and_the_tests_near_its_top() -> None:
+    """A newcomer finds both commands before the install instructions."""
+    top = (REPO / "README.md").read_text(encoding="utf-8").split("\n## ", 2)
+    assert "./scripts/demo" in top[0] + top[1] and "./scripts/test" in top[0] + top[1]
+    assert all((REPO / "scripts" / name).is_file() for name in ("demo", "test"))
+
+
 @pytest.mark.parametrize("path", doc_files(), ids=rel)
 def test_no_bare_issue_numbers(path: Path) -> None:
     found = []
@@ -202,3 +209,23 @@ def test_code_map_names_every_package_and_only_real_modules() -> None:
             if p.parent != PACKAGE}
     assert packages == real
     assert [m for m in modules if not (PACKAGE / m).is_file()] == []
+
+
+def test_code_map_names_every_module_once() -> None:
+    """A module added (or moved) without its line in the code map fails here."""
+    _, modules = code_map()
+    real = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    assert [m for m in real if m not in modules] == []
+    assert sorted(m for m in set(modules) if modules.count(m) > 1) == []
+
+
+def test_tests_mirror_the_package() -> None:
+    """Every directory of tests/ (but its shared support and data) is named after a package of src/unshardfs,
+    so a package's tests are found where the package is."""
+    tests = REPO / "tests"
+    real = {p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    stray = []
+    for directory in sorted(p for p in tests.iterdir() if p.is_dir() and p.name not in ("support", "data", "__pycache__")):
+        if directory.name not in real:
+            stray.append(directory.name)
+    assert stray == []

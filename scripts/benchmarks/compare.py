@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 from .ceiling import CeilingUnavailable, binary, options_like
 from .context import KEY
 from .datasets import build_datasets
-from .mounts import PY, mounted
+from .mounts import PY, UNSHARDFS, mounted
 from .measure import through
 from .scenarios import remote
 from .store import NginxStore, StoreUnavailable
@@ -155,6 +155,25 @@ class Bench:
         assert got.daemon_cpu is not None
         return got.daemon_cpu / len(ds.files) * 1e6
 
+    def export(self, side: Side) -> float:
+        """`unshardfs export` of the small volume into a fresh directory: files exported per second
+        (no fsync: the figure is the export's, not the disk's)."""
+        return self._export(side, str(self.source(side, "small")), len(self.files))
+
+    def remote_export(self, side: Side, name: str) -> float:
+        """`unshardfs export` of a volume served by the store stand-in with REMOTE_LATENCY per request."""
+        ds = self.remote[name]
+        with NginxStore(ds.root, REMOTE_LATENCY, self.work) as server:
+            return self._export(side, server.url, len(ds.files))
+
+    def _export(self, side: Side, source: str, files: int) -> float:
+        target = self.work / "export-target"
+        env = {**(os.environ if side.env is None else side.env), "XDG_CACHE_HOME": str(self.work)}
+        elapsed = timed(lambda: subprocess.run([*UNSHARDFS, "export", "-q", "--no-fsync", source, str(target)],
+                                               env=env, check=True, capture_output=True))
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+        return files / elapsed
+
 
 @contextmanager
 def remote_mount(ds: remote.Dataset, side: Side, work: Path) -> Iterator[Path]:
@@ -184,9 +203,12 @@ FIGURES: dict[str, Figure] = {
     "remote-readers-precomputed-cpu": Figure(f"{READERS} rdrs precomp. 20ms CPU/file", "us",
                                              lambda b, s: b.remote_readers_cpu(s, "precomputed"),
                                              higher_is_better=False),
+    # `unshardfs export` (the write side): chunk files exported per second, into a directory.
+    "export": Figure("export, 4096 x 16 KiB", "files/s", Bench.export),
+    "export-remote": Figure("export precomputed, 20 ms", "files/s", lambda b, s: b.remote_export(s, "precomputed")),
 }
 REMOTE = ("remote", "remote-zarr", "remote-readers", "remote-readers-precomputed", "remote-readers-cpu",
-          "remote-readers-precomputed-cpu")
+          "remote-readers-precomputed-cpu", "export-remote")
 
 
 # -- checkouts --------------------------------------------------------------------------------

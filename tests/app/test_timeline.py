@@ -23,8 +23,8 @@ from unshardfs.testing.memory import MemorySource
 from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files
-from unshardfs.tools.dest import open_dest
-from unshardfs.tools.ledger import Ledger, Plan
+from unshardfs.dest.ledger import Ledger, Plan
+from unshardfs.dest.opener import open_dest
 
 LATENCY = 0.1
 SHARDS_PER_TASK = 2
@@ -59,7 +59,7 @@ def works(files: MemorySource) -> list[TaskWork]:
 def _dest(where: Path, works: list[TaskWork]) -> str:
     out = open_dest(str(where))
     try:
-        Ledger(out).start(Plan("memory", {}, len(works)), task_lines(works))
+        Ledger(out.records).start(Plan("memory", {}, len(works)), task_lines(works))
     finally:
         out.close()
     return str(where)

@@ -213,15 +213,15 @@ def test_a_notification_the_kernel_holds_does_not_stop_the_answers():
     answered = threading.Event()
     outcome: list[str] = []
 
-    class HeldSession(Connection):
-        def _write_notification(self, message: bytes) -> None:
-            outcome.append("written" if answered.wait(5) else "held the loop")
+    def held(message: bytes) -> None:
+        outcome.append("written" if answered.wait(5) else "held the loop")
 
     async def run() -> None:
         ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         kernel.setblocking(False)
-        session = HeldSession(ours.fileno(), FakeFs())
+        session = Connection(ours.fileno(), FakeFs())
+        session.device.write_notification = held  # type: ignore[method-assign]  (the kernel holding it)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(session.serve)
@@ -272,7 +272,7 @@ def test_requests_read_back_to_back_pass_the_scheduler_every_few():
     scheduler on purpose only every CHECKPOINT_EVERY-th such request (each pass costs several
     microseconds), so other tasks still run while a burst lasts. 64 GETATTRs sent at once: the
     first is awaited, the 63 after it are read back to back."""
-    from unshardfs.fuse.server import CHECKPOINT_EVERY
+    from unshardfs.fuse.transport import CHECKPOINT_EVERY
 
     ran_between: list[int] = []
 
@@ -308,12 +308,12 @@ def test_requests_read_back_to_back_pass_the_scheduler_every_few():
 
     session = trio.run(run)
     assert session.requests == 64
-    assert session.checkpoints == 63 // CHECKPOINT_EVERY
+    assert session.device.checkpoints == 63 // CHECKPOINT_EVERY
     # The other task ran during the burst, not only after it.
     assert any(0 < n < 64 for n in ran_between)
 
 
-# -- the quick wait (`Connection._quick_wait`) ------------------------------------------------------
+# -- the quick wait (`transport.QuickWait`) ------------------------------------------------------------
 
 def quick_session(wait: float) -> tuple[Connection, socket.socket, socket.socket]:
     ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -326,7 +326,7 @@ def test_the_quick_wait_takes_a_request_that_comes():
         session, ours, kernel = quick_session(1.0)
         with ours, kernel:
             threading.Timer(0.01, kernel.send, (b"x",)).start()
-            assert session._quick_wait()
+            assert session.quick(ours.fileno())
             assert session.quick_waits == 1
     trio.run(main)
 
@@ -343,7 +343,7 @@ def test_the_quick_wait_gives_way_to_trio_at_once_when_its_io_is_ready():
                 await trio.testing.wait_all_tasks_blocked()
                 threading.Timer(0.01, b.send, (b"answer",)).start()
                 start = time.perf_counter()
-                assert not session._quick_wait()
+                assert not session.quick(ours.fileno())
                 assert time.perf_counter() - start < 2.0  # not the 5 s wait
         assert session.quick_waits == 0
     trio.run(main)
@@ -358,7 +358,7 @@ def test_the_quick_wait_never_starts_while_trio_has_tasks_to_run():
             kernel.send(b"x")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(trio.sleep, 0)  # runnable, not run yet
-                assert not session._quick_wait()
+                assert not session.quick(ours.fileno())
         assert session.quick_waits == 0
     trio.run(main)
 
@@ -368,6 +368,6 @@ def test_without_a_request_the_quick_wait_ends_at_its_deadline():
         session, ours, kernel = quick_session(0.05)
         with ours, kernel:
             start = time.perf_counter()
-            assert not session._quick_wait()
+            assert not session.quick(ours.fileno())
             assert 0.05 <= time.perf_counter() - start < 1.0
     trio.run(main)

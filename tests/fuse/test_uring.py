@@ -88,7 +88,7 @@ def test_not_asked_for_no_ring_is_made(monkeypatch):
     (reply,), session = trio.run(exchange, [request(abi.Op.INIT, 1, OFFERED)], 1, None, InitConfig())
     fields = abi.INIT_OUT.unpack(reply[2])
     assert fields[1] == abi.KERNEL_MINOR and not fields[10] << 32 & abi.OVER_IO_URING
-    assert session.ring is None
+    assert session.uring is None
 
 
 def test_a_ring_that_cannot_be_made_is_not_asked_for(monkeypatch):
@@ -102,7 +102,7 @@ def test_a_ring_that_cannot_be_made_is_not_asked_for(monkeypatch):
                                  InitConfig(transport="uring"))
     fields = abi.INIT_OUT.unpack(reply[2])
     assert fields[1] == abi.KERNEL_MINOR and not fields[10] << 32 & abi.OVER_IO_URING
-    assert session.ring is None and session.negotiated.describe()["io_uring"] is False
+    assert session.uring is None and session.negotiated.describe()["io_uring"] is False
 
 
 @pytest.mark.parametrize("text, cpus", [("0-3\n", 4), ("0\n", 1), ("0,2-5\n", 6)])

@@ -279,12 +279,13 @@ def test_a_scan_in_key_order_reads_ahead(interleaved_db):
 def test_a_scan_of_a_tensorstore_commit_reads_ahead(unsharded_db):
     """The 16 chunks of an unsharded array TensorStore wrote in one commit (each in a directory of its
     own: c/i/j/0), read in key order through a mount: the scan follows the database's key order across
-    directories, at most 7 requests (6 or 7: TensorStore lays a commit out differently from run to run),
-    each chunk as TensorStore reads it, nothing read for nothing."""
+    directories, at most 8 requests (6 to 8: TensorStore lays a commit out differently from run to run, and
+    values of the run's next B+tree leaf come in a request of their own), each chunk as TensorStore reads
+    it, nothing read for nothing."""
     truth = ts_keys(f"file://{unsharded_db}/")
     scanned, requests, fetch = _scan(unsharded_db, CHUNKS, root="arr")
     assert scanned == {key: truth["arr/" + key] for key in CHUNKS}
-    assert requests <= 7 and fetch["prefetch_wasted_bytes"] == 0
+    assert requests <= 8 and fetch["prefetch_wasted_bytes"] == 0
 
 
 def test_read_ahead_off_reads_each_value_alone(interleaved_db):

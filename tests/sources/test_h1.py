@@ -250,7 +250,7 @@ def test_a_source_reuses_one_connection_for_sequential_reads(tmp_path):
             for i in range(20):
                 assert await source.read("blob", i * 100, 1000) == data[i * 100:i * 100 + 1000]
             assert source._pool is not None
-            return source._pool.connections
+            return source.stats()["http"]["connections"]
         finally:
             await source.aclose()
 
@@ -292,7 +292,7 @@ def _read_twice(url: str) -> tuple[bytes, int]:
         try:
             data = await source.read("blob", 1000, 5000) + await source.read("blob", 6000, 10)
             assert source._pool is not None
-            return data, source._pool.connections
+            return data, source.stats()["http"]["connections"]
         finally:
             await source.aclose()
     return trio.run(main)

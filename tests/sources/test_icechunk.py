@@ -17,9 +17,10 @@ from tests.support.s3 import s3_endpoint  # noqa: F401 - a fixture
 from unshardfs.app.pipeline import IcechunkPart, open_spec, parse_source
 from unshardfs.sources import CountingSource, LocalSource, RemoteOptions, open_source
 from unshardfs.sources.base import ByteSource, VersionedSource
-from unshardfs.sources.icechunk import IcechunkOptions, IcechunkSource, RefSpec, open_icechunk
+from unshardfs.sources.icechunk import IcechunkOptions, IcechunkSource, IcechunkStore, RefSpec, open_icechunk
 from unshardfs.sources.icechunk.format import decode_id, encode_id
 from unshardfs.testing.http_servers import DatasetServer
+from unshardfs.testing.source_conformance import ChangedUnderneath, MakeSource, Rewrite, rewrite_stored
 from unshardfs.util.errors import ConfigError, DataError
 
 
@@ -392,3 +393,55 @@ def test_ranges_of_one_chunk_object_read_together_are_one_request(repo):
     for together, requests in ((True, 1), (False, 4)):
         got, sent = trio.run(main, together, clock=trio.testing.MockClock(autojump_threshold=0))
         assert got == [whole[o:o + n] for o, n in ranges] and sent == requests
+
+
+class TestChangedUnderneath(ChangedUnderneath):
+    """A native chunk's object, changed under a reader part way through the chunk (a copy of the repository
+    and of the directory its virtual references name, so the module's repository stays as written)."""
+
+    underneath = "split/c/0/0"
+    at: int | None = None  # where the chunk's bytes lie in their file (that file repeats them)
+
+    @pytest.fixture
+    def copies(self, repo: Written, tmp_path: Path) -> tuple[Path, Path]:
+        shutil.copytree(repo.root, tmp_path / "repo")
+        shutil.copytree(repo.external, tmp_path / "external")
+        return tmp_path / "repo", tmp_path / "external"
+
+    @pytest.fixture
+    def make(self, repo: Written, copies: tuple[Path, Path]) -> MakeSource:
+        root, external = copies
+
+        def make() -> IcechunkStore:
+            # The references name the module's external directory: read from its copy instead.
+            return IcechunkStore(LocalSource(str(root)), url=f"file://{root}/", options=_allowed(repo),
+                                 open_url=lambda base: LocalSource(str(external)))
+
+        snapshot = trio.run(self._snapshot, make())
+        return lambda: IcechunkSource(make(), snapshot)
+
+    @staticmethod
+    async def _snapshot(store: IcechunkStore) -> object:
+        raw = await store.resolve(RefSpec("branch", "main"))
+        assert raw is not None
+        return await store.snapshot(raw)
+
+    @pytest.fixture
+    def rewrite(self, repo: Written, copies: tuple[Path, Path]) -> Rewrite:
+        key = self.underneath
+        value = repo.keys("branch.main")[key]
+        return rewrite_stored(copies[1] if key.startswith("virt/") else copies[0], value, self.at)
+
+
+class TestChangedUnderneathVirtual(TestChangedUnderneath):
+    """The file a virtual reference names, changed under a reader."""
+
+    underneath = "virt/c/0/0"
+    at = 16
+
+
+class TestChangedUnderneathDated(TestChangedUnderneath):
+    """The file a virtual reference with a last-modified checksum names (its mtime put back keeps it valid)."""
+
+    underneath = "virt/c/1/0"
+    at = 300

@@ -21,7 +21,7 @@ from tests.support.icechunk_repos import HEADER, Written, body_of, needs_icechun
 from unshardfs.sources import CountingSource, LocalSource
 from unshardfs.sources.base import ByteSource
 from unshardfs.sources.icechunk import IcechunkOptions, IcechunkSource, open_icechunk
-from unshardfs.sources.icechunk.format import Manifest, decode_id, decode_snapshot, encode_id
+from unshardfs.sources.icechunk.format import ChunkManifest, decode_id, decode_snapshot, encode_id
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.limits import DataLimits
 
@@ -133,7 +133,7 @@ def test_every_single_byte_garbling_is_refused_or_decodes(repo, which):
         body = body_of(_manifest_of(repo, "img").read_bytes())
 
         def decode(data: bytes) -> None:
-            manifest = Manifest(data, "garbled")
+            manifest = ChunkManifest(data, "garbled")
             for node_id in manifest.arrays:
                 list(manifest.refs_from(node_id, ()))
                 manifest.find(node_id, (0, 0))
@@ -312,7 +312,7 @@ def test_a_chunk_reference_claiming_a_huge_length(repo, written):
     body = body_of(path.read_bytes())
     source = _open(repo)
     node = source.snapshot.nodes["img"]
-    found = Manifest(body, "img").find(node.id, (0, 0))
+    found = ChunkManifest(body, "img").find(node.id, (0, 0))
     assert found is not None and found.chunk_id is not None
     trio.run(source.aclose)
     claimed = struct.pack("<Q", found.length)

@@ -18,14 +18,14 @@ from tests.support.icechunk_repos import HEADER, body_of, reframe
 from unshardfs.app.opened import OpenedSource
 from unshardfs.sources import LocalSource
 from unshardfs.sources.icechunk import IcechunkSource, RefSpec, open_icechunk
-from unshardfs.sources.icechunk.format import FILE_MANIFEST, FILE_REPO_INFO, MAGIC, Manifest, encode_id
+from unshardfs.sources.icechunk.format import FILE_MANIFEST, FILE_REPO_INFO, MAGIC, ChunkManifest, encode_id
 from unshardfs.sources.icechunk.repoinfo import decode_repo_info
 from unshardfs.sources.icechunk.source import IcechunkStore
 from unshardfs.testing.latency import LatencySource
 from unshardfs.testing.memory import MemorySource
 from unshardfs.util.errors import ConfigError, DataError
 
-DATA = Path(__file__).resolve().parents[1] / "corpus" / "icechunk" / "icechunk-python" / "tests" / "data"
+DATA = Path(__file__).resolve().parents[1] / "data" / "icechunk" / "icechunk-python" / "tests" / "data"
 ID = [bytes([i]) * 12 for i in range(4)]
 
 
@@ -89,12 +89,12 @@ def test_every_single_byte_garbling_of_a_committed_repo_info_is_refused_or_decod
     assert decoded and refused
 
 
-def _manifest(locations: list[bytes], algorithm: int, dictionary: bytes | None) -> Manifest:
+def _manifest(locations: list[bytes], algorithm: int, dictionary: bytes | None) -> ChunkManifest:
     refs = [Table({0: Vector([i]), 2: U64(10 * i), 3: U64(5), 8: Bytes(packed)}) for i, packed in enumerate(locations)]
     fields = {0: Struct(ID[3]), 1: Vector([Table({0: Struct(b"N" * 8), 1: Vector(refs)})]), 3: U8(algorithm)}
     if dictionary is not None:
         fields[2] = Bytes(dictionary)
-    return Manifest(encode(Table(fields)), "manifest")
+    return ChunkManifest(encode(Table(fields)), "manifest")
 
 
 def test_compressed_virtual_locations():

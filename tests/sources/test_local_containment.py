@@ -9,7 +9,7 @@ import trio
 
 from unshardfs.sources.base import name_problem
 from unshardfs.sources.local import LocalSource
-from unshardfs.util.errors import StaleError
+from unshardfs.util.errors import SourceError, StaleError
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b", "bad\udcff"])
@@ -28,17 +28,32 @@ def _listing(source: LocalSource, path: str) -> list[str]:
     return sorted(trio.run(run))
 
 
-def test_listing_skips_undecodable_names_and_links_out(tmp_path):
+def test_listing_skips_undecodable_names_and_refuses_links_out(tmp_path):
+    """A name that is not UTF-8 cannot be a path: skipped. A link out is there but refused: listed as a
+    file that says why, nothing of the outside stat'ed or read (its size is the link's own)."""
     root = tmp_path / "src"
     root.mkdir()
     (root / "info").write_text("{}")
     with open(os.path.join(os.fsencode(root), b"bad\xff"), "wb") as f:  # not UTF-8
         f.write(b"x")
     outside = tmp_path / "secret"
-    outside.write_text("secret")
+    outside.write_text("a secret of a size of its own")
     os.symlink(outside, root / "link-out")
     os.symlink("info", root / "link-in")
-    assert _listing(LocalSource(str(root)), "") == ["info", "link-in"]
+    source = LocalSource(str(root))
+    assert _listing(source, "") == ["info", "link-in", "link-out"]
+
+    async def main() -> None:
+        listed = {name: st async for name, st in source.list("")}
+        st = listed["link-out"]
+        assert st == await source.stat("link-out")
+        assert (st.refused, st.is_dir, st.version, st.size) == (
+            "a symbolic link on its way leads outside the source", False, (), len(str(outside)))
+        assert listed["link-in"].refused is None
+        with pytest.raises(SourceError, match="outside the source"):
+            await source.read("link-out", 0, 10)
+
+    trio.run(main)
 
 
 def test_file_rewritten_in_place_is_stale(tmp_path):

@@ -17,7 +17,7 @@ from unshardfs.sources.base import ByteSource, VersionedSource, iso_time
 from unshardfs.sources.ocdbt import OcdbtSource, OcdbtStore, VersionSpec, open_ocdbt
 from unshardfs.sources.ocdbt.format import decode_manifest, numbered_manifest_name
 from unshardfs.testing.http_servers import DatasetServer
-from unshardfs.testing.source_conformance import TREE, MakeSource, SourceConformance
+from unshardfs.testing.source_conformance import TREE, MakeSource, Rewrite, SourceConformance, rewrite_stored
 from unshardfs.util.errors import ConfigError
 
 pytest.importorskip("tensorstore")
@@ -340,13 +340,22 @@ class TestOcdbtConformance(SourceConformance):
     versioned = False
 
     @pytest.fixture
-    def make(self, tree: Path, tmp_path: Path) -> MakeSource:
+    def db(self, tmp_path: Path) -> Path:
         import tensorstore as ts
 
         db = tmp_path / "db"
         store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{db}/"}).result()
         for path, data in TREE.items():
             store.write(path, data).result()
+        return db
+
+    @pytest.fixture
+    def rewrite(self, db: Path) -> Rewrite:
+        """The data file holding the value of `underneath` changed, that value's bytes flipped."""
+        return rewrite_stored(db, TREE[self.underneath])
+
+    @pytest.fixture
+    def make(self, db: Path) -> MakeSource:
         manifest = decode_manifest((db / "manifest.ocdbt").read_bytes(), "manifest", 1 << 24)
 
         def make() -> ByteSource:

@@ -181,7 +181,7 @@ def test_gcs_reads_are_checked_against_the_listed_generation(tmp_path):
             source = GcsSource("bkt", "d", endpoint=gcs.url)
             try:
                 listed = {name: st async for name, st in source.list("")}["obj"]
-                assert listed.version == (f"x-goog-generation:{(tmp_path / 'd' / 'obj').stat().st_mtime_ns}", 4096)
+                assert listed.version == (f"x-goog-generation:{(tmp_path / 'd' / 'obj').stat().st_ctime_ns}", 4096)
                 assert await source.stat("obj") == listed
                 gcs.reset_log()
                 assert await source.read("obj", 100, 50, listed.version) == data[100:150]

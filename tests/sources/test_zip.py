@@ -24,7 +24,8 @@ from unshardfs.sources.zip import ZipSource
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.latency import LatencySource
 from unshardfs.testing.memory import MemorySource
-from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
+from unshardfs.testing.source_conformance import (CHANGES, TREE, Change, MakeSource, Rewrite, SourceConformance,
+                                                  flipped, write_tree)
 from unshardfs.testing.zips import zip_tree
 
 
@@ -36,8 +37,10 @@ def _tree_zip(tmp_path: Path, method: int, under: str = "") -> Path:
     return zip_tree(tree, archives / "tree.zip", method, directories=(method == zipfile.ZIP_STORED), under=under)
 
 
-def _rezip(archive: Path, method: int, path: str, data: bytes | None, under: str = "") -> bytes:
-    """The archive with one member replaced or removed (a new file, as writers produce)."""
+def _rezip(archive: Path, method: int, path: str, data: bytes | None, under: str = "", how: str = "renamed over"
+           ) -> bytes:
+    """The archive with one member replaced or removed: a new file renamed over it, as writers produce (or the
+    file changed in another of the ways `CHANGES` names)."""
     members = {k: v for k, v in TREE.items()}
     with zipfile.ZipFile(archive) as z:
         members = {i.filename.removeprefix(under): z.read(i) for i in z.infolist() if not i.is_dir()}
@@ -48,14 +51,16 @@ def _rezip(archive: Path, method: int, path: str, data: bytes | None, under: str
     tmp = archive.with_suffix(".new")
     with zipfile.ZipFile(tmp, "w", method) as z:
         for name, body in members.items():
-            z.writestr(under + name, body)
+            z.writestr(zipfile.ZipInfo(under + name, (2020, 1, 1, 0, 0, 0)), body, method)
     blob = tmp.read_bytes()
-    tmp.replace(archive)
+    tmp.unlink()
+    CHANGES[how](archive, blob)
     return blob
 
 
 class ZipCase(SourceConformance):
     listable, remote = True, False
+    in_files = True
     method = zipfile.ZIP_STORED
     under = ""
 
@@ -70,6 +75,19 @@ class ZipCase(SourceConformance):
     @pytest.fixture
     def change(self, archive: Path) -> Change:
         return lambda path, data: _rezip(archive, self.method, path, data, self.under) and None
+
+    @pytest.fixture
+    def rewrite(self, archive: Path, change: Change) -> Rewrite:
+        """The archive changed, the member `underneath` in it flipped."""
+        def rewrite(how: str) -> bytes:
+            new = flipped(TREE[self.underneath])
+            if self.in_files:
+                _rezip(archive, self.method, self.underneath, new, self.under, how)
+            else:
+                change(self.underneath, new)
+            return new
+
+        return rewrite
 
 
 class TestZipLocal(ZipCase):
@@ -103,9 +121,11 @@ class TestZipDiskCached(ZipCase):
 
 
 class TestZipHttp(ZipCase):
-    """Over a plain HTTP server (which cannot list): the archive's directory lists anyway."""
+    """Over a plain HTTP server (which cannot list): the archive's directory lists anyway. Its entity tags are
+    derived from inode, size and mtime: a rewrite that puts the mtime back keeps them."""
 
     remote = True
+    sees_restored = False
 
     @pytest.fixture
     def make(self, archive: Path) -> Iterator[MakeSource]:
@@ -124,6 +144,7 @@ class TestZipGcs(ZipCase):
 
 class TestZipS3(ZipCase):
     remote = True
+    in_files = False
     buckets = itertools.count()
 
     @pytest.fixture

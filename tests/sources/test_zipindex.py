@@ -80,7 +80,7 @@ def test_path_order_is_a_stable_sort(strings):
 def test_listing_is_in_name_order_and_skips_subtrees():
     names = [b"a-b", b"a/x", b"a/", b"a/y/z", b"a.c", b"b", b"a/y/w"]
     index = build_index(_entries(names), 10**9, lambda n, why: None)
-    assert list(index.children(b"")) == [(b"a", -1), (b"a-b", index.find(b"a-b")), (b"a.c", index.find(b"a.c")),
+    assert list(index.children(b"")) == [(b"a", None), (b"a-b", index.find(b"a-b")), (b"a.c", index.find(b"a.c")),
                                          (b"b", index.find(b"b"))]
     assert [c for c, _ in index.children(b"a/")] == [b"x", b"y"]
     assert [c for c, _ in index.children(b"a/y/")] == [b"w", b"z"]

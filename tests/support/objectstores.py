@@ -18,6 +18,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import crc32c
 import httpx
 
+from unshardfs.testing.http_servers import delimited
+
 
 @dataclass
 class Fault:
@@ -246,16 +248,7 @@ class FakeGcs(_Served):
             def _list(self, bucket: dict[str, _Object], query: dict[str, str]) -> None:
                 prefix, delimiter = query.get("prefix", ""), query.get("delimiter")
                 with fake.lock:
-                    names = sorted(n for n in bucket if n.startswith(prefix))
-                    entries: list[tuple[str, bool]] = []
-                    for name in names:
-                        rest = name[len(prefix):]
-                        if delimiter and delimiter in rest:
-                            sub = prefix + rest.split(delimiter)[0] + delimiter
-                            if not entries or entries[-1] != (sub, True):
-                                entries.append((sub, True))
-                        else:
-                            entries.append((name, False))
+                    entries = delimited(sorted(bucket), prefix, delimiter)
                     start = int(query.get("pageToken", "0"))
                     page = entries[start:start + fake.page]
                     doc: dict[str, object] = {

@@ -59,6 +59,21 @@ def write_zarr(root: Path, config: dict | None = None) -> None:
     txn.commit_sync()
 
 
+def write_one_chunk(root: Path) -> bytes:
+    """A Zarr v3 group in an OCDBT database at `root` whose array `arr` is one raw 1 MiB chunk (256 pages,
+    one value of a data file); that chunk's bytes."""
+    ts = _ts()
+    kv = {"driver": "ocdbt", "base": f"file://{root}/"}
+    ts.KvStore.open(kv).result().write("zarr.json", b'{"zarr_format": 3, "node_type": "group"}').result()
+    array = ts.open({"driver": "zarr3", "kvstore": {**kv, "path": "arr/"},
+                     "metadata": {"shape": [1024, 1024], "data_type": "uint8",
+                                  "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1024, 1024]}},
+                                  "codecs": [{"name": "bytes"}]}}, create=True).result()
+    chunk = np.random.default_rng(3).integers(0, 256, size=(1024, 1024), dtype=np.uint8)
+    array.write(chunk).result()
+    return chunk.tobytes()
+
+
 def write_precomputed(root: Path) -> None:
     """A sharded Neuroglancer precomputed volume in an OCDBT database at `root`, in two commits."""
     ts = _ts()

@@ -15,7 +15,7 @@ from tests.support.tmpfs import remount, small_tmpfs
 from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files, walk_files
-from unshardfs.tools.dest import LocalDest
+from unshardfs.dest.local import open_local
 from unshardfs.tools.walk import export
 from unshardfs.tree.nodes import DirNode, FileNode
 
@@ -217,9 +217,9 @@ def test_names_that_would_leave_dest_or_take_its_own_are_not_exported(tmp_path):
                  (".unshardfs", _Dir([("plan.json", _File(b"{}"))])),
                  (".f.unshardfs-tmp-0123456789ab", _File(b"temp")), ("ok", _File(b"fine"))])
     dest_dir = tmp_path / "dest"
-    dest = LocalDest.open(dest_dir)
+    dest = open_local(dest_dir)
     try:
-        summary = trio.run(export, root, dest)
+        summary = trio.run(export, root, dest.files)
     finally:
         dest.close()
     assert sorted(os.listdir(tmp_path)) == ["dest"]

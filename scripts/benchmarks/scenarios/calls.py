@@ -30,7 +30,7 @@ from ..context import KEY, Context
 
 CALLS = "python calls per first read (LOOKUP + READ), indexes cached"
 # The connection's functions that run because the request queue was empty (see the docstring).
-WAITING = ("Connection._read", "Connection._quick_wait", "Connection.serve", "Connection._reader")
+WAITING = ("DevTransport.next", "QuickWait.__call__", "Connection.serve", "Connection._reader")
 
 
 if sys.version_info >= (3, 11):

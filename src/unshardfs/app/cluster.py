@@ -4,7 +4,7 @@ Dask already runs the field's clusters (dask-jobqueue on SLURM, Kubernetes,
 Coiled): we only submit parts (`split.Part`) and gather their small results.
 A worker lost mid-part is Dask's to handle (the part runs again elsewhere);
 an export part run again keeps the files its journal holds and DEST still
-matches, and writes the rest (see `tools.ledger`).
+matches, and writes the rest (see `dest.ledger`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.sources import RemoteOptions
-from unshardfs.tools.dest import is_object_url, open_dest
+from unshardfs.dest.opener import is_object_url, open_dest
 from unshardfs.tools.walk import WalkSummary
 from unshardfs.util.errors import ConfigError
 

@@ -25,10 +25,10 @@ from unshardfs.app.planner import (Planned, Surveyed, TaskWork, parse_tasks, pla
 from unshardfs.app.split import Part, PartResult, run_part
 from unshardfs.app.timeline import RunPhases, TaskTimeline, process_age, settle_idle, summary, summary_lines
 from unshardfs.core.registry import changed_options
-from unshardfs.tools.atomic import WriteStopped
-from unshardfs.tools.dest import dest_name, is_object_url, open_dest
+from unshardfs.dest.base import WriteStopped
+from unshardfs.dest.opener import dest_name, open_dest
 from unshardfs.tools.inspect import format_report, version_lines
-from unshardfs.tools.ledger import MANIFEST, Ledger, Plan
+from unshardfs.dest.ledger import MANIFEST, Ledger, Plan
 from unshardfs.tools.walk import WalkSummary, check
 from unshardfs.util.errors import ConfigError, DataError, SourceError
 from unshardfs.util.logonce import collect_problems
@@ -229,7 +229,7 @@ class _EarlySurvey:
         """Started when DEST holds no plan yet (else there is nothing to walk)."""
         out = open_dest(args.dest, open_options(args).remote)
         try:
-            fresh = Ledger(out).plan() is None
+            fresh = Ledger(out.records).plan() is None
         finally:
             out.close()
         return cls(_identity(args)[0], _one_version(args), skip_reserved=True) if fresh else None
@@ -299,10 +299,10 @@ def _prepare(args: argparse.Namespace, threads: int, phases: RunPhases,
     start = time.monotonic()
     out = open_dest(args.dest, open_options(args).remote)
     try:
-        ledger = Ledger(out)
+        ledger = Ledger(out.records)
         plan, works, problems = _plan(args, ledger, threads, phases, early)
         if args.resume:
-            out.clear()  # temporaries, unfinished uploads
+            out.files.clear()  # temporaries, unfinished uploads
         done = ledger.complete() & set(range(plan.tasks))
         finished = [PartResult(problems, WalkSummary(), 0, -1)] if problems else []
         for task in sorted(done):
@@ -414,14 +414,14 @@ def _export_report(args: argparse.Namespace, plan: Plan, results: list[PartResul
     finished = complete == plan.tasks and stopped is None
     if finished:
         start = time.monotonic()
-        out = open_dest(args.dest, open_options(args).remote)
+        out = open_dest(args.dest, open_options(args).remote, sync=not args.no_fsync)
         try:
-            ledger = Ledger(out)
+            ledger = Ledger(out.records)
             # Ledger entries never change once written: a manifest gathered from them stays right.
             if not ledger.has_manifest() or not all(r.recorded for r in results):
-                ledger.write_manifest(plan, not args.no_fsync)
-            if is_object_url(args.dest):
-                out.clear()  # uploads a lost worker left unfinished: every file is in place now
+                ledger.write_manifest(plan)
+            if out.remote:
+                out.files.clear()  # uploads a lost worker left unfinished: every file is in place now
             tail += f"; manifest {out.where(MANIFEST)}"
         except (WriteStopped, DataError) as e:  # DataError: a ledger entry read back does not add up
             stopped, finished = str(e), False

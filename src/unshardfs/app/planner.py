@@ -32,7 +32,8 @@ from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.timeline import source_requests
 from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
-from unshardfs.tools.ledger import reserved
+from unshardfs.dest.ledger import reserved
+from unshardfs.tools.walk import unlisted
 from unshardfs.tree.namespaced import inner_dir
 from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
@@ -224,6 +225,9 @@ async def _survey(node: DirNode, rel: str, scope: ShardScope, found: Survey, ski
             try:
                 batch = await listing.__anext__()
             except StopAsyncIteration:
+                return
+            except Exception as e:  # a directory that cannot be listed: a problem, not an empty one
+                unlisted(rel, e)
                 return
             for name, child in batch:
                 problem = name_problem(name)
@@ -468,6 +472,8 @@ async def _chunk_entries(node: DirNode, rel: str, waits: Waits) -> AsyncGenerato
                             yield item
                 elif isinstance(child, FileNode) and CHUNK_XATTR in child.xattrs():
                     yield prefix + name, child
+    except Exception as e:  # a directory that cannot be listed: a problem, not an empty one
+        unlisted(rel, e)
     finally:
         if isinstance(listing, Closable):
             await listing.aclose()

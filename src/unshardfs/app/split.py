@@ -19,6 +19,7 @@ import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import AsyncIterator, Callable
 
 import trio
@@ -27,10 +28,10 @@ from unshardfs.app.opened import OpenedSource, OpenOptions
 from unshardfs.app.planner import KnownDirs, TaskWork, task_entries
 from unshardfs.app.timeline import TaskTimeline, source_requests
 from unshardfs.core.runtime import ShardScope
+from unshardfs.dest.base import Dest, WriteStopped
+from unshardfs.dest.ledger import Journal, Ledger
+from unshardfs.dest.opener import open_dest
 from unshardfs.sources.base import ByteSource
-from unshardfs.tools.atomic import WriteStopped
-from unshardfs.tools.dest import Dest, open_dest
-from unshardfs.tools.ledger import Journal, Ledger
 from unshardfs.tools.walk import Entries, WalkSummary, check, export
 from unshardfs.util.logonce import collect_problems
 from unshardfs.util.waits import Waits, now
@@ -110,7 +111,7 @@ async def _export(task: _Task, out: Dest, progress: Callable[[WalkSummary], None
     files are kept where DEST still matches them, the others written, and the entry written once
     every file of the task is in place (none failed, none missing, no listing problem)."""
     job, waits = task.job, task.waits
-    ledger = Ledger(out)
+    ledger = Ledger(out.records)
     with waits.waiting("ledger"):
         done = await trio.to_thread.run_sync(ledger.is_complete, job.part)
     if done:
@@ -118,18 +119,18 @@ async def _export(task: _Task, out: Dest, progress: Callable[[WalkSummary], None
         return PartResult([], WalkSummary(files=files, skipped=files), 0, job.part, complete=True, recorded=True)
     try:
         with waits.waiting("ledger"):
-            journal = await trio.to_thread.run_sync(Journal.open, out, job.part)
+            journal = await trio.to_thread.run_sync(Journal.open, out.records, job.part)
     except WriteStopped as e:
         return PartResult([], WalkSummary(stopped=str(e)), 0, job.part)
     try:
         async with _opened(task) as (session, entries, problems, missing):
-            summary = await export(session.tree, out, job.write_jobs, progress, entries, journal, job.sync, waits)
+            summary = await export(session.tree, out.files, job.write_jobs, progress, entries, journal, waits)
         summary.failures += missing
         complete = False
         if summary.stopped is None and not summary.failures and not problems:
             try:
                 with waits.waiting("ledger"):
-                    await trio.to_thread.run_sync(_finish, ledger, journal, job.sync)
+                    await trio.to_thread.run_sync(_finish, out, ledger, journal)
                 complete = True
             except WriteStopped as e:
                 summary.stopped = str(e)
@@ -140,12 +141,11 @@ async def _export(task: _Task, out: Dest, progress: Callable[[WalkSummary], None
     return PartResult(list(problems), summary, session.source.counters.reads, job.part, complete)
 
 
-def _finish(ledger: Ledger, journal: Journal, sync: bool) -> None:
+def _finish(out: Dest, ledger: Ledger, journal: Journal) -> None:
     """Flush the directories the task renamed files into, then write its ledger entry."""
-    if sync:
-        for parent in sorted({path.rpartition("/")[0] for path in journal.done}):
-            ledger.dest.sync_dir(parent)
-    ledger.finish(journal, sync)
+    for parent in sorted({path.rpartition("/")[0] for path in journal.done}):
+        out.files.sync_dir(parent)
+    ledger.finish(journal)
 
 
 async def run_task(job: Part, progress: Callable[[WalkSummary], None] | None = None, worker: str = "",
@@ -158,7 +158,7 @@ async def run_task(job: Part, progress: Callable[[WalkSummary], None] | None = N
         result = await _check(task, progress)
     else:
         with task.waits.waiting("ledger"):
-            out = await trio.to_thread.run_sync(open_dest, job.dest, job.options.remote)
+            out = await trio.to_thread.run_sync(partial(open_dest, job.dest, job.options.remote, sync=job.sync))
         try:
             result = await _export(task, out, progress)
         finally:

@@ -11,10 +11,7 @@ summary; exit status 0 when the copy matches.
 from __future__ import annotations
 
 import argparse
-import os
-import stat as statmod
 import sys
-import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,18 +19,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from unshardfs.app.options import open_options
+from unshardfs.dest.base import Dest, FileSink
+from unshardfs.dest.ledger import FileRecord, read_manifest
+from unshardfs.dest.opener import is_object_url, local_path, open_dest
 from unshardfs.sources import RemoteOptions
-from unshardfs.tools.dest import Dest, LocalDest, is_object_url, local_path, open_dest
-from unshardfs.tools.ledger import FileRecord, read_manifest
-from unshardfs.tools.objectdest import ObjectDest
 from unshardfs.util.errors import ConfigError, one_line
-from unshardfs.util.fdpath import Beneath
 
 BATCH = 512  # files per task: large enough that a task's overhead is small beside reading its files
 
 
 @dataclass
-class Verdict:
+class Findings:
     """What one batch of files found: the lines to print and the counts."""
 
     lines: list[str] = field(default_factory=list)
@@ -43,53 +39,38 @@ class Verdict:
     differing: int = 0
 
 
-_OPENED: dict[tuple[str, RemoteOptions], Dest] = {}
-_OPENED_LOCK = threading.Lock()
-
-
-def _opened(dest: str, remote: RemoteOptions) -> Dest:
-    """An object store DEST opened once per process (its connections pooled, shared by threads)."""
-    with _OPENED_LOCK:
-        found = _OPENED.get((dest, remote))
-        if found is None:
-            found = _OPENED[(dest, remote)] = open_dest(dest, remote)
-        return found
-
-
-def verify_batch(dest: str, records: list[FileRecord], remote: RemoteOptions | None = None) -> Verdict:
-    """Compare each record's file in `dest` with the record (runs in a thread or a Dask worker)."""
-    remote = remote or RemoteOptions()
-    if is_object_url(dest):
-        out: Dest = _opened(dest, remote)
-    else:
-        try:
-            out = LocalDest(Beneath(dest, links=False), dest)
-        except OSError as e:
-            raise ConfigError(f"DEST {dest}: {e.strerror}") from None
-    verdict = Verdict()
+def verify_batch(dest: str, records: list[FileRecord], remote: RemoteOptions | None = None) -> Findings:
+    """Compare each record's file in `dest` with the record, on a Dask worker: DEST opened there
+    (with the worker's own credentials) for the batch, and closed after it."""
+    out = open_dest(dest, remote, create=False)
     try:
-        for record in records:
-            found = out.measure(record.path)
-            verdict.files += 1
-            if found.problem == "missing":
-                verdict.missing += 1
-                verdict.lines.append(f"missing: {record.path}")
-            elif found.problem is not None:
-                verdict.differing += 1
-                verdict.lines.append(f"differs: {record.path}: {found.problem}")
-            elif found.size != record.size:
-                verdict.differing += 1
-                verdict.lines.append(f"differs: {record.path}: {found.size:,} bytes, the manifest says {record.size:,}")
-            elif found.crc32c != record.crc32c:
-                verdict.differing += 1
-                verdict.lines.append(f"differs: {record.path}: crc32c {found.crc32c:08x}, "
-                                     f"the manifest says {record.crc32c:08x}")
-            else:
-                verdict.bytes += found.size
+        return compare(out.files, records)
     finally:
-        if not out.remote:
-            out.close()
-    return verdict
+        out.close()
+
+
+def compare(files: FileSink, records: list[FileRecord]) -> Findings:
+    """Compare each record's file in DEST with the record (runs in a thread or a Dask worker)."""
+    findings = Findings()
+    for record in records:
+        found = files.measure(record.path)
+        findings.files += 1
+        if found.missing:
+            findings.missing += 1
+            findings.lines.append(f"missing: {record.path}")
+        elif found.problem is not None:
+            findings.differing += 1
+            findings.lines.append(f"differs: {record.path}: {found.problem}")
+        elif found.size != record.size:
+            findings.differing += 1
+            findings.lines.append(f"differs: {record.path}: {found.size:,} bytes, the manifest says {record.size:,}")
+        elif found.crc32c != record.crc32c:
+            findings.differing += 1
+            findings.lines.append(f"differs: {record.path}: crc32c {found.crc32c:08x}, "
+                                  f"the manifest says {record.crc32c:08x}")
+        else:
+            findings.bytes += found.size
+    return findings
 
 
 def batches(records: Iterable[FileRecord], names: set[str]) -> Iterator[list[FileRecord]]:
@@ -107,8 +88,8 @@ def batches(records: Iterable[FileRecord], names: set[str]) -> Iterator[list[Fil
         yield batch
 
 
-def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any], Verdict],
-              work: Iterator[list[FileRecord]], window: int, each: Callable[[Verdict], None]) -> None:
+def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any], Findings],
+              work: Iterator[list[FileRecord]], window: int, each: Callable[[Findings], None]) -> None:
     """Keep at most `window` batches in flight (the manifest is streamed, never held whole)."""
     flight: deque[Any] = deque()
     for batch in work:
@@ -119,31 +100,20 @@ def _windowed(submit: Callable[[list[FileRecord]], Any], result: Callable[[Any],
         each(result(flight.popleft()))
 
 
-def verify_copy(args: argparse.Namespace) -> int:
-    remote = open_options(args).remote
-    dest = args.source if is_object_url(args.source) else local_path(args.source)
-    header, records = read_manifest(args.manifest, remote)
-    out: Dest
-    if is_object_url(dest):
-        out = ObjectDest.open(dest, remote)
-    else:
-        try:
-            out = LocalDest(Beneath(dest, links=False), dest)
-        except OSError as e:
-            raise ConfigError(f"DEST {dest}: {e.strerror}") from None
-        if not statmod.S_ISDIR(os.fstat(out.out.fd).st_mode):
-            out.close()
-            raise ConfigError(f"DEST {dest} is not a directory")
+def _compare_all(args: argparse.Namespace, out: Dest, dest: str, records: Iterator[FileRecord],
+                 remote: RemoteOptions) -> tuple[Findings, int]:
+    """Every record compared (in threads here, or on the Dask cluster), then DEST listed for what
+    the manifest does not name; the totals and the number of extra files."""
     names: set[str] = set()
-    total = Verdict()
+    total = Findings()
 
-    def each(verdict: Verdict) -> None:
-        for line in verdict.lines:
+    def each(findings: Findings) -> None:
+        for line in findings.lines:
             print(one_line(line))
-        total.files += verdict.files
-        total.bytes += verdict.bytes
-        total.missing += verdict.missing
-        total.differing += verdict.differing
+        total.files += findings.files
+        total.bytes += findings.bytes
+        total.missing += findings.missing
+        total.differing += findings.differing
 
     work = batches(records, names)
     where = dest if is_object_url(dest) else str(Path(dest).resolve())
@@ -159,15 +129,24 @@ def verify_copy(args: argparse.Namespace) -> int:
             close_client(client)
     else:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            def submit(batch: list[FileRecord]) -> Future[Verdict]:
-                return pool.submit(verify_batch, dest, batch, remote)
+            def submit(batch: list[FileRecord]) -> Future[Findings]:
+                return pool.submit(compare, out.files, batch)
             _windowed(submit, lambda f: f.result(), work, 4 * max(1, args.jobs), each)
     extra = 0
+    for path, note in out.files.files():
+        if path not in names:
+            print(one_line(f"extra: {path}{note}"))
+            extra += 1
+    return total, extra
+
+
+def verify_copy(args: argparse.Namespace) -> int:
+    remote = open_options(args).remote
+    dest = args.source if is_object_url(args.source) else local_path(args.source)
+    header, records = read_manifest(args.manifest, remote)
+    out = open_dest(dest, remote, create=False)
     try:
-        for path, note in out.files():
-            if path not in names:
-                print(one_line(f"extra: {path}{note}"))
-                extra += 1
+        total, extra = _compare_all(args, out, dest, records, remote)
     finally:
         out.close()
     expected = header.get("files")

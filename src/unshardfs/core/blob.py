@@ -26,6 +26,8 @@ class Blob:
     parts: tuple[tuple[str, int, Version], ...]  # (source path, size, version)
     size: int
     mtime_ns: int
+    # Why the source refuses the object (`ObjectStat.refused`), if it does: every read fails, saying so.
+    refused: str | None = None
     # Derived once: every lookup and read of a chunk asks for them (cache keys, messages).
     label: str = field(init=False, compare=False, repr=False)
     version: tuple[Version, ...] = field(init=False, compare=False, repr=False)
@@ -46,8 +48,9 @@ class Blob:
     @classmethod
     def of(cls, path: str, st: ObjectStat) -> "Blob":
         """The blob of one object as `st` describes it (`RecentBlobs.of` returns the same one
-        again while the source answers with the same ObjectStat)."""
-        return cls(((path, st.size, st.version),), st.size, st.mtime_ns)
+        again while the source answers with the same ObjectStat). An object the source refuses
+        (`ObjectStat.refused`) is a blob too, every read of which fails: there, never absent."""
+        return cls(((path, st.size, st.version),), st.size, st.mtime_ns, st.refused)
 
     @property
     def versioned(self) -> bool:
@@ -57,7 +60,7 @@ class Blob:
     def cached_range(self, source: CachedRange, offset: int, size: int) -> FdRange | None:
         """Where bytes [offset, offset+size) of a one-object blob lie in an open descriptor, if
         the source can tell without I/O and they are page-cached (a local source); else None."""
-        if len(self.parts) != 1 or offset < 0 or offset + size > self.size:
+        if len(self.parts) != 1 or offset < 0 or offset + size > self.size or self.refused is not None:
             return None
         path, _, version = self.parts[0]
         return source.cached_range(path, offset, size, version)
@@ -65,7 +68,7 @@ class Blob:
     def read_now(self, source: ReadNow, offset: int, size: int) -> bytes | bytearray | None:
         """Bytes [offset, offset+size) of a one-object blob if the source has them at once,
         without waiting (a local source, page-cached bytes); else None (`read` reads them)."""
-        if len(self.parts) != 1 or offset < 0 or offset + size > self.size:
+        if len(self.parts) != 1 or offset < 0 or offset + size > self.size or self.refused is not None:
             return None
         path, _, version = self.parts[0]
         return source.read_now(path, offset, size, version)
@@ -75,6 +78,8 @@ class Blob:
 
         `index` marks index structures, which a disk cache may keep across mounts.
         """
+        if self.refused is not None:
+            raise DataError(self.label, f"refused: {self.refused}")
         reader = source.read_index if index else source.read
         if len(self.parts) == 1 and 0 <= offset and offset + size <= self.size:
             # One object (the usual case): one call, no pieces to join.

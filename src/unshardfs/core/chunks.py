@@ -95,8 +95,13 @@ class ChunkFile(FileNode):
             return None
         return self.ctx.fetcher.cached_direct(self.blob, self.start + offset, size)
 
+    def content_version(self) -> tuple[object, ...]:
+        return (self.blob.version, self.start, self.length)
+
     def stored_range(self) -> StoredRange | str:
         """Where the file's bytes lie in its shard, when its codec leaves them as stored (`StoredBytes`)."""
+        if self.blob.refused is not None:  # a reader elsewhere must not be sent where the mount would not go
+            return f"its shard is refused: {self.blob.refused}"
         codec = self.ctx.codec
         piece = codec.stored_slice(self.length)
         if piece is None:

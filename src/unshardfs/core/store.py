@@ -199,6 +199,8 @@ class ShardedStore(ABC, Generic[ShardT, IndexT]):
             return None
         if not self.index_levels:
             return blob, await self.read_index(shard, blob)
+        if blob.refused is not None:  # no index of it is read: why, not what its size would mean
+            raise DataError(blob.label, f"refused: {blob.refused}")
         index = await self.cached(self.index_levels[0], blob.identity, lambda: self.read_index(shard, blob))
         return blob, index
 

@@ -10,6 +10,7 @@ what the running kernel offers.
 from __future__ import annotations
 
 import enum
+import mmap
 import os
 import struct
 
@@ -132,6 +133,13 @@ FUSE_DEV_IOC_BACKING_CLOSE = (1 << 30) | (4 << 16) | (229 << 8) | 2
 
 # struct fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
 IN_HEADER = struct.Struct("<IIQQIIIHH")
+_IN_UNIQUE = struct.Struct("<8xQ")  # its `unique` alone
+
+
+def unique_of(header: bytes | bytearray | memoryview | mmap.mmap) -> int:
+    """The `unique` of a request, from its fuse_in_header."""
+    (unique,) = _IN_UNIQUE.unpack_from(header)
+    return int(unique)
 # struct fuse_out_header: len, error (negative errno), unique
 OUT_HEADER = struct.Struct("<IiQ")
 

@@ -142,10 +142,10 @@ def pack_dirents(names: list[str], inos: np.ndarray, first_cookie: int, room: in
 # fh of an OPEN reply, given back by its RELEASE: how the file was opened.
 CACHED_FH = 0  # read through the daemon, its pages kept across opens (FOPEN_KEEP_CACHE)
 PASSTHROUGH_FH = 1  # read by the kernel from a registered backing file (FOPEN_PASSTHROUGH)
-HELD_CACHED_FH = 2  # read through the daemon although it has a backing file (`BackingFiles.cached`)
+HELD_CACHED_FH = 2  # read through the daemon although it has a backing file (`PassthroughOpens.cached`)
 
 
-class BackingFiles:
+class PassthroughOpens:
     """Opens of `WholeLocalFile` nodes answered with FOPEN_PASSTHROUGH (FUSE passthrough).
 
     The kernel lets every open of one inode that is open for passthrough use only the same
@@ -231,7 +231,7 @@ class KernelHandlers:
         self.counters = ops.counters
         self.session: Connection | None = None
         self.no_open = False
-        self.backing: BackingFiles | None = None  # with FUSE_PASSTHROUGH negotiated
+        self.backing: PassthroughOpens | None = None  # with FUSE_PASSTHROUGH negotiated
         options = ops.options
         self.entry_valid = abi.split_time(options.entry_timeout)
         self.attr_valid = abi.split_time(options.attr_timeout)
@@ -256,7 +256,7 @@ class KernelHandlers:
         # Passthrough is chosen in OPEN replies: a kernel that stops sending OPEN (no-open)
         # could never be told to read a file from its backing file.
         if n.has(abi.PASSTHROUGH) and self.session is not None:
-            self.backing = BackingFiles(self.session, self.ops)
+            self.backing = PassthroughOpens(self.session, self.ops)
         self.no_open = n.has(abi.NO_OPEN_SUPPORT) and self.backing is None
         self.ops.features = {**n.describe(), "no_open": self.no_open}
 

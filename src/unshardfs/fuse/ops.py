@@ -43,7 +43,7 @@ class MountOptions:
     entry_timeout: float = 3600.0
     attr_timeout: float = 3600.0
     # How long the kernel engine's reader looks for the next request itself before it waits
-    # through trio (`server.Connection._quick_wait`, which gives way to trio's own work); 0: never.
+    # through trio (`transport.QuickWait`, which gives way to trio's own work); 0: never.
     quick_wait: float = 100e-6
     # Kernel engine: files stored whole in a local file are opened for FUSE passthrough (the
     # kernel reads them itself), at the cost of an OPEN round trip for every open() of any file.
@@ -134,7 +134,8 @@ class InodeTable:
                 slot = self.slot_of(parent)
             if slot:
                 computed = slot << CHILD_ID_BITS | node.child_id
-                self.recent[computed] = node
+                if not same_attributes(self.recent.get(computed), node):
+                    self.recent[computed] = node
                 return computed
         ino = self.by_name.get((parent, name))
         if ino is None:
@@ -143,6 +144,8 @@ class InodeTable:
             self.by_name[(parent, name)] = ino
             self.names[ino] = (parent, name)
             self.counts[ino] = 0
+        elif same_attributes(self.nodes.get(ino), node):
+            return ino
         self.nodes[ino] = node
         return ino
 
@@ -227,6 +230,17 @@ class InodeTable:
             raise FsError(errno.ESTALE)
         self.recent[ino] = node
         return node
+
+
+def same_attributes(old: Node | None, new: Node) -> bool:
+    """Whether `new` is a file the kernel sees exactly as `old` (same kind, size and mtime): then `old`
+    stays the inode's node. The kernel drops its cached pages of a file only when its size or mtime
+    changes (AUTO_INVAL_DATA); a file whose content changed under the same attributes (rewritten in
+    place with its mtime put back, a data file of a packed store copied over) keeps them, and new bytes
+    read through a fresh node would follow them. The node that served them reads with the version it
+    was resolved from, so its next read finds the change (`read` then refuses or follows it)."""
+    return (isinstance(old, FileNode) and type(old) is type(new) and old.size == new.size
+            and old.mtime_ns == new.mtime_ns)
 
 
 class EntrySink(Protocol):
@@ -357,6 +371,8 @@ class Bridge:
         fresh = await parent.lookup(name) if parent is not None and name else None
         if fresh is None or fresh.is_dir != node.is_dir or fresh.child_id != node.child_id:
             raise FsError(errno.ESTALE)
+        if same_attributes(node, fresh):
+            return node  # (see `same_attributes`)
         if fresh is not node:
             if (self.invalidate is not None and isinstance(node, FileNode) and isinstance(fresh, FileNode)
                     and (fresh.size, fresh.mtime_ns) != (node.size, node.mtime_ns) and self._may_hold(ino)):

@@ -1,16 +1,19 @@
-"""A FUSE session on trio: read requests from /dev/fuse, answer them, never die of one.
+"""A FUSE session on trio: one request loop over a transport, answering requests, never dying of one.
 
 The server knows no file system. It negotiates INIT (features by the
 kernel's protocol minor), keeps the bookkeeping of the protocol itself
 (INTERRUPT, DESTROY, unknown opcodes, write-type opcodes), and hands every
 other request to a `Dispatcher`, whose answer is either ready at once
-(bytes: replied inline) or a coroutine. A coroutine is run at once, in the
-reading task: most finish without ever waiting (a lookup
-or read whose indexes are cached, on a local source whose reads are
-syscalls) and are answered there, with no task started and no cancel
-scope entered (each request still passes the scheduler once, see `_read`).
-One that waits (its first yield to trio) keeps the task it
-started in, and a new task takes over reading requests (`_reader`): a
+(bytes: replied inline) or a coroutine. How requests come in and answers
+go out is the transport's (`transport`: /dev/fuse, or the io_uring ring
+once the kernel grants it); the loop here is the same over both.
+
+A coroutine is run at once, in the reading task: most finish without ever
+waiting (a lookup or read whose indexes are cached, on a local source whose
+reads are syscalls) and are answered there, with no task started and no
+cancel scope entered (the transport paces passes through the scheduler,
+`Transport.due`). One that waits (its first yield to trio) keeps the task
+it started in, and a new task takes over reading requests (`_reader`): a
 request that waits never holds up the others, and one that does not costs
 no task. The reading task's cancel scope becomes the waiting request's,
 which an INTERRUPT of that request cancels (it then answers EINTR).
@@ -22,33 +25,24 @@ hold locks for that request that the invalidation waits for.
 
 from __future__ import annotations
 
-import collections
 import errno
-import fcntl
 import logging
-import os
-import select
-import struct
-import time
 import types
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Coroutine, Protocol, Union, runtime_checkable
 
 import trio
 
 from unshardfs.fuse import abi
-from unshardfs.fuse.splice import SpliceFailed, Splicer
-from unshardfs.fuse.uring import Entry, Ring, UringUnavailable, possible_cpus
+from unshardfs.fuse.splice import Splicer
+from unshardfs.fuse.transport import DevTransport, QuickWait, RingTransport, Transport
+from unshardfs.fuse.uring import Ring, UringUnavailable, possible_cpus
 from unshardfs.tree import edge
 from unshardfs.util.pagecache import PAGE
-from unshardfs.util.triofast import TrioProbe, resume, start
+from unshardfs.util.triofast import resume, start
 
 log = logging.getLogger(__name__)
-
-# Requests handled back to back before the reading task passes the scheduler on purpose (a
-# request that had to wait for the connection passed it anyway); small, so background work
-# (read-ahead, prefetches) waits at most this many inline answers.
-CHECKPOINT_EVERY = 8
 
 # What a dispatcher returns: a reply payload now, or a coroutine producing one.
 Answer = Union[bytes, bytearray, memoryview, list[Any], Coroutine[Any, Any, Any], None]
@@ -108,7 +102,7 @@ class InitConfig:
     transport: str = "dev"
     uring_entries: int = 16  # ring entries per queue (one queue per possible CPU)
     splice: bool = True  # READ replies may be spliced from a file (`splice.Splicer`)
-    # How long the reader looks for the next request itself (`Connection._quick_wait`) before it
+    # How long the reader looks for the next request itself (`transport.QuickWait`) before it
     # waits through trio, when no request is waiting on anything; 0: never.
     quick_wait: float = 100e-6
 
@@ -149,7 +143,8 @@ def may_register_backing_files() -> bool:
 
 @dataclass
 class Connection:
-    """One mounted connection: the /dev/fuse fd and what was negotiated on it."""
+    """One mounted connection: the /dev/fuse fd, what was negotiated on it, and the one request loop
+    its transports feed."""
 
     fd: int
     dispatcher: Dispatcher
@@ -158,119 +153,72 @@ class Connection:
     on_init: Callable[[Negotiated], None] | None = None
     scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
     requests: int = 0
-    closed: bool = False
 
     def __post_init__(self) -> None:
         self._notify_send, self._notify_receive = trio.open_memory_channel[Notification](1024)
-        self._buffer = bytearray(abi.READ_BUFFER)
-        self._buffers = [self._buffer]
-        self._view = memoryview(self._buffer)
-        self._unscheduled = 0  # requests read without waiting since the scheduler last ran
-        self.checkpoints = 0  # passes through the scheduler made only for that
         self._nursery: trio.Nursery | None = None
-        self.splicer: Splicer | None = None  # set up at INIT, sized for the negotiated requests
-        # per descriptor read from: it and trio's epoll (`_quick_wait`), made on first use
-        self._quick: dict[int, select.epoll] = {}
-        self.quick_waits = 0  # requests waited for without trio (`_read`)
-        self._trio: TrioProbe | None = None
-        self.ring: Ring | None = None  # FUSE over io_uring, once granted at INIT
-        self._ring_pending: dict[int, Entry] = {}  # unique -> the ring entry the request came in
-        self._ring_backlog: collections.deque[tuple[Entry, int]] = collections.deque()
-        self._ring_batching = False  # commits are submitted together at the end of a batch
-        self.ring_requests = 0
+        self._ended = False
+        self.quick = QuickWait(self.config.quick_wait)
+        self.device = DevTransport(self.fd, self.quick)
+        self.uring: RingTransport | None = None  # FUSE over io_uring, once granted at INIT
+        # How a reply goes out: written to /dev/fuse, or (`_commit`) to the ring entry it came in.
+        self._write: Callable[..., None] = self.device.write
+
+    @property
+    def closed(self) -> bool:
+        """The session ended, or the kernel ended the connection (unmounted)."""
+        return self._ended or self.device.ended
+
+    # -- what the transports count and hold ------------------------------------------------------
+
+    @property
+    def splicer(self) -> Splicer | None:
+        return self.device.splicer
+
+    @splicer.setter
+    def splicer(self, splicer: Splicer | None) -> None:
+        self.device.splicer = splicer
+
+    @property
+    def quick_waits(self) -> int:
+        """Requests that came within a quick wait."""
+        return self.quick.waits
+
+    @property
+    def ring_requests(self) -> int:
+        return self.uring.requests if self.uring is not None else 0
 
     def backing_open(self, fd: int) -> int:
-        """Register the open file `fd` as a backing file of this connection (FUSE_PASSTHROUGH):
-        its backing id, for OPEN replies with FOPEN_PASSTHROUGH, until `backing_close`. OSError
-        if the kernel refuses it (EPERM without CAP_SYS_ADMIN, ELOOP for a file on a stacked file
-        system, ENOTTY where the descriptor is no FUSE device)."""
-        arg = bytearray(abi.BACKING_MAP.pack(fd, 0, 0))
-        backing_id = fcntl.ioctl(self.fd, abi.FUSE_DEV_IOC_BACKING_OPEN, arg, True)
-        if backing_id <= 0:
-            raise OSError(errno.EINVAL, f"backing id {backing_id}")
-        return int(backing_id)
+        """Register `fd` as a backing file (FUSE_PASSTHROUGH): `DevTransport.backing_open`."""
+        return self.device.backing_open(fd)
 
     def backing_close(self, backing_id: int) -> None:
-        """Drop a backing id; files opened on it keep their backing file until they are closed."""
-        try:
-            fcntl.ioctl(self.fd, abi.FUSE_DEV_IOC_BACKING_CLOSE, struct.pack("<I", backing_id))
-        except OSError as e:
-            if e.errno != errno.ENODEV:  # (the connection ended: every id went with it)
-                log.warning("backing id %d not released: %s", backing_id, e.strerror)
+        self.device.backing_close(backing_id)
 
     @property
     def splice_max(self) -> int:
         """The largest READ reply `splice_reply` can send (0: none)."""
-        if self.ring is not None:
-            return self.ring.payload_size
-        return self.splicer.max_size if self.splicer is not None else 0
+        if self.uring is not None:
+            return self.uring.ring.payload_size
+        return self.device.splicer.max_size if self.device.splicer is not None else 0
 
     def splice_reply(self, unique: int, fd: int, offset: int, size: int) -> bool:
         """Answer a READ with `size` bytes of `fd` at `offset`, moved by the kernel (see
         `splice`), or, over io_uring, read straight into the ring entry's buffer (one copy, as
         the spliced reply's). False: nothing was sent (the file had fewer bytes, or the pipe
         failed), and the request must be answered some other way."""
-        if self.ring is not None:
-            entry = self._ring_pending.get(unique)
-            if entry is None or not self.ring.commit_from(entry, unique, fd, offset, size):
-                return False
-            del self._ring_pending[unique]
-            if not self._ring_batching:
-                self._ring_submit()
-            return True
-        if self.splicer is None:
-            return False
-        assert self.splicer is not None
-        try:
-            self.splicer.reply(unique, fd, offset, size)
-            return True
-        except SpliceFailed as e:
-            log.debug("READ %d not spliced: %s", unique, e)
-            return False
-        except FileNotFoundError:
-            log.debug("reply to request %d dropped: it was interrupted", unique)
-            return True
-        except OSError as e:
-            if e.errno == errno.ENODEV:
-                self.closed = True
-                return True
-            log.warning("spliced reply to request %d refused: %s; answering it otherwise", unique, e.strerror)
-            return False
+        if self.uring is not None:
+            return self.uring.commit_from(unique, fd, offset, size)
+        return self.device.splice_reply(unique, fd, offset, size)
 
-    # -- writing ---------------------------------------------------------------------------
+    # -- replies ------------------------------------------------------------------------------
 
-    def _write(self, unique: int, error: int, payload: Any = b"") -> None:
-        """One reply: header and payload in a single writev (or committed to the ring entry the
-        request came in). A reply to a request the kernel gave up on (interrupted, aborted)
-        fails with ENOENT: that is expected, not an error."""
-        if self.ring is not None:
-            entry = self._ring_pending.pop(unique, None)
-            if entry is not None:
-                if not self.ring.commit(entry, unique, error, payload):
-                    log.error("reply to request %d does not fit the ring entry", unique)
-                    self.ring.commit(entry, unique, errno.EIO, b"")
-                if not self._ring_batching:
-                    self._ring_submit()
-                return
-        if type(payload) is list:
-            size = 0
-            for part in payload:
-                size += len(part)
-            buffers = [abi.OUT_HEADER.pack(abi.OUT_HEADER.size + size, -error, unique), *payload]
-        else:
-            buffers = [abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(payload), -error, unique), payload]
-        try:
-            os.writev(self.fd, buffers)
-        except FileNotFoundError:
-            log.debug("reply to request %d dropped: it was interrupted", unique)
-            raise
-        except OSError as e:
-            if e.errno == errno.ENODEV:  # unmounted meanwhile
-                self.closed = True
-            else:  # a malformed reply: the request would wait forever, so say so loudly
-                log.error("reply to request %d refused by the kernel: %s (%d bytes)", unique, e.strerror,
-                          sum(len(b) for b in buffers))
-            raise
+    def _commit(self, unique: int, error: int, payload: Any = b"") -> None:
+        """A reply over io_uring: committed to the ring entry the request came in, else (FORGET,
+        INTERRUPT and INIT come through /dev/fuse) written there."""
+        assert self.uring is not None
+        if not self.uring.commit(unique, error, payload):
+            self.device.write(unique, error, payload)
 
     def reply(self, unique: int, payload: Any = b"") -> bool:
         """Answer a request; False if the kernel no longer wanted the answer."""
@@ -300,9 +248,6 @@ class Connection:
             return False
         return True
 
-    def _write_notification(self, message: bytes) -> None:
-        os.write(self.fd, message)
-
     async def _notifier(self) -> None:
         """Write queued notifications one at a time, each from a worker thread.
 
@@ -313,7 +258,7 @@ class Connection:
         async for message, done in self._notify_receive:
             try:
                 # abandon_on_cancel: at unmount the write ends with the connection (ENODEV) anyway.
-                await trio.to_thread.run_sync(self._write_notification, message, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(self.device.write_notification, message, abandon_on_cancel=True)
             except OSError as e:
                 # ENOENT: the inode or entry is no longer known to the kernel (nothing to drop).
                 if e.errno == errno.ENODEV:
@@ -324,172 +269,7 @@ class Connection:
                 if done is not None:
                     done()
 
-    # -- reading ---------------------------------------------------------------------------
-
-    def _due(self) -> bool:
-        """Count a request read without waiting: True for every CHECKPOINT_EVERY-th, which passes
-        the scheduler on purpose.
-
-        Requests answered inline do not yield by themselves, and while they keep coming, the
-        work they started (read-ahead plans, prefetches whose bytes arrived, signal handlers)
-        must still run between them: a request that found the connection empty passed the
-        scheduler while it waited, and of those read without waiting every CHECKPOINT_EVERY-th
-        passes it. (Every one did before; each pass is a few microseconds of Python, and a
-        serial reader's requests, a first read's LOOKUP and READ, mostly arrive while the
-        previous answer is being written.)"""
-        self._unscheduled += 1
-        if self._unscheduled < CHECKPOINT_EVERY:
-            return False
-        self._unscheduled = 0
-        self.checkpoints += 1
-        return True
-
-    async def _read(self, error: OSError | None = None) -> bytes | None:
-        """The next request, or None once the file system is unmounted; `error`: what the
-        reader's own first readv (`_reader`, the usual case of a request already queued) raised."""
-        waited = False
-        while True:
-            try:
-                if error is not None:
-                    raise error
-                n = os.readv(self.fd, self._buffers)
-            except BlockingIOError:
-                error = None
-                if not self.scopes and not waited and self.config.quick_wait and self._quick_wait():
-                    continue  # read now, as one read without waiting (`_due` counts it)
-                await trio.lowlevel.wait_readable(self.fd)
-                waited = True
-                continue
-            except InterruptedError:
-                error = None
-                continue
-            except OSError as e:
-                error = None
-                if e.errno == errno.ENOENT:  # the request was interrupted before we read it
-                    continue
-                if e.errno == errno.ENODEV:  # unmounted
-                    return None
-                raise
-            data = bytes(self._view[:n])
-            if waited:
-                self._unscheduled = 0
-            elif self._due():
-                await trio.lowlevel.checkpoint()
-            return data
-
-    def _quick_wait(self, fd: int | None = None) -> bool:
-        """Look for the next request on `fd` (/dev/fuse; the ring's descriptor for its completions,
-        which the kernel posts as the sched_yield returns) for up to `config.quick_wait`, giving
-        the CPU away in between (sched_yield, then a zero-timeout epoll_wait): whether one came.
-
-        A serial reader (a first read: LOOKUP, READ, next file) sends its next request a few
-        microseconds after it has our answer, and the way through trio to a ready descriptor
-        (yield, epoll, reschedule, resume) costs more Python than the request itself; blocking
-        in the kernel instead costs a wake-up, which measured slower still (the reader on the
-        other CPU: 6,400-6,700 files/s against 7,200-7,600 through trio). Yielding lets a reader
-        on this same CPU run and send; on the other CPU, it is there within a few probes
-        (8,800-9,700 files/s). Only while no request waits on anything (`scopes` is empty) and
-        trio's run queue is empty (`TrioProbe`): the epoll_wait watches trio's own epoll beside
-        the connection, and ends the wait as soon as trio has something (a prefetch's socket, a
-        thread's result) to go through it. What waits at most that long: timers, and a task made
-        runnable in the same scheduler pass as the reader (trio takes a pass's tasks out of the
-        queue before running them); background work still gets its pass of the scheduler every
-        CHECKPOINT_EVERY requests."""
-        fd = self.fd if fd is None else fd
-        quick = self._quick.get(fd)
-        if quick is None:
-            # One epoll per descriptor: each reader waits only for its own requests (a reader
-            # woken by the other's would read nothing, and look again without yielding to it).
-            quick = self._quick[fd] = select.epoll(2)
-            quick.register(fd, select.EPOLLIN)
-            if self._trio is None:
-                self._trio = TrioProbe.of_current_run()
-            if self._trio is not None:
-                quick.register(self._trio.epoll_fd, select.EPOLLIN)
-        trio_ = self._trio
-        if trio_ is None:
-            return False  # trio's internals are not what we know (logged once): always through trio
-        if trio_.runq:
-            return False  # tasks are ready to run: let them
-        trio_fd = trio_.epoll_fd
-        deadline = time.perf_counter() + self.config.quick_wait
-        while True:
-            os.sched_yield()
-            events = quick.poll(0, 2)
-            if events:
-                for ready, _ in events:  # (no generator: this is every idle request's path)
-                    if ready == trio_fd:
-                        return False
-                self.quick_waits += 1
-                return True
-            if time.perf_counter() >= deadline:
-                return False
-
-    # -- io_uring ----------------------------------------------------------------------------
-
-    def _ring_submit(self) -> None:
-        assert self.ring is not None
-        try:
-            self.ring.submit()
-        except OSError as e:
-            log.error("%s", e)
-
-    async def _ring_reader(self) -> None:
-        """The ring's completions, handled like `_reader` handles requests read from /dev/fuse:
-        inline, until one has to wait; then a new ring reader takes over the rest and this task
-        sees that request through (under a cancel scope an INTERRUPT can cancel)."""
-        ring = self.ring
-        assert ring is not None and self._nursery is not None
-        backlog = self._ring_backlog
-        scope = trio.CancelScope()
-        request: Request | None = None
-        with scope:
-            while True:
-                if not backlog:
-                    backlog.extend(ring.completions())
-                if not backlog:
-                    self._ring_submit()  # runs the kernel's pending work for this thread, too
-                    backlog.extend(ring.completions())
-                    if not backlog:
-                        if not self.scopes and self.config.quick_wait and self._quick_wait(ring.fd):
-                            continue  # as over /dev/fuse: the next request without a pass through trio
-                        await trio.lowlevel.wait_readable(ring.fd)
-                        self._ring_submit()
-                        continue
-                waiting = None
-                self._ring_batching = True
-                try:
-                    while backlog and waiting is None:
-                        entry, result = backlog.popleft()
-                        if result < 0:
-                            if -result not in (errno.ENOTCONN, errno.ECANCELED, errno.ECONNABORTED):
-                                log.warning("ring entry %d: %s", entry.index, os.strerror(-result))
-                            continue
-                        try:
-                            data = ring.request(entry)
-                        except ValueError as e:
-                            # Answered, so the entry comes back and the request does not hang.
-                            log.error("%s", e)
-                            ring.commit(entry, abi.IN_HEADER.unpack_from(entry.header)[2], errno.EIO, b"")
-                            continue
-                        self._ring_pending[abi.IN_HEADER.unpack_from(data)[2]] = entry
-                        self.requests += 1
-                        self.ring_requests += 1
-                        try:
-                            waiting = self._handle(data)
-                        except Exception as e:  # noqa: BLE001 - one request never ends the session
-                            log.exception("request dispatch failed: %s", e)
-                finally:
-                    self._ring_batching = False
-                    self._ring_submit()
-                if waiting is not None:
-                    request = waiting[0]
-                    await self._hand_over(waiting, scope, self._ring_reader)
-                    return
-                await trio.lowlevel.checkpoint()
-        if request is not None and scope.cancelled_caught:
-            self.on_interrupted(request)
-            self.error(request.unique, errno.EINTR)
+    # -- the request loop -------------------------------------------------------------------------
 
     def _open_ring(self, n: Negotiated) -> Ring | None:
         """A ring sized for the negotiated requests, made before INIT is answered: once the
@@ -508,41 +288,36 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._notifier)
-                await self._reader()
+                await self._reader(self.device)
         finally:
-            self.closed = True
+            self._ended = True
             self._notify_send.close()
-            if self.splicer is not None:
-                self.splicer.close()
-            for quick in self._quick.values():
-                quick.close()
-            if self.ring is not None:
-                self.ring.close()
+            self.device.close()
+            self.quick.close()
+            if self.uring is not None:
+                self.uring.close()
 
-    async def _reader(self) -> None:
-        """Read and answer requests until one has to wait: then a new reader task takes over and
-        this one sees that request through. The reader that finds the connection ended ends the
-        session (every request still waiting, and the notifier, are cancelled).
+    async def _reader(self, transport: Transport) -> None:
+        """Take and answer requests from `transport` until one has to wait: then a new reader task
+        takes over and this one sees that request through. The reader that finds the connection
+        ended ends the session (every request still waiting, and the notifier, are cancelled).
 
         Each reader runs under a cancel scope of its own, which becomes the waiting request's:
         an INTERRUPT of that request cancels it (EINTR). Requests answered without waiting need
         no scope (no INTERRUPT can reach them), so they cost none."""
         scope = trio.CancelScope()
         request: Request | None = None
-        fd, buffers, view = self.fd, self._buffers, self._view
+        take = transport.take
         with scope:
             while True:
-                # The next request is usually queued already: read here, without a coroutine.
-                try:
-                    n = os.readv(fd, buffers)
-                except OSError as e:
-                    data = await self._read(e)  # waits for one, or sorts the error out
+                # The next request is usually there already: taken here, without a coroutine.
+                data = take()
+                if data is None:
+                    data = await transport.next(not self.scopes)
                     if data is None:
                         break
-                else:
-                    data = bytes(view[:n])
-                    if self._due():
-                        await trio.lowlevel.checkpoint()
+                if transport.due:
+                    await trio.lowlevel.checkpoint()
                 self.requests += 1
                 try:
                     waiting = self._handle(data)
@@ -550,10 +325,11 @@ class Connection:
                     log.exception("request dispatch failed: %s", e)
                     continue
                 if waiting is not None:
+                    transport.flush()
                     request = waiting[0]
-                    await self._hand_over(waiting, scope, self._reader)
+                    await self._hand_over(waiting, scope, partial(self._reader, transport))
                     return
-            self.closed = True
+            self._ended = True
             self._notify_send.close()
             assert self._nursery is not None
             self._nursery.cancel_scope.cancel()
@@ -680,18 +456,18 @@ class Connection:
         n.max_pages = min(wanted_pages, n.max_pages_limit) if granted & abi.MAX_PAGES else 32
         n.max_background = self.config.max_background
         # Over io_uring replies are copied into the ring entry's buffer: no pipe bounds them.
-        ring = self._open_ring(n) if granted & abi.OVER_IO_URING and self.ring is None else None
+        ring = self._open_ring(n) if granted & abi.OVER_IO_URING and self.uring is None else None
         if ring is None:
             granted &= ~abi.OVER_IO_URING
-        if self.config.splice and self.splicer is None and ring is None:
+        if self.config.splice and self.device.splicer is None and ring is None:
             try:
-                self.splicer = Splicer(self.fd, n.max_pages * PAGE)
+                self.device.splicer = Splicer(self.fd, n.max_pages * PAGE)
             except OSError as e:
                 log.warning("READ replies are written, not spliced: %s", e.strerror)
             else:
                 # Requests no larger than the pipe takes (pipe-max-size, 1 MiB by default, bounds
                 # it without CAP_SYS_RESOURCE): a READ that cannot be spliced costs two copies.
-                fits = self.splicer.max_size // PAGE
+                fits = self.device.splicer.max_size // PAGE
                 if granted & abi.MAX_PAGES and fits >= 32:
                     n.max_pages = min(n.max_pages, fits)
         n.flags = granted
@@ -706,10 +482,11 @@ class Connection:
         self.reply(unique, out)
         if ring is not None:
             # Registered only now: the kernel takes ring entries once INIT is answered.
-            self.ring = ring
+            self.uring = RingTransport(ring, self.quick)
+            self._write = self._commit
             ring.register_all()
             assert self._nursery is not None
-            self._nursery.start_soon(self._ring_reader)
+            self._nursery.start_soon(self._reader, self.uring)
         log.info("FUSE protocol 7.%d negotiated: %s; requests of up to %d KiB (the kernel allows %d KiB)",
                  n.minor, ", ".join(name for flag, name in abi.FEATURE_NAMES.items() if granted & flag)
                  or "no features", n.max_pages * 4, n.max_pages_limit * 4)

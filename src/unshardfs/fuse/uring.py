@@ -130,13 +130,12 @@ class Ring:
         self.fd = fd
         self._maps: list[mmap.mmap] = []
         try:
-            fields = PARAMS.unpack(bytes(params))
-            sq_entries, cq_entries, _flags, _cpu, _idle, features = fields[:6]
-            # Offsets into the ring mapping (the masks' values are read from it below).
-            (self._sq_head, self._sq_tail, sq_mask_at, _sq_n, _sq_flags, _dropped, sq_array,
-             _r1, _ua1) = fields[10:19]
-            (self._cq_head, self._cq_tail, cq_mask_at, _cq_n, _overflow, cqes, _cq_flags,
-             _r2, _ua2) = fields[19:28]
+            # The sizes and features, then offsets into the ring mapping (the masks' values are read
+            # from it below).
+            (sq_entries, cq_entries, _flags, _cpu, _idle, features, _wq_fd, _resv0, _resv1, _resv2,
+             self._sq_head, self._sq_tail, sq_mask_at, _sq_n, _sq_flags, _dropped, sq_array, _r1, _ua1,
+             self._cq_head, self._cq_tail, cq_mask_at, _cq_n, _overflow, cqes, _cq_flags, _r2, _ua2,
+             ) = PARAMS.unpack(bytes(params))
             if not features & IORING_FEAT_SINGLE_MMAP:
                 raise UringUnavailable("io_uring without a single ring mapping (kernel before 5.4)")
             size = max(sq_array + sq_entries * 4, cqes + cq_entries * CQE.size)
@@ -263,8 +262,8 @@ class Ring:
         """The request in `entry`, as /dev/fuse would have given it (header, per-opcode struct,
         the rest of its arguments)."""
         header = entry.header
-        length = abi.IN_HEADER.unpack_from(header, 0)[0]
-        payload_size = ENT_IN_OUT.unpack_from(header, ENT_IN_OUT_AT)[2]
+        length, *_ = abi.IN_HEADER.unpack_from(header, 0)
+        _flags, _commit_id, payload_size, _padding, _reserved = ENT_IN_OUT.unpack_from(header, ENT_IN_OUT_AT)
         op_size = length - abi.IN_HEADER.size - payload_size
         if not 0 <= op_size <= 128 or payload_size > len(entry.payload):
             raise ValueError(f"malformed ring request: length {length}, payload {payload_size}")

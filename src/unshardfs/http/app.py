@@ -19,14 +19,18 @@ import html
 import json
 import logging
 import re
+import zlib
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qs, quote, unquote_to_bytes
+
+import trio
 
 from unshardfs.core.registry import json_names
 from unshardfs.sources.base import name_problem
 from unshardfs.tree import edge
-from unshardfs.tree.nodes import DirNode, FileNode, Node
+from unshardfs.tree.nodes import Batch, Closable, DirNode, FileNode, Node
 from unshardfs.util.errors import DataError
 from unshardfs.util.maps import BoundedMap
 
@@ -35,6 +39,9 @@ log = logging.getLogger(__name__)
 STATS_PATH = "/_unshardfs/stats"  # reserved: the same JSON as a mount's stats xattr
 PIECE = 1 << 20  # bytes per body message: bounded memory per response however large the file
 PAGE = 10_000  # entries per HTML listing page (million-entry directories stay usable)
+# Listings produced at once, all clients together; others wait their turn (holding nothing a reader
+# needs). A listing gives the loop back after every batch of entries, even one it only skips.
+LISTINGS = 2
 METHODS = "GET, HEAD, OPTIONS"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$", re.IGNORECASE)  # range units are case-insensitive
 NAME_BYTES = 1024  # a longer path segment names nothing in any source (and reaches none)
@@ -67,9 +74,12 @@ def content_type(name: str) -> str:
 
 
 def etag(node: FileNode) -> str:
-    # Size and mtime come from the backing shard and index: the bytes behind a
-    # file cannot change without one of them changing.
-    return f'"{node.size:x}-{node.mtime_ns:x}"'
+    """A strong tag of the file's content: its size and mtime, and a digest of the version of what its
+    bytes are stored in (a rewrite that puts the mtime back, a packed store's data file copied over,
+    change that alone)."""
+    version = node.content_version()
+    digest = f"-{zlib.crc32(repr(version).encode()):08x}" if version else ""
+    return f'"{node.size:x}-{node.mtime_ns:x}{digest}"'
 
 
 def http_date(mtime_ns: int) -> str:
@@ -142,6 +152,7 @@ class TreeApp:
         # lookup in its directory, not one per level (bounded, and short-lived so
         # a source that changes is seen again).
         self._dirs: BoundedMap[tuple[str, ...], DirNode] = BoundedMap(4096, ttl=60)
+        self._listings = trio.CapacityLimiter(LISTINGS)
         self.counters = {"requests": 0, "bytes": 0, "errors": 0, "not_found": 0, "not_modified": 0}
         # The server's own counters (connections refused, slow clients dropped...), when it has them.
         self.connection_stats: Callable[[], dict[str, int]] | None = None
@@ -252,7 +263,8 @@ class TreeApp:
         await send({"type": "http.response.start", "status": status,
                     "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in merged.items()]})
 
-    async def _file(self, send: Send, node: Node, names: list[str], headers: dict[str, str], head: bool) -> None:
+    async def _file(self, send: Send, node: Node, names: list[str], headers: dict[str, str], head: bool,
+                    followed: bool = False) -> None:
         assert isinstance(node, FileNode)
         tag = etag(node)
         validators = {"ETag": tag, "Last-Modified": http_date(node.mtime_ns), "Accept-Ranges": "bytes",
@@ -269,7 +281,11 @@ class TreeApp:
         extra = {"Content-Range": f"bytes {start}-{end - 1}/{node.size}"} if wanted is not None else {}
         # The first piece is read before the status goes out, so a damaged file
         # is a 502, not a 200 cut short.
-        node, first = await self._read(node, names, start, min(PIECE, end - start))
+        fresh, first = await self._read(node, names, start, min(PIECE, end - start), follow=not followed)
+        if fresh is not node:
+            # The file changed since it was looked up: its validators (and what a condition on them
+            # decided) are the new content's, so the request is answered again from it (once).
+            return await self._file(send, fresh, names, headers, head, followed=True)
         await self._start(send, 206 if wanted is not None else 200,
                           {**validators, **extra, "Content-Length": str(end - start)})
         if head:
@@ -316,8 +332,17 @@ class TreeApp:
         if head:
             return await send({"type": "http.response.body", "body": b""})
         body = _json_listing(node) if as_json else _html_listing(node, names, page)
-        async for piece in body:
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        # A listing is CPU work whose cost the client picks (a million entries, a page past the end of
+        # them): at most LISTINGS pieces are being made at once, and each gives the loop back between
+        # batches. A turn is held while a piece is made, never while it is sent: a client that stops
+        # reading its listing holds no turn.
+        async with aclosing(body):
+            while True:
+                async with self._listings:
+                    piece = await anext(body, None)
+                if piece is None:
+                    break
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
 
@@ -348,52 +373,73 @@ def _not_modified(headers: dict[str, str], tag: str, mtime_ns: int) -> bool:
     return False
 
 
-async def _entries(node: DirNode) -> AsyncIterator[tuple[str, bool, int]]:
-    """(name, is_dir, size) of every child, streamed in the tree's order."""
-    async for batch in node.entries():
-        if isinstance(batch, list):
-            for name, child in batch:
-                yield name, child.is_dir, child.size if isinstance(child, FileNode) else 0
-        else:
-            for name, size in zip(batch.names, batch.sizes):
-                yield name, False, size
+async def _batches(node: DirNode) -> AsyncGenerator[Batch, None]:
+    """`node`'s entries, batch by batch, with a checkpoint after each: a batch made without waiting on
+    anything (indexes cached, names computed) would otherwise keep the loop from every other client."""
+    listing = node.entries()
+    try:
+        async for batch in listing:
+            yield batch
+            await trio.lowlevel.checkpoint()
+    finally:
+        if isinstance(listing, Closable):
+            await listing.aclose()
 
 
-async def _json_listing(node: DirNode) -> AsyncIterator[bytes]:
+def _rows(batch: Batch) -> Iterator[tuple[str, bool, int]]:
+    """(name, is_dir, size) of each entry of a batch (a lazy batch builds no node)."""
+    if isinstance(batch, list):
+        for name, child in batch:
+            yield name, child.is_dir, child.size if isinstance(child, FileNode) else 0
+    else:
+        for name, size in zip(batch.names, batch.sizes):
+            yield name, False, size
+
+
+async def _json_listing(node: DirNode) -> AsyncGenerator[bytes, None]:
     pieces: list[str] = []
     first = True
     yield b"["
-    async for name, is_dir, size in _entries(node):
-        item: dict[str, object] = {"name": name, "type": "directory" if is_dir else "file"}
-        if not is_dir:
-            item["size"] = size
-        pieces.append(("" if first else ",") + json.dumps(item))
-        first = False
-        if len(pieces) >= 1024:
-            yield "".join(pieces).encode()
-            pieces = []
+    async with aclosing(_batches(node)) as batches:
+        async for batch in batches:
+            for name, is_dir, size in _rows(batch):
+                item: dict[str, object] = {"name": name, "type": "directory" if is_dir else "file"}
+                if not is_dir:
+                    item["size"] = size
+                pieces.append(("" if first else ",") + json.dumps(item))
+                first = False
+                if len(pieces) >= 1024:
+                    yield "".join(pieces).encode()
+                    pieces = []
     yield ("".join(pieces) + "]").encode()
 
 
-async def _html_listing(node: DirNode, names: list[str], page: int) -> AsyncIterator[bytes]:
+async def _html_listing(node: DirNode, names: list[str], page: int) -> AsyncGenerator[bytes, None]:
     title = html.escape("/" + "/".join(names) + ("/" if names else ""))
     yield (f"<!doctype html><meta charset=utf-8><title>{title}</title><h1>Index of {title}</h1>"
            f"<ul>{'<li><a href=../>../</a>' if names else ''}").encode()
     lines: list[str] = []
     index = 0
     more = False
-    async for name, is_dir, size in _entries(node):
-        if index >= (page + 1) * PAGE:
-            more = True
-            break
-        if index >= page * PAGE:
-            href = quote(name, safe="") + ("/" if is_dir else "")
-            label = html.escape(name) + ("/" if is_dir else "")
-            lines.append(f"<li><a href=\"{href}\">{label}</a>{'' if is_dir else f' {size:,}'}")
-            if len(lines) >= 1024:
-                yield "".join(lines).encode()
-                lines = []
-        index += 1
+    async with aclosing(_batches(node)) as batches:
+        async for batch in batches:
+            if index + len(batch) <= page * PAGE:  # before the page: counted, not looked at
+                index += len(batch)
+                continue
+            for name, is_dir, size in _rows(batch):
+                if index >= (page + 1) * PAGE:
+                    more = True
+                    break
+                if index >= page * PAGE:
+                    href = quote(name, safe="") + ("/" if is_dir else "")
+                    label = html.escape(name) + ("/" if is_dir else "")
+                    lines.append(f"<li><a href=\"{href}\">{label}</a>{'' if is_dir else f' {size:,}'}")
+                    if len(lines) >= 1024:
+                        yield "".join(lines).encode()
+                        lines = []
+                index += 1
+            if more:
+                break
     nav = ""
     if page:
         nav += f"<a href=\"?page={page - 1}\">previous {PAGE:,}</a> "

@@ -35,12 +35,19 @@ class ObjectStat:
     `version` changes whenever the object's content may have changed (for a
     local file: device, inode, size and mtime), so caches keyed on it never
     mix an old index with new data.
+
+    `refused`: why an object that exists is not read (a symbolic link leading
+    outside the source, links that loop, a FIFO where a file should be); None
+    for one that is. A refused object is never absent: it is listed and found
+    by name as a file (of at least one byte, so a read reaches its reader),
+    and every read of it fails, saying why.
     """
 
     size: int
     mtime_ns: int
     is_dir: bool
     version: Version = ()
+    refused: str | None = None
 
 
 class IndexCache(Protocol):
@@ -176,6 +183,17 @@ class StatTail(Protocol):
 
 
 @runtime_checkable
+class VersionedRead(Protocol):
+    """A source whose ranged read says which version of the object the bytes came from (an HTTP
+    answer names its ETag or generation and, in Content-Range, the object's size): a reader that
+    holds later reads to the version of its first one (`Pins`) learns it without a stat first."""
+
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, Version | None]:
+        """`read(path, offset, size)`, and the version the answer came from (what `stat` would give
+        as `ObjectStat.version` for it), or None where this answer did not tell (stat it then)."""
+
+
+@runtime_checkable
 class StatHead(Protocol):
     """A source that can stat an object and give its first bytes in one request (an HTTP range
     from 0, whose Content-Range states the size: a precomputed shard's index with its stat, one
@@ -253,10 +271,12 @@ class TaggedRead(Protocol):
     condition that the object still carries the tag a writer recorded, so bytes of a replaced object
     are never returned as the recorded one's."""
 
-    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str,
+                             version: Version | None = None) -> bytes | None:
         """`read`, if the object's entity tag is still `etag` (compared as opaque tags: a `W/` prefix and
         the quotes aside); StaleError when it is not, or the object is gone. None: this source cannot
-        tell the object's tag (nothing was read)."""
+        tell the object's tag (nothing was read). With `version` (from an earlier stat), StaleError too
+        when the object is no longer that version (a tag may miss a change a version sees)."""
 
 
 def tag_problem(etag: str) -> str | None:
@@ -373,6 +393,7 @@ class SourceLayer:
         self._stat_tail_below = inner.stat_tail if isinstance(inner, StatTail) else None
         self._stat_head_below = inner.stat_head if isinstance(inner, StatHead) else None
         self._read_if_tagged_below = inner.read_if_tagged if isinstance(inner, TaggedRead) else None
+        self._read_versioned_below = inner.read_versioned if isinstance(inner, VersionedRead) else None
 
     async def stat(self, path: str) -> ObjectStat | None:
         return await self.inner.stat(path)
@@ -428,11 +449,20 @@ class SourceLayer:
             return await self.inner.stat(path), None
         return await below(path, size)
 
-    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str,
+                             version: Version | None = None) -> bytes | None:
         """The `TaggedRead` of the source below, through (None where it has none): a layer never
         answers a conditional read from bytes it kept."""
         below = self._read_if_tagged_below
-        return await below(path, offset, size, etag) if below is not None else None
+        return await below(path, offset, size, etag, version) if below is not None else None
+
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, Version | None]:
+        """The `VersionedRead` of the source below, through; a plain `read` (no version told) where
+        it has none."""
+        below = self._read_versioned_below
+        if below is None:
+            return await self.inner.read(path, offset, size), None
+        return await below(path, offset, size)
 
     async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
         """The `StoredAt` of the source below, through: every layer here leaves bytes as they are."""

@@ -19,7 +19,7 @@ read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
 import trio
 
@@ -27,7 +27,8 @@ GATHER = 2  # scheduler checkpoints a first asker waits for others of the same m
 GAP = 4 << 10  # join ranges at most this many bytes apart (the read path's default gap)
 SPAN = 16 << 20  # one read covers at most this many bytes
 
-Reader = Callable[[str, int, int, bool], Awaitable[bytes]]  # (path, offset, size, index) -> bytes
+O = TypeVar("O", bound=Hashable)  # what names an object: its path, or a path with the version its reads are held to
+Reader = Callable[[O, int, int, bool], Awaitable[bytes]]  # (object, offset, size, index) -> bytes
 
 
 @dataclass(eq=False)
@@ -67,24 +68,25 @@ class RangeCounters:
         return dict(self.__dict__)
 
 
-class RangeReads:
-    """Reads of byte ranges of objects through `read(path, offset, size, index)`, merged as above.
+class RangeReads(Generic[O]):
+    """Reads of byte ranges of objects through `read(obj, offset, size, index)`, merged as above (`obj`
+    names the object: a path, or a `Pin`, whose reads are merged only with reads held to the same version).
     `index` reads (index structures, which a disk cache may keep) are merged only with each other.
     A read's error is every reader's of its ranges; a reader cancelled while others wait on its read
     leaves them to ask again."""
 
-    def __init__(self, read: Reader, gap: int = GAP, span: int = SPAN) -> None:
+    def __init__(self, read: Reader[O], gap: int = GAP, span: int = SPAN) -> None:
         self._read = read
         self.gap = gap
         self.span = span
         self.counters = RangeCounters()
-        self._open: dict[tuple[str, bool], _Batch] = {}  # batches still gathering, by object
-        self._flying: dict[tuple[str, bool], list[_Run]] = {}  # runs being read, by object
+        self._open: dict[tuple[O, bool], _Batch] = {}  # batches still gathering, by object
+        self._flying: dict[tuple[O, bool], list[_Run]] = {}  # runs being read, by object
 
-    async def read(self, path: str, offset: int, size: int, index: bool = False) -> bytes:
-        """Bytes [offset, offset+size) of `path` (shorter only where the object ends)."""
+    async def read(self, obj: O, offset: int, size: int, index: bool = False) -> bytes:
+        """Bytes [offset, offset+size) of `obj` (shorter only where the object ends)."""
         self.counters.asked += 1
-        key = (path, index)
+        key = (obj, index)
         end = offset + size
         while True:
             run = next((r for r in self._flying.get(key, ()) if r.start <= offset and end <= r.end), None)
@@ -103,7 +105,7 @@ class RangeReads:
                 return _result(run, offset, end)
         return await self._lead(key, offset, end)
 
-    async def _lead(self, key: tuple[str, bool], start: int, end: int) -> bytes:
+    async def _lead(self, key: tuple[O, bool], start: int, end: int) -> bytes:
         """Gather the ranges of `key` asked for in this moment, then read them."""
         want = _Want(start, end)
         batch = self._open[key] = _Batch([want])
@@ -136,7 +138,7 @@ class RangeReads:
             batch.runs[want] = run
         return runs
 
-    async def _fetch(self, key: tuple[str, bool], runs: list[_Run]) -> None:
+    async def _fetch(self, key: tuple[O, bool], runs: list[_Run]) -> None:
         """Read every run (concurrently); each one's outcome is kept on it for all its wants."""
         flying = self._flying.setdefault(key, [])
         flying.extend(runs)
@@ -156,7 +158,7 @@ class RangeReads:
             if not flying:
                 del self._flying[key]
 
-    async def _one(self, key: tuple[str, bool], run: _Run) -> None:
+    async def _one(self, key: tuple[O, bool], run: _Run) -> None:
         self.counters.reads += 1
         try:
             run.data = await self._read(key[0], run.start, run.end - run.start, key[1])

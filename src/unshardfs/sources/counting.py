@@ -45,6 +45,12 @@ class CountingSource(SourceLayer):
         self.counters.read_bytes += len(data)
         return data
 
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, Version | None]:
+        found = await super().read_versioned(path, offset, size)
+        self.counters.reads += 1
+        self.counters.read_bytes += len(found[0])
+        return found
+
     def read_now(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes | bytearray | None:
         below = self._read_now_below  # (decided once: every small page-cached READ asks)
         data = below(path, offset, size, version) if below is not None else None

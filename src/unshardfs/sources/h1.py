@@ -363,7 +363,7 @@ class Pool:
         self._idle_count = 0
         self._ssl_factory = ssl_context
         self._ssl: ssl.SSLContext | None = None
-        self.connections = 0  # opened so far (tests count reuse)
+        self.connections = 0  # opened so far (`unshardfs stats`: how well keep-alive holds)
         self.spare: list[bytearray] = []  # BODY_PIECE buffers to receive bodies into (SPARES at most)
 
     def keep_spares(self, parts: Iterable[object]) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import datetime
 import email.utils
 import logging
-import random
 import re
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, cast
@@ -44,6 +43,7 @@ import trio
 
 from unshardfs.sources import h1
 from unshardfs.sources.base import UrlLocation, ObjectStat, Version, name_problem, opaque_tag, tag_problem
+from unshardfs.util.backoff import Backoff
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -88,6 +88,10 @@ class HttpOptions:
 
     def request_deadline(self) -> float:
         return self.deadline if self.deadline is not None else 4 * self.timeout
+
+    def retrying(self) -> Backoff:
+        """How a failed request is retried (shared with DEST's writer, `dest.store`)."""
+        return Backoff(self.backoff, self.backoff_max, self.retries)
 
 
 WHOLE_KEPT = 4 << 20  # bytes of small objects kept from ranged stats that brought them whole
@@ -339,19 +343,18 @@ class HttpSource:
         `limit(status)` bytes (None beyond)."""
         self.pool()
         assert self._limiter is not None
-        delay = self.options.backoff
+        retries = self.options.retrying().schedule()
         deadline: float | None = None
         attempts = 0
         last = ""
         try:
-            while attempts <= self.options.retries:
+            while True:
                 if deadline is not None:  # a retry: the first attempt set the deadline
-                    wait = min(delay, self.options.backoff_max) * (0.5 + random.random())
-                    if trio.current_time() + wait >= deadline:
-                        break  # no time left for another attempt
+                    wait = retries.wait(trio.current_time(), deadline)
+                    if wait is None:
+                        break  # no retry left, or no time for one
                     self.counters.retries += 1
                     await trio.sleep(wait)
-                    delay *= 2
                 attempts += 1
                 try:
                     async with self._limiter:
@@ -367,7 +370,7 @@ class HttpSource:
                 last = f"HTTP {reply.status}"
                 retry_after = reply.headers.get("retry-after", "").strip()
                 if _SECONDS.fullmatch(retry_after):
-                    delay = max(delay, float(retry_after))
+                    retries.at_least(float(retry_after))
         except trio.TooSlowError:
             last = f"no complete answer within the {self.options.request_deadline():g} s deadline"
         except SourceError:
@@ -479,8 +482,19 @@ class HttpSource:
         return UrlLocation(self.base_url, path, self.object_url(path), 0, version or ())
 
     async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
+        return (await self._read(path, offset, size, version, False))[0]
+
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, Version | None]:
+        """`read`, and the version the answer names (`VersionedRead`): its validator and, from its
+        Content-Range, the object's size, as a stat would give them; None for an answer without them."""
+        data, st = await self._read(path, offset, size, None, True)
+        return data, st.version if st is not None else None
+
+    async def _read(self, path: str, offset: int, size: int, version: Version | None, told: bool
+                    ) -> tuple[bytes, ObjectStat | None]:
+        """`read`, and (`told`) the object's stat as the answer (a 206) states it, where it does."""
         if size <= 0:
-            return b""
+            return b"", None
         url = self.object_url(path)
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         tag = version[0] if version else None  # (`_stat_from`'s version: (ETag or Last-Modified, size))
@@ -519,7 +533,9 @@ class HttpSource:
                 self._stats.pop(path, None)
                 raise StaleError(path, f"object changed on the server (Last-Modified {answered[:100]}, not {tag})")
         if status == 206:
-            return ranged_body(f"GET {url}", reply, offset, size)
+            body = ranged_body(f"GET {url}", reply, offset, size)
+            total = _content_range_total(reply.headers.get("content-range", "")) if told else None
+            return body, self._stat_from(reply, total) if total is not None else None
         if status == 200:
             # The server ignores Range and sent the whole object.
             self.counters.whole_object_fallbacks += 1
@@ -530,9 +546,9 @@ class HttpSource:
             log_once(log, f"norange:{self.base_url}", "%s ignores Range requests: reading objects from their "
                      "start (up to %d MiB into each); a server with Range support is far faster", self.base_url,
                      self.options.whole_object_limit >> 20)
-            return reply.body
+            return reply.body, None
         if status == 416:
-            return b""  # the range starts at or past the end
+            return b"", None  # the range starts at or past the end
         if status == 412 or (version and self.is_absent(status)):
             self._stats.pop(path, None)
             raise StaleError(path, f"object changed on the server (HTTP {status})")
@@ -541,10 +557,12 @@ class HttpSource:
     async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
-    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
-        """`read` with `If-Match` on the recorded tag (the request itself is the check: no HEAD first). A
-        weak tag never matches there (If-Match compares strongly), so it is compared with the tag the
-        object's stat names instead (the stat is kept as long as any other)."""
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str,
+                             version: Version | None = None) -> bytes | None:
+        """`read` with `If-Match` on the recorded tag (the request itself is the check: no HEAD first; a
+        strong tag names the content, so `version` adds nothing). A weak tag never matches there (If-Match
+        compares strongly), so it is compared with the tag the object's stat names instead (the stat is
+        kept as long as any other), and the read is made with `version`, else that stat's."""
         problem = tag_problem(etag)
         if problem is not None:
             raise SourceError(f"{self.object_url(path)}: {problem}")
@@ -555,7 +573,8 @@ class HttpSource:
         current = st.version[0] if st is not None and not st.is_dir and st.version else None
         if not isinstance(current, str) or opaque_tag(current) != opaque:
             raise StaleError(path, f"object changed on the server (ETag {str(current)[:100]}, not {etag[:100]})")
-        return await self.read(path, offset, size)
+        assert st is not None
+        return await self.read(path, offset, size, version or st.version)
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         return
@@ -565,7 +584,9 @@ class HttpSource:
         return ObjectStat(0, 0, True) if not path else None
 
     def stats(self) -> dict[str, object]:
-        return {"http": self.counters.as_dict()}
+        """The counters, and the connections opened so far (how well keep-alive holds)."""
+        opened = self._pool.connections if self._pool is not None else 0
+        return {"http": {**self.counters.as_dict(), "connections": opened}}
 
 
 _MISSING = object()

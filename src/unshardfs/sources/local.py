@@ -12,7 +12,7 @@ import trio
 
 from unshardfs.sources.base import FdRange, UrlLocation, ObjectStat, Version, join_path, name_problem, opaque_tag
 from unshardfs.util.errors import ConfigError, SourceError, StaleError
-from unshardfs.util.fdpath import Beneath, regular_file
+from unshardfs.util.fdpath import Beneath, kind_of, regular_file
 from unshardfs.util.logonce import log_once
 from unshardfs.util.maps import BoundedMap
 from unshardfs.util.mountinfo import OwnMount, fd_path
@@ -58,10 +58,21 @@ def _version(st: os.stat_result) -> Version:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _to_stat(st: os.stat_result) -> ObjectStat | None:
-    """Regular files and directories only: a FIFO, device or socket is never shown."""
+OUTSIDE = "a symbolic link on its way leads outside the source"
+LOOP = "symbolic links on its way loop (or nest too deep)"
+
+
+def refused(reason: str, st: os.stat_result | None) -> ObjectStat:
+    """A file that exists and is not read: `st` (an lstat of it, if one could be made) gives its mtime
+    and, at least one byte, its size; no version (nothing of it is ever read)."""
+    return ObjectStat(max(st.st_size, 1) if st else 1, st.st_mtime_ns if st else 0, False, (), reason)
+
+
+def _to_stat(st: os.stat_result) -> ObjectStat:
+    """Regular files and directories; anything else (a FIFO, device or socket) is refused: shown, never
+    opened."""
     if not (statmod.S_ISDIR(st.st_mode) or statmod.S_ISREG(st.st_mode)):
-        return None
+        return refused(f"{kind_of(st.st_mode)}, not a regular file", st)
     return ObjectStat(
         size=st.st_size,
         mtime_ns=st.st_mtime_ns,
@@ -75,7 +86,9 @@ def _to_stat(st: os.stat_result) -> ObjectStat | None:
 class LocalSource:
     """Every path is resolved beneath the root's fd (`fdpath.Beneath`): symlinks are followed only
     while they stay inside, however fast files are swapped, and only regular files and
-    directories are ever opened or shown (a FIFO, device or socket is absent, or EIO when read)."""
+    directories are ever opened. What is there but not read -- a link leading outside or looping,
+    a FIFO, device or socket -- is refused (`ObjectStat.refused`): listed and found by name, EIO
+    when read, never absent."""
 
     listable = True
     remote = False
@@ -135,8 +148,9 @@ class LocalSource:
         return os.path.join(self.root, path) if path else self.root
 
     def _object_stat(self, path: str) -> ObjectStat | None:
-        """`path` resolved beneath the root (links followed while inside), or None if absent, outside,
-        or neither a regular file nor a directory.
+        """`path` resolved beneath the root (links followed while inside), or None if absent; refused
+        (`refused`) if a link on its way leads outside or loops, or it is neither a regular file nor a
+        directory.
 
         A regular file resolved before is first checked with one `fstatat` of the path (relative
         to the root, the last component not followed): if that finds the very file resolved
@@ -161,15 +175,26 @@ class LocalSource:
             return None
         except OSError as e:
             if e.errno in (errno.EXDEV, errno.ELOOP):
-                log.warning("ignoring %s: a symlink on its way leads outside the source (or loops)", self.os_path(path))
-                return None
+                return self._refused(path, OUTSIDE if e.errno == errno.EXDEV else LOOP)
             raise SourceError(f"stat {self.os_path(path)}: {e.strerror}") from e
         result = _to_stat(st)
-        if result is not None and not result.is_dir and path and not self._fenced:
+        if result.refused is None and not result.is_dir and path and not self._fenced:
             if len(self._known) >= KNOWN_FILES:
                 self._known.clear()
             self._known[path] = result
         return result
+
+    def _refused(self, path: str, reason: str) -> ObjectStat | None:
+        """`path`, which a link on its way keeps from being resolved beneath the root: refused, as the
+        entry its directory lists (an lstat of it; None where there is none). Below a link that leads
+        outside, nothing can be told without looking outside: refused too."""
+        try:
+            st: os.stat_result | None = self._beneath.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError:
+            st = None
+        return refused(reason, st)
 
     async def stat(self, path: str) -> ObjectStat | None:
         result = self._object_stat(path)
@@ -381,6 +406,7 @@ class LocalSource:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
+                    found: ObjectStat | None
                     if statmod.S_ISLNK(st.st_mode):
                         # Resolved beneath the root like any path: followed only while it stays inside.
                         found = self._object_stat(join_path(path, entry.name))
@@ -398,19 +424,25 @@ class LocalSource:
     async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
         return await self.read(path, offset, size, version)
 
-    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str,
+                             version: Version | None = None) -> bytes | None:
         """`read`, if the file's entity tag is still `etag`: a local file's tag as object-store clients
         derive it (the `object_store` crate Icechunk reads local files with: inode, mtime in microseconds
         and size, in hexadecimal, `{ino:x}-{mtime_us:x}-{size:x}`). The read is made on the version the
-        tag was checked against, so a file rewritten between the two is StaleError too."""
+        tag was checked against (or on `version`, which must be that one), so a file rewritten between
+        the two is StaleError too, and so is one rewritten with its mtime put back since `version`."""
         st = self._object_stat(path)
         if st is None or st.is_dir:
             raise StaleError(path, "file was removed after its entity tag was recorded")
+        if st.refused is not None:
+            raise SourceError(f"{self.os_path(path)}: refused: {st.refused}")
         ino, size_now, mtime_ns = cast(tuple[int, int, int], st.version[1:4])  # `_version`'s layout
         current = f"{ino:x}-{mtime_ns // 1000:x}-{size_now:x}"
         if opaque_tag(etag) != current:
             raise StaleError(path, f"file changed after its entity tag was recorded (now {current}, not "
                                    f"{opaque_tag(etag)[:100]})")
+        if version is not None and version != st.version:
+            raise StaleError(path, "file changed after it was first read")
         return await self.read(path, offset, size, st.version)
 
     def open_backing(self, path: str, version: Version) -> int | None:

@@ -3,13 +3,9 @@
 Objects are read with the same ranged GETs as any HTTP source; what the
 stores add is listing (GCS JSON API `objects.list`, S3 `ListObjectsV2`, both
 with a `/` delimiter so "directories" are common prefixes) and credentials
-from their usual environments when present:
-
-- GCS: Application Default Credentials through google-auth, if installed and
-  configured; otherwise anonymous requests (public buckets).
-- S3: the botocore credential chain (environment, shared config, instance
-  roles) with SigV4 signing, if botocore is installed and finds credentials;
-  otherwise anonymous requests.
+from their usual environments when present (`sources.cloud`: Google
+application default credentials, botocore's chain with SigV4 signing;
+otherwise anonymous requests, for public buckets).
 
 Bucket names are checked against the stores' naming rules before anything
 connects, and names in listings are untrusted: a name that is not exactly one
@@ -22,72 +18,28 @@ repeats or there are too many pages, instead of running forever.
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import logging
-import os
-import re
 import xml.etree.ElementTree as ET
 from contextlib import aclosing
-from typing import Any, AsyncGenerator, AsyncIterator, Callable
+from typing import AsyncGenerator, AsyncIterator, Callable
 from urllib.parse import unquote_plus, urlencode
 
 import trio
 
 from unshardfs.sources import h1
 from unshardfs.sources.base import UrlLocation, ObjectStat, Version, join_path, name_problem
+from unshardfs.sources.cloud import (GCS_ENDPOINT, LISTING_PAGE_LIMIT, S3_NS, aws_region, aws_signature, check_bucket,
+                                     google_credentials, google_token, s3_bucket_url)
 from unshardfs.sources.http import (ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, HttpOptions, HttpSource, generation_tag,
                                     path_problem, quote_path)
 from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.util.fields import Fields, as_str, load_json
 from unshardfs.util.logonce import log_once
+from unshardfs.util.paging import PageTokens
 
 log = logging.getLogger(__name__)
 
-GCS_ENDPOINT = "https://storage.googleapis.com"
-# A page of 1000 names of 1 KiB each is ~1.5 MB; a larger one is refused, which
-# also bounds what parsing one costs (~10x its size in Python objects).
-LISTING_PAGE_LIMIT = 8 << 20
-# Page tokens travel back in the next URL; real ones are a few hundred bytes.
-MAX_PAGE_TOKEN = 4096
 DIRECTORY = ObjectStat(0, 0, True)
-
-# The stores' bucket naming rules (S3: lowercase letters, digits, '.', '-'; GCS also '_'), both
-# starting and ending with a letter or digit. Both stores also require 3 or more characters;
-# shorter names are let through: they can address nothing but a bucket, the store refuses them
-# itself, and the test stand-ins use them.
-# At least 3 characters, as both stores require.
-_BUCKET_NAME = {"s3": re.compile(r"[a-z0-9][a-z0-9.-]+[a-z0-9]"),
-                "gs": re.compile(r"[a-z0-9][a-z0-9._-]+[a-z0-9]")}
-
-
-def bucket_problem(bucket: str, scheme: str) -> str | None:
-    """Why `bucket` is not a valid bucket name of the `scheme` ('s3' or 'gs') store, or None.
-
-    Checked before anything connects: the name becomes part of a host name (S3)
-    or URL path, where `127.0.0.1:9000#`, `a?b` or `a..b` would address
-    another host, API or bucket.
-    """
-    longest = 222 if scheme == "gs" and "." in bucket else 63  # GCS: dotted names, 63 per part
-    if not _BUCKET_NAME[scheme].fullmatch(bucket):
-        allowed = "'.', '-'" + (", '_'" if scheme == "gs" else "")
-        return (f"use 3 or more lowercase letters, digits, {allowed}, starting and ending with a letter or "
-                "digit")
-    if len(bucket) > longest or any(len(part) > 63 for part in bucket.split(".")):
-        return f"longer than {longest} characters (or 63 between dots)"
-    if ".." in bucket:
-        return "two adjacent dots"
-    try:
-        ipaddress.ip_address(bucket)
-    except ValueError:
-        return None
-    return "an IP address"
-
-
-def check_bucket(bucket: str, scheme: str) -> None:
-    problem = bucket_problem(bucket, scheme)
-    if problem is not None:
-        raise ConfigError(f"invalid {scheme}:// bucket name {bucket!r}: {problem}")
-
 
 def _iso_ns(value: object) -> int:
     if not isinstance(value, str) or not value:
@@ -154,19 +106,14 @@ class _PrefixListing(HttpSource):
 
     async def pages(self, prefix: str, limit: int | None
                     ) -> AsyncGenerator[tuple[list[tuple[str, ObjectStat]], list[str]], None]:
-        """(objects, sub-prefixes) directly under `prefix` (ending in '/'), page by page."""
-        token = None
-        seen: set[str] = set()
-        for _ in range(self.max_pages):
-            objects, prefixes, token = await self.page(prefix, limit, token)
+        """(objects, sub-prefixes) directly under `prefix` (ending in '/'), page by page; with
+        `limit`, only the first page."""
+        tokens = PageTokens(self.max_pages, lambda why: SourceError(f"{self.where(prefix)}: {why}"))
+        for token in tokens:
+            objects, prefixes, following = await self.page(prefix, limit, token)
             yield objects, prefixes
-            if not token or limit:
-                return
-            if token in seen or len(token) > MAX_PAGE_TOKEN:
-                why = "repeated page token" if token in seen else f"sent a page token of {len(token)} characters"
-                raise SourceError(f"{self.where(prefix)}: server {why}")
-            seen.add(token)
-        raise SourceError(f"{self.where(prefix)}: more than {self.max_pages} pages")
+            if not limit:
+                tokens.follow(following)
 
     def _child(self, listed: str, name: str, directory: bool) -> str | None:
         """The name that `name` (a key or, with `directory`, a common prefix from the listing of
@@ -221,7 +168,7 @@ class GcsSource(_PrefixListing):
         # Credentials go to the endpoint only (see `HttpSource._send`): Google's, unless one is given.
         self.endpoint = (endpoint or GCS_ENDPOINT).rstrip("/")
         super().__init__(bucket, f"{self.endpoint}/{bucket}", prefix, options)
-        self._credentials = _google_credentials()
+        self._credentials = google_credentials()
 
     async def authorize(self, request: h1.ClientRequest) -> None:
         creds = self._credentials
@@ -255,49 +202,6 @@ class GcsSource(_PrefixListing):
         except (ConfigError, ValueError) as e:  # MetadataError is a ConfigError
             raise SourceError(f"{self.where(prefix)}: malformed response ({e})") from e
         return objects, prefixes, following
-
-
-GCS_READ = "https://www.googleapis.com/auth/devstorage.read_only"
-
-
-def _google_credentials(scope: str = GCS_READ) -> Any:  # google.auth's Credentials (untyped), or None
-    try:
-        import google.auth
-        from google.auth.exceptions import DefaultCredentialsError
-    except ImportError:
-        return None
-    try:
-        creds, _project = google.auth.default(scopes=[scope])
-    except DefaultCredentialsError:
-        return None
-    log.info("gs:// requests use Google application default credentials")
-    return creds
-
-
-def google_token(creds: Any) -> str:
-    """A valid bearer token of google-auth credentials, refreshed first when needed (blocking)."""
-    if not creds.valid:
-        import google.auth.transport.requests
-
-        creds.refresh(google.auth.transport.requests.Request())
-    return str(creds.token)
-
-
-S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-
-
-def aws_region(region: str | None = None) -> str:
-    return region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-
-
-def s3_bucket_url(bucket: str, region: str, endpoint: str | None) -> str:
-    """The URL a bucket's keys are appended to (after a '/')."""
-    if endpoint:
-        return f"{endpoint.rstrip('/')}/{bucket}"  # path style, as S3-compatible servers expect
-    if "." in bucket:
-        # Virtual-hosted names with dots fail TLS (the certificate is *.s3.<region>.amazonaws.com).
-        return f"https://s3.{region}.amazonaws.com/{bucket}"
-    return f"https://{bucket}.s3.{region}.amazonaws.com"
 
 
 class S3Source(_PrefixListing):
@@ -350,36 +254,6 @@ class S3Source(_PrefixListing):
         except (ET.ParseError, ValueError) as e:
             raise SourceError(f"{self.where(prefix)}: malformed response ({e})") from e
         return objects, prefixes, following
-
-
-# What SigV4 adds to a request; the caller copies these onto what it sends.
-SIGNATURE_HEADERS = ("Authorization", "X-Amz-Date", "X-Amz-Security-Token", "X-Amz-Content-SHA256")
-# (method, url, headers to sign, body) -> the signature's headers
-AwsSign = Callable[[str, str, "dict[str, str]", bytes], "dict[str, str]"]
-
-
-def aws_signature(region: str) -> AwsSign | None:
-    """A function computing SigV4 headers from the botocore credential chain, or None (anonymous)."""
-    try:
-        import botocore.session
-        from botocore.auth import S3SigV4Auth
-        from botocore.awsrequest import AWSRequest
-    except ImportError:
-        if os.environ.get("AWS_ACCESS_KEY_ID"):
-            raise ConfigError("AWS credentials are set but botocore is not installed to sign requests "
-                              "(pip install botocore)")
-        return None
-    credentials = botocore.session.get_session().get_credentials()
-    if credentials is None:
-        return None
-    log.info("s3:// requests are signed with AWS credentials (%s)", getattr(credentials, "method", "?"))
-
-    def signature(method: str, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
-        aws = AWSRequest(method=method, url=url, headers=headers, data=body)
-        # refreshable credentials re-resolve on get_frozen_credentials()
-        S3SigV4Auth(credentials.get_frozen_credentials(), "s3", region).add_auth(aws)
-        return {name: aws.headers[name] for name in SIGNATURE_HEADERS if name in aws.headers}
-    return signature
 
 
 def _aws_signer(region: str) -> Callable[[h1.ClientRequest], None] | None:

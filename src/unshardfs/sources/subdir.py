@@ -110,8 +110,13 @@ class SubdirSource(SourceLayer):
         st, head = await super().stat_head(self.below(path), size)
         return self._marked(path, st), head
 
-    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str) -> bytes | None:
-        return await super().read_if_tagged(self.below(path), offset, size, etag)
+    async def read_if_tagged(self, path: str, offset: int, size: int, etag: str,
+                             version: Version | None = None) -> bytes | None:
+        return await super().read_if_tagged(self.below(path), offset, size, etag, self._below(version))
+
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, Version | None]:
+        data, version = await super().read_versioned(self.below(path), offset, size)
+        return data, (*version, self.mark) if version is not None else None
 
     async def stored_at(self, path: str, version: Version | None) -> UrlLocation | None:
         return await stored_at(self.inner, self.below(path), self._below(version))

@@ -249,7 +249,7 @@ class ZipSource:
         index, st = current
         directory = ObjectStat(0, st.mtime_ns, True, ())
         for k, (child, i) in enumerate(index.children(path.encode() + b"/" if path else b"")):
-            yield child.decode(), directory if i < 0 else self._member_stat(index, st, i)
+            yield child.decode(), directory if i is None else self._member_stat(index, st, i)
             if k % 4096 == 4095:
                 await trio.lowlevel.checkpoint()
 

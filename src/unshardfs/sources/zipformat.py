@@ -92,8 +92,9 @@ class EndRecord:
         assert self.zip64_at is not None
         if len(raw) != EOCD64.size or raw[:4] != SIG_EOCD64:
             raise ConfigError(f"{where}: ZIP64 end of central directory record is damaged")
-        f64 = EOCD64.unpack(raw)
-        return replace(self, disk=f64[4], cd_disk=f64[5], entries=f64[7], cd_size=f64[8], cd_offset=f64[9],
+        (_sig, _size, _made_by, _needed, disk, cd_disk, _disk_entries, entries, cd_size,
+         cd_offset) = EOCD64.unpack(raw)
+        return replace(self, disk=disk, cd_disk=cd_disk, entries=entries, cd_size=cd_size, cd_offset=cd_offset,
                        record_at=self.zip64_at, zip64=True, zip64_at=None)
 
     def check(self, where: str, index_bytes: int) -> None:
@@ -119,7 +120,8 @@ def find_end(tail: bytes) -> int | None:
             if pos < 0:
                 return None
             continue
-        if pos + EOCD.size + EOCD.unpack_from(tail, pos)[7] == len(tail):
+        *_, comment_length = EOCD.unpack_from(tail, pos)
+        if pos + EOCD.size + comment_length == len(tail):
             return pos
 
 
@@ -128,14 +130,14 @@ def read_end(tail: bytes, tail_at: int, where: str) -> EndRecord:
     end = find_end(tail)
     if end is None:
         raise ConfigError(f"{where}: not a zip archive (no end of central directory record; truncated?)")
-    fields = EOCD.unpack_from(tail, end)
-    record = EndRecord(entries=fields[4], cd_size=fields[5], cd_offset=fields[6], record_at=tail_at + end,
-                       comment=bytes(tail[end + EOCD.size:end + EOCD.size + fields[7]]), zip64=False,
-                       disk=fields[1], cd_disk=fields[2])
+    _sig, disk, cd_disk, _disk_entries, entries, cd_size, cd_offset, comment_length = EOCD.unpack_from(tail, end)
+    record = EndRecord(entries=entries, cd_size=cd_size, cd_offset=cd_offset, record_at=tail_at + end,
+                       comment=bytes(tail[end + EOCD.size:end + EOCD.size + comment_length]), zip64=False,
+                       disk=disk, cd_disk=cd_disk)
     loc = end - LOCATOR64.size
     if loc < 0 or tail[loc:loc + 4] != SIG_LOCATOR64:
         return record
-    eocd64_at = LOCATOR64.unpack_from(tail, loc)[2]
+    _sig, _disk, eocd64_at, _disks = LOCATOR64.unpack_from(tail, loc)
     if eocd64_at + EOCD64.size > tail_at + loc:
         raise ConfigError(f"{where}: ZIP64 end record lies after its locator")
     record = replace(record, zip64_at=eocd64_at)
@@ -338,8 +340,8 @@ class CentralDirectory:
     def entry(self, fields: tuple[int, ...], raw: bytes, extra: bytes) -> tuple[bytes, int, int, int, int, int, int] | None:
         """One entry, checked field by field: (its name under the root, its column values), or None
         when it is not kept (outside the root, or refused and told to `skip`)."""
-        flags, method, crc = fields[5], fields[6], fields[9]
-        csize, usize, disk, header = fields[10], fields[11], fields[15], fields[18]
+        (_sig, _made_by, _system, _needed, _reserved, flags, method, _time, _date, crc, csize, usize, _n, _m, _k,
+         disk, _internal, _external, header) = fields
         try:
             name = raw.decode("utf-8") if flags & UTF8_FLAG else raw.decode("cp437")
         except UnicodeDecodeError:
@@ -454,9 +456,7 @@ def local_header_size(raw: bytes, at: int, expected: Expected, where: str) -> in
     offset `at`; DataError when it is not one or disagrees with the central directory."""
     if len(raw) < LOCAL.size or raw[:4] != SIG_LOCAL:
         raise DataError(where, f"no local header at offset {at:,}")
-    fields = LOCAL.unpack_from(raw)
-    flags, method, crc, csize, usize, n, m = (fields[3], fields[4], fields[7], fields[8], fields[9],
-                                              fields[10], fields[11])
+    _sig, _needed, _reserved, flags, method, _time, _date, crc, csize, usize, n, m = LOCAL.unpack_from(raw)
     if method != expected.method:
         raise DataError(where, f"local header says method {method}, the central directory {expected.method}")
     if raw[LOCAL.size:LOCAL.size + n] != expected.name:

@@ -98,9 +98,10 @@ class ZipIndex:
         i = bisect.bisect_left(self.names, key)
         return i < len(self.names) and self.names[i].startswith(key)
 
-    def children(self, prefix: bytes) -> Iterator[tuple[bytes, int]]:
+    def children(self, prefix: bytes) -> Iterator[tuple[bytes, int | None]]:
         """The children of the directory `prefix` ('' or a name ending in '/'), in name order: (name,
-        entry) for a file, (name, -1) for a directory; one step per file or child directory."""
+        entry) for a file, (name, None) for a directory (which needs no entry of its own); one step
+        per file or child directory."""
         names = self.names
         key = prefix.translate(KEY)
         i = bisect.bisect_left(names, key)
@@ -113,7 +114,7 @@ class ZipIndex:
             if not rest:  # the directory's own entry
                 i += 1
             elif slash:
-                yield child.translate(UNKEY), -1
+                yield child.translate(UNKEY), None
                 # Past every name under key/child/: the next byte up from the stored '/'.
                 i = bisect.bisect_left(names, key + child + b"\x02", i + 1)
             else:

@@ -18,9 +18,27 @@ import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from unshardfs.testing.latency import round_trips
+
+
+def delimited(keys: Iterable[str], prefix: str, delimiter: str | None) -> list[tuple[str, bool]]:
+    """A bucket listing's names in order, as the object stores give them: each key under `prefix`
+    (False), and with a `delimiter` each common prefix once in its place (True) instead of the keys
+    below it. `keys` sorted."""
+    names: list[tuple[str, bool]] = []
+    for key in keys:
+        if not key.startswith(prefix):
+            continue
+        rest = key[len(prefix):]
+        if delimiter and delimiter in rest:
+            common = prefix + rest.split(delimiter)[0] + delimiter
+            if not names or names[-1] != (common, True):
+                names.append((common, True))
+        else:
+            names.append((key, False))
+    return names
 
 
 @dataclass
@@ -190,7 +208,8 @@ class DatasetServer:
                 return self._reply(h, 412, b"precondition failed", {}, head, rng)
         if self.gcs_bucket is not None:
             # GCS names an object's generation in every media answer, and honours a precondition on it.
-            generation = str(st.st_mtime_ns)
+            # Every write makes a new one: the file's change time (a rewrite that puts the mtime back too).
+            generation = str(st.st_ctime_ns)
             headers["x-goog-generation"] = generation
             wanted = h.headers.get("x-goog-if-generation-match")
             if wanted is not None and wanted != generation:
@@ -223,26 +242,17 @@ class DatasetServer:
         delimiter = query.get("delimiter", [""])[0]
         limit = min(int(query.get("maxResults", [self.page_size])[0]), self.page_size)
         start = int(query.get("pageToken", ["0"])[0])
+        keys = sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
         entries: list[tuple[str, dict[str, Any] | None]] = []
-        seen = set()
-        for p in sorted(self.root.rglob("*")):
-            if not p.is_file():
+        for name, common in delimited(keys, prefix, delimiter):
+            if common:
+                entries.append((name, None))
                 continue
-            name = str(p.relative_to(self.root))
-            if not name.startswith(prefix):
-                continue
-            rest = name[len(prefix):]
-            if delimiter and delimiter in rest:
-                sub = prefix + rest.split(delimiter)[0] + delimiter
-                if sub not in seen:
-                    seen.add(sub)
-                    entries.append((sub, None))
-                continue
-            st = p.stat()
+            st = (self.root / name).stat()
             entries.append((name, {"name": name, "size": str(st.st_size),
                                    "updated": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime)),
                                    "etag": hashlib.md5(name.encode()).hexdigest(),
-                                   "generation": str(st.st_mtime_ns)}))
+                                   "generation": str(st.st_ctime_ns)}))
         page = entries[start:start + limit]
         body: dict[str, Any] = {"kind": "storage#objects"}
         items = [item for _, item in page if item is not None]

@@ -35,7 +35,7 @@ _MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class LoggedRequest:
     """One request the source answered (or failed), with its times on trio's clock.
 
     `kind` is "stat", "tail" (a stat with the object's last bytes: `offset` is
@@ -89,7 +89,7 @@ class LatencySource:
         self.listable = inner.listable and (not remote if listable is None else listable)
         self.tails = tails
         self.page_size = page_size
-        self.log: list[Request] = []
+        self.log: list[LoggedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._stats: BoundedMap[str, ObjectStat | None] | None = (
@@ -127,7 +127,7 @@ class LatencySource:
         return sent
 
     def _answered(self, kind: str, path: str, sent: float, offset: int = 0, size: int = 0) -> None:
-        self.log.append(Request(kind, path, offset, size, sent, trio.current_time()))
+        self.log.append(LoggedRequest(kind, path, offset, size, sent, trio.current_time()))
 
     # -- the ByteSource contract -------------------------------------------------------
 
@@ -182,6 +182,18 @@ class LatencySource:
 
     async def read_index(self, path: str, offset: int, size: int, version: tuple[object, ...] | None = None) -> bytes:
         return await self._read(True, path, offset, size, version)
+
+    async def read_versioned(self, path: str, offset: int, size: int) -> tuple[bytes, tuple[object, ...] | None]:
+        """`read`, and the version of the object the bytes came from, in one request, as an HTTP answer
+        names its ETag (`VersionedRead`)."""
+        sent = await self._request()
+        try:
+            st = await self.inner.stat(path)
+            if st is None or st.is_dir:
+                return await self.inner.read(path, offset, size), None  # (the inner source says what is wrong)
+            return await self.inner.read(path, offset, size, st.version), st.version
+        finally:
+            self._answered("read", path, sent, offset, size)
 
     async def _read(self, index: bool, path: str, offset: int, size: int, version: tuple[object, ...] | None) -> bytes:
         sent = await self._request()

@@ -130,7 +130,7 @@ def compressed_morton_code(cell: tuple[int, ...], grid: tuple[int, ...]) -> int:
 # -- Neuroglancer precomputed ------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Scale:
+class SampleScale:
     key: str
     size: tuple[int, int, int]  # x, y, z
     chunk: tuple[int, int, int]
@@ -139,10 +139,10 @@ class Scale:
 
 
 PRECOMPUTED_SCALES = (
-    Scale("8_8_40", (200, 160, 48), (64, 64, 16), (8.0, 8.0, 40.0),
+    SampleScale("8_8_40", (200, 160, 48), (64, 64, 16), (8.0, 8.0, 40.0),
           ShardSpec("murmurhash3_x86_128", preshift_bits=1, minishard_bits=2, shard_bits=2,
                     minishard_index_encoding="gzip", data_encoding="gzip")),
-    Scale("16_16_80", (100, 80, 24), (32, 32, 16), (16.0, 16.0, 80.0),
+    SampleScale("16_16_80", (100, 80, 24), (32, 32, 16), (16.0, 16.0, 80.0),
           ShardSpec("identity", preshift_bits=0, minishard_bits=1, shard_bits=2)),
 )
 
@@ -175,7 +175,7 @@ def precomputed_info(sharded: bool) -> dict[str, object]:
             "num_channels": 1, "scales": scales}
 
 
-def _raw_chunks(volume: np.ndarray, scale: Scale) -> dict[tuple[int, int, int], bytes]:
+def _raw_chunks(volume: np.ndarray, scale: SampleScale) -> dict[tuple[int, int, int], bytes]:
     """Each grid cell's raw chunk: clipped at the volume's end, x fastest, then y, z, channel."""
     grid = tuple(-(-s // c) for s, c in zip(scale.size, scale.chunk))
     chunks = {}

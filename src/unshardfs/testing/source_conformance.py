@@ -7,10 +7,20 @@ and provides a `make` fixture: a function building the source over the
 Where the objects live elsewhere (an S3 emulator), it also overrides
 `change`, which replaces or removes an object behind the source's back.
 Each test drives one fresh source in one `trio.run` and closes it.
+
+`ChangedUnderneath` is the one case every byte source runs, also those that
+cannot hold the suite's tree (an Icechunk repository holds Zarr keys): the
+file a source reads an object's bytes from by range (the object's own file, a
+zip archive, an OCDBT data file, an Icechunk chunk object) is changed while a
+reader is half way through the object -- renamed over, overwritten as `cp`
+does, or rewritten in place with its size and mtime put back -- and the rest
+of the object must read as the old bytes or fail with `StaleError`, never as
+the new bytes; looked up again, the object reads as the new bytes whole.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 from typing import Any, Awaitable, Callable, ClassVar, TypeVar
@@ -55,6 +65,60 @@ def write_tree(root: Path) -> Path:
     return root
 
 
+def renamed_over(file: Path, content: bytes) -> None:
+    """A new file written beside `file`, then renamed over it (what `rsync` and careful writers do)."""
+    fresh = file.with_name(file.name + ".new")
+    fresh.write_bytes(content)
+    os.replace(fresh, file)
+
+
+def overwritten(file: Path, content: bytes) -> None:
+    """`file` truncated and written again, the same inode (what `cp` does to a file that exists)."""
+    with open(file, "wb") as f:
+        f.write(content)
+
+
+def restored(file: Path, content: bytes) -> None:
+    """`file` rewritten in place and its mtime put back (`cp -p`, `rsync -t --inplace`): of its attributes only
+    the ctime tells. `content` has `file`'s size."""
+    before = file.stat()
+    with open(file, "r+b") as f:
+        f.write(content)
+        f.truncate(len(content))
+    os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+# The ways a file changes under a mount, by name: `ChangedUnderneath` tries each.
+CHANGES: dict[str, Callable[[Path, bytes], None]] = {
+    "renamed over": renamed_over, "overwritten": overwritten, "rewritten with size and mtime restored": restored}
+RESTORED = "rewritten with size and mtime restored"
+# Make a change of the given kind to the file an object's bytes lie in; what the object reads afterwards.
+Rewrite = Callable[[str], bytes]
+
+
+def flipped(data: bytes) -> bytes:
+    """Bytes of the same length, each one different."""
+    return bytes(b ^ 0xFF for b in data)
+
+
+def rewrite_stored(root: Path, value: bytes, at: int | None = None) -> Rewrite:
+    """A `rewrite` for a source over a store under `root` that keeps an object's bytes, `value`, as they are
+    inside one of its files (an OCDBT data file, an Icechunk chunk object): that file is changed, `value`'s
+    bytes in it flipped. `at`: where in the file they lie, if the file holds them more than once."""
+    def rewrite(how: str) -> bytes:
+        holders = [f for f in sorted(root.rglob("*")) if f.is_file() and value in f.read_bytes()]
+        assert len(holders) == 1, f"{len(holders)} files under {root} hold the value"
+        data = holders[0].read_bytes()
+        assert at is not None or data.count(value) == 1, "the value lies in its file more than once: say where"
+        at_ = data.index(value) if at is None else at
+        assert data[at_:at_ + len(value)] == value
+        new = flipped(value)
+        CHANGES[how](holders[0], data[:at_] + new + data[at_ + len(value):])
+        return new
+
+    return rewrite
+
+
 def run(make: MakeSource, work: Callable[[ByteSource], Awaitable[T]]) -> T:
     """`work` on a fresh source, in one trio run; the source is closed however `work` ends."""
     async def main() -> T:
@@ -67,9 +131,58 @@ def run(make: MakeSource, work: Callable[[ByteSource], Awaitable[T]]) -> T:
     return trio.run(main)
 
 
-class SourceConformance:
+class ChangedUnderneath:
+    """The one case every byte source runs (see the module docstring). A subclass provides `make` (a
+    function building the source) and `rewrite` (the change, made underneath the source to the file that
+    holds `underneath`'s bytes; it returns what `underneath` reads afterwards, of the same size), and says
+    whether its objects' versions see a rewrite that puts the mtime back (`sees_restored`: a server whose
+    validators are derived from size and mtime, as nginx's and Apache's are, cannot)."""
+
+    underneath: ClassVar[str] = "a.bin"
+    sees_restored: ClassVar[bool] = True
+
+    @pytest.mark.parametrize("how", list(CHANGES))
+    def test_changed_underneath_is_old_new_or_stale(self, make: MakeSource, rewrite: Rewrite, how: str) -> None:
+        if how == RESTORED and not self.sees_restored:
+            pytest.skip("this source's versions cannot see a rewrite that puts the mtime back")
+        path = self.underneath
+
+        async def work(source: ByteSource) -> None:
+            st = await source.stat(path)
+            assert st is not None and not st.is_dir and st.size >= 2
+            old = await source.read(path, 0, st.size, st.version)
+            half = st.size // 2
+            assert await source.read(path, 0, half, st.version) == old[:half]
+            new = rewrite(how)
+            assert len(new) == st.size and new != old
+            for read in (source.read, source.read_index):
+                try:
+                    rest = await read(path, half, st.size - half, st.version)
+                except StaleError:
+                    continue
+                assert rest == old[half:], "the new bytes after the old ones" if rest == new[half:] else rest[:50]
+            # Looked up again (once more if the first stat was one kept from before): the new bytes, whole.
+            for again in (False, True):
+                fresh = await source.stat(path)
+                assert fresh is not None and fresh.size == len(new)
+                try:
+                    got = await source.read(path, 0, fresh.size, fresh.version)
+                    break
+                except StaleError:
+                    if again:
+                        raise
+            assert got == new
+
+        run(make, work)
+
+
+class SourceConformance(ChangedUnderneath):
     listable: ClassVar[bool]
     remote: ClassVar[bool]
+    # The objects are the `tree` fixture's files (served or layered as they are): `rewrite` changes
+    # them in each way `CHANGES` names; otherwise (an object store, memory) it replaces the object
+    # through `change`.
+    in_files: ClassVar[bool] = False
     # Reads made with a version from an earlier stat notice a changed object (StaleError).
     versioned: ClassVar[bool] = True
     # An object's tail comes with its stat (`stat_and_tail`, one request).
@@ -92,6 +205,18 @@ class SourceConformance:
                 (tree / path).write_bytes(data)
 
         return change
+
+    @pytest.fixture
+    def rewrite(self, tree: Path, change: Change) -> Rewrite:
+        def rewrite(how: str) -> bytes:
+            new = flipped(TREE[self.underneath])
+            if self.in_files:
+                CHANGES[how](tree / self.underneath, new)
+            else:
+                change(self.underneath, new)
+            return new
+
+        return rewrite
 
     # -- the contract ------------------------------------------------------------------
 

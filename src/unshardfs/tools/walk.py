@@ -15,12 +15,11 @@ import crc32c
 import trio
 
 from unshardfs.sources.base import name_problem
-from unshardfs.tools.atomic import WriteStopped
-from unshardfs.tools.dest import Dest, PendingFile
-from unshardfs.tools.ledger import FileRecord, Journal, reserved, source_of
+from unshardfs.dest.base import FileSink, PendingFile, WriteStopped
+from unshardfs.dest.ledger import FileRecord, Journal, reserved, source_of
 from unshardfs.tree.edge import classify
 from unshardfs.tree.nodes import DirNode, FileNode
-from unshardfs.util.errors import DataError
+from unshardfs.util.errors import DataError, expected_failure
 from unshardfs.util.logonce import log_once
 from unshardfs.util.waits import Waits, now
 
@@ -47,23 +46,36 @@ def failure(rel: str, error: Exception) -> str:
     return f"{rel}: {classify(error).message}"
 
 
+def unlisted(rel: str, error: Exception) -> None:
+    """A directory whose listing failed (a directory that cannot be read, damage, a backend that
+    failed): one problem, logged once and collected as `check` and `export` collect every other, and
+    the walk goes on; a bug is raised."""
+    if expected_failure(error) is None:
+        raise error
+    log_once(log, f"unlisted:{rel}:{error}", "listing %s: %s", rel or ".", error)
+
+
 async def walk(root: DirNode, prefix: str = "") -> AsyncIterator[tuple[str, FileNode | DirNode]]:
     """(relative path, node) of every file and directory below `root`, depth first; the caller
-    reads every file (each directory is told so before it is listed: `DirNode.will_read_all`)."""
+    reads every file (each directory is told so before it is listed: `DirNode.will_read_all`). A
+    directory whose listing fails is a problem (`unlisted`), never a directory that looks empty."""
     root.will_read_all()
-    async for batch in root.entries():
-        for name, node in batch:
-            problem = name_problem(name)
-            if problem is not None:  # no tree should show one; a walk that writes must not trust that
-                log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
-                continue
-            if not isinstance(node, (FileNode, DirNode)):
-                continue  # never taken: every Node is a file or a directory (listings are typed Node)
-            path = f"{prefix}{name}"
-            yield path, node
-            if isinstance(node, DirNode):
-                async for item in walk(node, path + "/"):
-                    yield item
+    try:
+        async for batch in root.entries():
+            for name, node in batch:
+                problem = name_problem(name)
+                if problem is not None:  # no tree should show one; a walk that writes must not trust that
+                    log_once(log, f"walk:{prefix}:{problem}", "%s: skipping %s", prefix or ".", problem)
+                    continue
+                if not isinstance(node, (FileNode, DirNode)):
+                    continue  # never taken: every Node is a file or a directory (listings are typed Node)
+                path = f"{prefix}{name}"
+                yield path, node
+                if isinstance(node, DirNode):
+                    async for item in walk(node, path + "/"):
+                        yield item
+    except Exception as e:  # (the walks below report their own)
+        unlisted(prefix.rstrip("/"), e)
 
 
 async def file_bytes(node: FileNode, where: str) -> AsyncIterator[bytes]:
@@ -105,14 +117,14 @@ class _WriteBatch:
 Outcome = tuple[int, bool] | Exception
 
 
-def _write_batch(dest: Dest, files: list[tuple[str, FileNode, bytes]], sync: bool, task: int | None) -> list[Outcome]:
+def _write_batch(dest: FileSink, files: list[tuple[str, FileNode, bytes]]) -> list[Outcome]:
     """Write each file whole (complete under its name, or not at all), in order: each one's crc32c
     and whether it was written (not found complete already), or its error. A `WriteStopped`
     (DEST takes no more) ends the batch: the files after it are not tried."""
     done: list[Outcome] = []
     for rel, node, data in files:
         try:
-            written = dest.write(rel, [data], node.mtime_ns, sync, task)
+            written = dest.write(rel, [data], node.mtime_ns)
         except (WriteStopped, OSError, DataError) as e:
             done.append(e)
             if isinstance(e, WriteStopped):
@@ -135,15 +147,13 @@ def _cannot_write(rel: str, error: OSError) -> str:
 class _Run:
     """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
 
-    def __init__(self, dest: Dest, journal: Journal | None, sync: bool, summary: WalkSummary,
+    def __init__(self, dest: FileSink, journal: Journal | None, summary: WalkSummary,
                  waits: Waits | None = None) -> None:
-        self.dest = dest
+        self.dest = dest if journal is None else dest.for_task(journal.task)
         self.journal = journal
-        self.sync = sync
         self.summary = summary
         self.waits = waits or Waits()  # what the walk waited for: payload bytes (data), DEST (writes)
         self.scope: trio.CancelScope | None = None
-        self.task = None if journal is None else journal.task
         # A rerun task clears what a killed run of it left, once per directory it writes into.
         self.swept: set[str] | None = set() if journal is not None and journal.rerun else None
 
@@ -151,7 +161,7 @@ class _Run:
         parent = rel.rpartition("/")[0]
         if self.swept is not None and parent not in self.swept:
             self.swept.add(parent)
-            await trio.to_thread.run_sync(self.dest.sweep, parent, self.task)
+            await trio.to_thread.run_sync(self.dest.sweep, parent)
 
     def stop(self, error: WriteStopped) -> None:
         """The first stop wins; later ones (the same full disk, seen by other writes) are dropped."""
@@ -187,11 +197,11 @@ class _Run:
         return True
 
 
-async def export(root: DirNode, dest: Dest, jobs: int = 4,
+async def export(root: DirNode, dest: FileSink, jobs: int = 4,
                  progress: Callable[[WalkSummary], None] | None = None, entries: Entries | None = None,
-                 journal: Journal | None = None, sync: bool = True, waits: Waits | None = None) -> WalkSummary:
+                 journal: Journal | None = None, waits: Waits | None = None) -> WalkSummary:
     """Write the tree under `dest` (or only `entries`, one task's part of it), every file appearing
-    under its name only when whole (`Dest.write`).
+    under its name only when whole (`FileSink.write`).
 
     Reads happen on the event loop in listing order (sequential in the
     shards); up to `jobs` writer threads run meanwhile. Files of one piece
@@ -207,7 +217,7 @@ async def export(root: DirNode, dest: Dest, jobs: int = 4,
     writes).
     """
     summary = WalkSummary()
-    run = _Run(dest, journal, sync, summary, waits)
+    run = _Run(dest, journal, summary, waits)
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
@@ -289,8 +299,7 @@ async def _hand_over(run: _Run, batch: _WriteBatch, nursery: trio.Nursery, limit
 async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object,
                            files: list[tuple[str, FileNode, bytes]]) -> None:
     try:
-        outcomes = await trio.to_thread.run_sync(_write_batch, run.dest, files, run.sync, run.task,
-                                                 limiter=trio.CapacityLimiter(1))
+        outcomes = await trio.to_thread.run_sync(_write_batch, run.dest, files, limiter=trio.CapacityLimiter(1))
     finally:
         limiter.release_on_behalf_of(token)
     for (rel, node, _), outcome in zip(files, outcomes):
@@ -313,11 +322,11 @@ async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLim
     async with limiter:
         pending: PendingFile | None = None
         try:
-            pending = await trio.to_thread.run_sync(run.dest.open_file, rel, run.task)
+            pending = await trio.to_thread.run_sync(run.dest.open_file, rel)
             crc = 0
             async for piece in file_bytes(node, rel):
                 crc = await trio.to_thread.run_sync(_add_piece, pending, piece, crc)
-            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns, run.sync)
+            written = await trio.to_thread.run_sync(pending.commit, node.size, node.mtime_ns)
             pending = None
             run.landed(rel, node, crc, written)
         except WriteStopped as e:

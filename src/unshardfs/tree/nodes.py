@@ -8,6 +8,7 @@ remote byte source can sit underneath without changing the contract.
 from __future__ import annotations
 
 import enum
+import zlib
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Protocol, Union, runtime_checkable
 
@@ -67,6 +68,13 @@ class FileNode(Node):
         (then `read` serves them, and reports whatever stood in the way). Lets an engine answer
         a READ where it read the request, with no coroutine. The default: None."""
         return None
+
+    def content_version(self) -> tuple[object, ...]:
+        """What changes whenever this file's bytes may have (the version of the object they are stored
+        in, or of the blob and range their payload lies in), beyond its size and mtime; () when nothing
+        more tells. Front ends build validators on it (`serve`'s ETag), so a client never joins ranges of
+        two contents under one tag. The default: ()."""
+        return ()
 
     def span(self, offset: int, size: int) -> int:
         """How many bytes a read at `offset` of up to `size` returns (0 at or past the end)."""
@@ -221,3 +229,6 @@ class BytesFile(FileNode):
 
     async def read(self, offset: int, size: int) -> bytes:
         return self.data[offset:offset + size]
+
+    def content_version(self) -> tuple[object, ...]:
+        return (zlib.crc32(self.data),)

@@ -36,33 +36,46 @@ class PassthroughFile(FileNode):
     object changed (a local file rewritten, an object replaced on a server,
     a zip archive rewritten around its members) a read fails with
     StaleError and the front end resolves the name again.
+
+    An object the source refuses (`ObjectStat.refused`: a link leading
+    outside the source, a FIFO) is such a file too, listed and found by
+    name, and every read of it fails with the reason: never absent.
     """
 
-    __slots__ = ("source", "path", "version")
+    __slots__ = ("source", "path", "version", "refused")
 
     def __init__(self, source: ByteSource, path: str, st: ObjectStat) -> None:
         super().__init__(st.size, st.mtime_ns)
         self.source = source
         self.path = path
         self.version = st.version
+        self.refused = st.refused
 
     def open_backing(self) -> int | None:
         source = self.source
-        if not isinstance(source, BackingFiles) or not self.version:
+        if not isinstance(source, BackingFiles) or not self.version or self.refused is not None:
             return None
         return source.open_backing(self.path, self.version)
 
     async def read(self, offset: int, size: int) -> bytes:
+        if self.refused is not None:
+            raise DataError(self.path, f"refused: {self.refused}")
         try:
             return await self.source.read(self.path, offset, size, self.version or None)
         except SourceError as e:
             raise DataError(self.path, str(e)) from e
 
+    def content_version(self) -> tuple[object, ...]:
+        return self.version
+
     def xattrs(self) -> dict[str, bytes]:
         return {"user.unshardfs.source": self.path.encode()}
 
     def stored_range(self) -> StoredRange | str:
-        """The whole object (`StoredBytes`)."""
+        """The whole object (`StoredBytes`); none for one the source refuses (a reader elsewhere must not
+        be sent where the mount would not go)."""
+        if self.refused is not None:
+            return f"it is refused: {self.refused}"
         return StoredRange(self.source, self.path, 0, self.size, self.version)
 
 

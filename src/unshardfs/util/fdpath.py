@@ -227,7 +227,8 @@ _KINDS = ((statmod.S_ISDIR, "a directory"), (statmod.S_ISFIFO, "a FIFO"), (statm
           (statmod.S_ISCHR, "a character device"), (statmod.S_ISBLK, "a block device"))
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file of `mode` is, in words ("a FIFO")."""
     return next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
 
 
@@ -250,11 +251,11 @@ def open_argument(path: str, what: str, write: bool = False) -> int:
             mode = statmod.S_IFREG
         if statmod.S_ISREG(mode):
             raise ConfigError(f"cannot open {what} {path}: {e.strerror}") from None
-        raise ConfigError(f"{what} {path} is {_kind(mode)}, not a regular file") from None
+        raise ConfigError(f"{what} {path} is {kind_of(mode)}, not a regular file") from None
     st = os.fstat(fd)
     null = write and statmod.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == NULL_DEVICE
     if not (statmod.S_ISREG(st.st_mode) or null):
         os.close(fd)
-        raise ConfigError(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        raise ConfigError(f"{what} {path} is {kind_of(st.st_mode)}, not a regular file")
     os.set_blocking(fd, True)
     return fd

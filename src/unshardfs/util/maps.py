@@ -47,6 +47,8 @@ class _Get(Protocol[K_contra, V_co]):
 def payload_size(value: object) -> int:
     """What a cached value costs a byte budget: its `nbytes` (numpy arrays and our own decoded
     structures say it) or its length (bytes), and 64 bytes for its entry."""
+    if type(value) is bytes:  # the common case, without a failed attribute lookup (an exception)
+        return max(len(value), 1) + 64
     size = getattr(value, "nbytes", None)
     if size is None:
         size = len(cast(Sized, value))

@@ -48,12 +48,18 @@ def mount_table() -> list[MountEntry]:
     with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             fields = line.split()
-            if len(fields) < 10 or "-" not in fields[6:]:
+            if len(fields) < 10:
                 continue
-            rest = fields[fields.index("-", 6) + 1:]
-            if len(rest) < 2:
+            # mount id, parent id, major:minor, root, mount point, options, optional fields up to
+            # a "-", then file system type, source, super options (proc(5))
+            _id, _parent, device, _root, target, _options, *tagged = fields
+            if "-" not in tagged:
                 continue
-            entries.append(MountEntry(_unescape(fields[4]), fields[2], rest[0], _unescape(rest[1])))
+            after = tagged[tagged.index("-") + 1:]
+            if len(after) < 2:
+                continue
+            fstype, source, *_ = after
+            entries.append(MountEntry(_unescape(target), device, fstype, _unescape(source)))
     return entries
 
 

@@ -98,20 +98,6 @@ def _fell_back_tls(found: str) -> None:
              "connections to servers are not reused", trio.__version__, found)
 
 
-def fast_path_active() -> bool:
-    """Whether the fast path works with the installed trio: the probe of a trio run (checked in
-    one of its own) and the incoming buffer of a TLS stream."""
-
-    async def probe() -> bool:
-        return TrioProbe.of_current_run() is not None
-
-    import trio.testing  # (a test's question: not imported by the daemon)
-
-    left, _ = trio.testing.memory_stream_pair()
-    stream = trio.SSLStream(left, ssl.create_default_context(), server_hostname="localhost")
-    return trio.run(probe) and isinstance(getattr(stream, "_incoming", None), ssl.MemoryBIO)
-
-
 # -- hand-stepped coroutines ----------------------------------------------------------------
 
 def start(coroutine: Coroutine[Any, Any, T]) -> tuple[bool, Any]:

@@ -1,5 +1,5 @@
 """Neuroglancer's own client, in headless Chromium, renders `serve` of a WKW dataset exactly as
-the unsharded twin served by a plain static server (the machinery of tests/serve/test_browser.py):
+the unsharded twin served by a plain static server (the machinery of tests/http/test_browser.py):
 the three-channel color layer as RGB (every channel's layout matters) and the uint64 segmentation."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.formats.wkw.datasets import MIXED, write_dataset
-from tests.serve.test_browser import CHROMIUM, _CorsHandler, screenshot
+from tests.http.test_browser import CHROMIUM, _CorsHandler, screenshot
 from tests.support.served import served
 
 neuroglancer = pytest.importorskip("neuroglancer")

@@ -146,6 +146,8 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         index_st = await self.source.stat(stem + ".index")
         if index_st is None or index_st.is_dir:
             return None
+        if index_st.refused is not None:
+            raise DataError(stem + ".index", f"refused: {index_st.refused}")
         if index_st.size != self.index_size:
             raise DataError(stem + ".index", f"obsolete-layout shard index has {index_st.size:,} bytes; the spec "
                                              f"says {self.index_size:,}")
@@ -153,7 +155,8 @@ class PrecomputedStore(ShardedStore[int, np.ndarray]):
         if data_st is None or data_st.is_dir:
             raise DataError(stem + ".index", "obsolete-layout shard has no .data file")
         return Blob(((stem + ".index", index_st.size, index_st.version), (stem + ".data", data_st.size,
-                     data_st.version)), index_st.size + data_st.size, max(index_st.mtime_ns, data_st.mtime_ns))
+                     data_st.version)), index_st.size + data_st.size, max(index_st.mtime_ns, data_st.mtime_ns),
+                    data_st.refused)
 
     def shard_file(self, name: str) -> tuple[int, str] | None:
         """(shard number, extension) if `name` is a shard file of this spec, else None."""

@@ -318,7 +318,7 @@ class ArrayData:
 
 
 @dataclass(frozen=True, slots=True)
-class Node:
+class SnapshotNode:
     """A group or an array of a snapshot: `path` relative to the repository root ('' for the root),
     `zarr_json` its metadata as the writer stored it."""
 
@@ -346,7 +346,7 @@ class Snapshot:
     flushed_at_us: int  # commit time, microseconds since the Unix epoch
     message: str
     metadata: dict[str, bytes]  # values as the writer encoded them (MessagePack)
-    nodes: dict[str, Node]  # by path
+    nodes: dict[str, SnapshotNode]  # by path
     manifest_files: tuple[ManifestFile, ...]
     skipped: tuple[str, ...]  # why nodes were left out (bad paths, duplicates), one line each
     nbytes: int  # what keeping it costs, about (for byte-bounded caches)
@@ -400,7 +400,7 @@ def decode_snapshot(body: bytes, where: str, expected_id: bytes | None = None) -
         file_id = item.struct(0, ID_LEN, "id", required=True)
         assert file_id is not None
         files.append(ManifestFile(file_id, item.u64(1), item.u32(2)))
-    nodes: dict[str, Node] = {}
+    nodes: dict[str, SnapshotNode] = {}
     skipped: list[str] = []
     start, n = root.tables(2, "nodes", MAX_NODES, required=True)
     for i in range(n):
@@ -413,7 +413,7 @@ def decode_snapshot(body: bytes, where: str, expected_id: bytes | None = None) -
         if problem is not None:
             skipped.append(f"node {raw_path[:200]!r} {problem}")
             continue
-        nodes[path] = Node(node.id, path, node.zarr_json, node.array)
+        nodes[path] = SnapshotNode(node.id, path, node.zarr_json, node.array)
     # A node below an array would collide with its chunk keys; Zarr allows none.
     for path in list(nodes):
         parent_path = path
@@ -428,7 +428,7 @@ def decode_snapshot(body: bytes, where: str, expected_id: bytes | None = None) -
     return Snapshot(raw_id, parent, flushed, message, metadata, nodes, tuple(files), tuple(skipped), size)
 
 
-def _node(buf: Buffer, pos: int) -> Node:
+def _node(buf: Buffer, pos: int) -> SnapshotNode:
     t = buf.table(pos, "node")
     node_id = t.struct(0, NODE_ID_LEN, "id", required=True)
     path = t.string(1, "path", MAX_PATH, required=True)
@@ -438,7 +438,7 @@ def _node(buf: Buffer, pos: int) -> Node:
     data = t.table(4, "node_data", required=True)
     assert data is not None
     if kind == NODE_GROUP:
-        return Node(node_id, path, user_data, None)
+        return SnapshotNode(node_id, path, user_data, None)
     if kind != NODE_ARRAY:
         raise buf.fail(f"node {path[:200]!r}: node data of type {kind} (1: array, 2: group)")
     shape = tuple((U64.unpack_from(raw, 0)[0], U64.unpack_from(raw, 8)[0])
@@ -470,7 +470,7 @@ def _node(buf: Buffer, pos: int) -> Node:
             raise buf.fail(f"array {path[:200]!r}: a manifest ref of {len(extents)} extents for "
                            f"{len(shape)} dimensions")
         refs.append(ManifestRef(object_id, extents))
-    return Node(node_id, path, user_data, ArrayData(shape, tuple(names), tuple(refs)))
+    return SnapshotNode(node_id, path, user_data, ArrayData(shape, tuple(names), tuple(refs)))
 
 
 # -- manifests ----------------------------------------------------------------------
@@ -495,7 +495,7 @@ class ChunkRef:
         return len(self.data) if self.data is not None else self.length
 
 
-class Manifest:
+class ChunkManifest:
     """A manifest's chunk references, read in place from its decompressed body."""
 
     def __init__(self, body: bytes, where: str, expected_id: bytes | None = None) -> None:

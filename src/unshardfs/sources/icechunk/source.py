@@ -19,7 +19,12 @@ EIO (logged once), nothing outside fetched.
 
 A source shows the snapshot it was opened with: snapshots and manifests are
 never rewritten, so nothing read through it goes stale; a newer commit on a
-branch is seen by opening the repository again.
+branch is seen by opening the repository again. Chunk objects are written once
+too, but a copy of an updated repository made over an old one (or a file a
+virtual reference names, rewritten) changes them under a mount: a chunk key's
+reads are held to the version of its object that its first read met (`Pins`),
+so a chunk read in pieces gives the old bytes, the new bytes or `StaleError`,
+never a mix.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ import trio
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
                                     TaggedRead, normalize_path, read_whole, tag_problem)
 from unshardfs.sources.coalesce import RangeReads
-from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_REPO_INFO, FILE_SNAPSHOT, MAX_REF_JSON, ChunkRef,
-                                               Manifest, Node, RepoConfig, Snapshot, decode_config, decode_id,
+from unshardfs.sources.pins import Pin, Pins
+from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_REPO_INFO, FILE_SNAPSHOT, MAX_REF_JSON, ChunkManifest,
+                                               ChunkRef, RepoConfig, Snapshot, SnapshotNode, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
 from unshardfs.sources.icechunk.repoinfo import RepoInfo, decode_repo_info
 from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
@@ -121,7 +127,8 @@ class IcechunkStore:
         self._info_read = spec == 1  # (`repo` looked for: a spec version 1 repository has none)
         self._outside: dict[str, ByteSource] = {}
         self._taggers: dict[int, TaggedRead | None] = {}  # by source: its `TaggedRead`, decided once
-        self._ranges: dict[int, RangeReads] = {}  # by source: its reads of one moment, joined per object
+        self._ranges: dict[int, RangeReads[Pin | str]] = {}  # by source: its reads of one moment, joined per object
+        self._pins: dict[int, Pins] = {}  # by source: the versions its chunks' objects are read at
         self.counters = {"ref_reads": 0, "snapshot_reads": 0, "manifest_reads": 0, "object_bytes": 0,
                          "chunk_reads": 0, "chunk_bytes": 0, "virtual_refused": 0}
 
@@ -327,12 +334,12 @@ class IcechunkStore:
         snapshot: Snapshot = await self.flights.cached(self.objects, ("s", raw_id), load)
         return snapshot
 
-    async def manifest(self, raw_id: bytes) -> Manifest:
-        async def load() -> Manifest:
+    async def manifest(self, raw_id: bytes) -> ChunkManifest:
+        async def load() -> ChunkManifest:
             body = await self._object("manifests", raw_id, FILE_MANIFEST)
-            return Manifest(body, self.description + "manifests/" + encode_id(raw_id), raw_id)
+            return ChunkManifest(body, self.description + "manifests/" + encode_id(raw_id), raw_id)
 
-        manifest: Manifest = await self.flights.cached(self.objects, ("m", raw_id), load)
+        manifest: ChunkManifest = await self.flights.cached(self.objects, ("m", raw_id), load)
         return manifest
 
     async def history(self, start: bytes, seen: dict[bytes, Snapshot]) -> None:
@@ -350,44 +357,78 @@ class IcechunkStore:
 
     # -- chunk bytes ----------------------------------------------------------------
 
-    async def read_chunk(self, ref: ChunkRef, where: str, offset: int, size: int, index: bool) -> bytes:
+    def _pins_of(self, source: ByteSource) -> Pins:
+        pins = self._pins.get(id(source))  # the repository's base, or a source of `_outside`: both live as long as the store
+        if pins is None:
+            pins = self._pins[id(source)] = Pins(source)
+        return pins
+
+    def pin(self, ref: ChunkRef) -> Pin | None:
+        """The pin of the object holding a chunk's bytes (what a chunk key's stat hands its file), without
+        I/O; None for an inline chunk, or a virtual reference that may not be read."""
+        if ref.data is not None:
+            return None
+        try:
+            source, path = self._place(ref, "", counted=False)
+        except DataError:
+            return None
+        return self._pins_of(source).pin(path)
+
+    def _place(self, ref: ChunkRef, where: str, counted: bool = True) -> tuple[ByteSource, str]:
+        """The source and path of the object holding a chunk's bytes (DataError: a virtual reference that
+        may not be read)."""
+        if ref.chunk_id is not None:
+            return self.inner, f"{self.root}chunks/{encode_id(ref.chunk_id)}"
+        assert ref.location is not None
+        return self._virtual(ref.location, where, counted)
+
+    async def read_chunk(self, ref: ChunkRef, where: str, offset: int, size: int, index: bool,
+                         pin: Pin | None = None) -> bytes:
+        """Bytes of a chunk; through `pin` (from the chunk key's stat), held to the version of its object that
+        the pin's first read met."""
         size = max(0, min(size, ref.size - offset))
         if ref.data is not None:
             return ref.data[offset:offset + size]
         if size == 0:
             return b""
-        if ref.chunk_id is not None:
-            source, path = self.inner, f"{self.root}chunks/{encode_id(ref.chunk_id)}"
-        else:
-            assert ref.location is not None
-            source, path = await self._virtual(ref.location, where)
+        source, path = self._place(ref, where)
+        if pin is not None and pin.path != path:
+            raise StaleError(where, "the chunk lies in another object than when it was looked up")
+        if ref.chunk_id is None:
             if ref.etag:  # Icechunk's checksum is one kind or the other: an ETag wins
-                data = await self._tagged(source, path, ref.etag, ref.offset + offset, size, where)
+                data = await self._tagged(source, path, ref.etag, ref.offset + offset, size, where, pin)
                 return self._counted(data, size, path, where)
             if ref.last_modified:
                 await self._unmodified(source, path, ref.last_modified, where)
-        return self._counted(await self._ranged(source, path, ref.offset + offset, size, index), size, path, where)
+        obj: Pin | str = pin if pin is not None else path
+        return self._counted(await self._ranged(source, obj, ref.offset + offset, size, index, where), size, path,
+                             where)
 
     @property
     def chunk_requests(self) -> int:
         """Requests sent for chunk bytes over remote sources (ranges asked for together count once)."""
         return sum(ranges.counters.reads for ranges in self._ranges.values())
 
-    async def _ranged(self, source: ByteSource, path: str, offset: int, size: int, index: bool) -> bytes:
-        """Bytes of a chunk object (or a virtual reference's object). Over a remote source, ranges of one
-        object asked for at the same moment (chunks of a shard stored as one chunk object, read by several
-        readers; neighbouring virtual chunks of one file) go out as one ranged read (`RangeReads`); index
-        reads a disk cache keeps are read alone (kept by their exact range)."""
+    async def _ranged(self, source: ByteSource, obj: Pin | str, offset: int, size: int, index: bool,
+                      where: str) -> bytes:
+        """Bytes of a chunk object (or a virtual reference's object): through its pin, or (a read made
+        without a version) as the object is now. Over a remote source, ranges of one object asked for at the
+        same moment (chunks of a shard stored as one chunk object, read by several readers; neighbouring
+        virtual chunks of one file) go out as one ranged read (`RangeReads`); index reads a disk cache keeps
+        are read alone (kept by their exact range)."""
+        pins = self._pins_of(source)
+
+        async def fetch(at: Pin | str, start: int, length: int, index_read: bool) -> bytes:
+            if isinstance(at, Pin):
+                return await pins.read(at, start, length, where, index_read)
+            return await (source.read_index if index_read else source.read)(at, start, length)
+
         if not source.remote or (index and source.index_cache is not None):
-            read = source.read_index if index else source.read
-            return await read(path, offset, size)
+            return await fetch(obj, offset, size, index)
         ranges = self._ranges.get(id(source))
         if ranges is None:  # one per source: the repository's base and each allowed prefix's
-            async def fetch(at: str, start: int, length: int, index_read: bool) -> bytes:
-                return await (source.read_index if index_read else source.read)(at, start, length)
-
             ranges = self._ranges[id(source)] = RangeReads(fetch)
-        return await ranges.read(path, offset, size, index)
+        return await ranges.read(obj, offset, size, index)
 
     def _counted(self, data: bytes, size: int, path: str, where: str) -> bytes:
         self.counters["chunk_reads"] += 1
@@ -396,10 +437,13 @@ class IcechunkStore:
             raise DataError(where, f"the chunk's object {path} ends inside the chunk (truncated)")
         return data
 
-    async def _tagged(self, source: ByteSource, path: str, etag: str, offset: int, size: int, where: str) -> bytes:
+    async def _tagged(self, source: ByteSource, path: str, etag: str, offset: int, size: int, where: str,
+                      pin: Pin | None) -> bytes:
         """The bytes a virtual reference with an ETag checksum names, read on the condition that its object
         still carries that tag (`If-Match` over HTTP, gs:// and s3://: the request is the check); DataError
-        (EIO) when it does not, or when the source cannot tell an object's tag (a zip member)."""
+        (EIO) when it does not, or when the source cannot tell an object's tag (a zip member). A local file's
+        tag (inode, mtime, size) misses a rewrite that puts its mtime back: its reads are held to its
+        pin's version too."""
         problem = tag_problem(etag)
         if problem is not None:
             raise DataError(where, f"its virtual reference's ETag checksum: {problem}")
@@ -408,8 +452,11 @@ class IcechunkStore:
             self._taggers[key] = source if isinstance(source, TaggedRead) else None
         tagger = self._taggers[key]
         try:
-            data = await tagger.read_if_tagged(path, offset, size, etag) if tagger is not None else None
+            version = await self._pins_of(source).version(pin, where) if pin is not None and not source.remote else None
+            data = await tagger.read_if_tagged(path, offset, size, etag, version) if tagger is not None else None
         except StaleError as e:
+            if pin is not None:
+                self._pins_of(source).drop(pin)
             raise DataError(where, f"the object of its virtual reference, {path}, changed after the reference was "
                                    f"written (checksum: ETag {etag[:100]}; {e.reason})") from None
         if data is None:
@@ -427,7 +474,7 @@ class IcechunkStore:
             raise DataError(where, f"the object of its virtual reference, {path}, was modified after the reference "
                                    f"was written (checksum: last modified {iso_time(last_modified * 10**9)})")
 
-    async def _virtual(self, location: str, where: str) -> tuple[ByteSource, str]:
+    def _virtual(self, location: str, where: str, counted: bool = True) -> tuple[ByteSource, str]:
         """The source and path a virtual reference's location may be read through; DataError (logged once
         by the front end, EIO) when the location is outside every allowed place."""
         if self.url is not None and location.startswith(self.url):
@@ -444,7 +491,7 @@ class IcechunkStore:
                 if source is None:
                     source = self._outside[base] = self.open_url(base)
                 return source, rest
-        self.counters["virtual_refused"] += 1
+        self.counters["virtual_refused"] += counted
         raise DataError(where, f"virtual reference to {location[:300]!r}, outside the repository and every allowed "
                                f"location (allow a prefix with --icechunk-virtual PREFIX)")
 
@@ -452,6 +499,14 @@ class IcechunkStore:
         for source in self._outside.values():
             await source.aclose()
         self._outside.clear()
+
+
+def _pin_of(version: Version | None) -> Pin | None:
+    """The pin a chunk key's version (`IcechunkSource._chunk`) carries; None for metadata, an inline chunk,
+    or a read made without a version (which reads whatever the object holds now)."""
+    if version and isinstance(version[-1], Pin):
+        return version[-1]
+    return None
 
 
 def _inside(rest: str) -> str | None:
@@ -475,7 +530,7 @@ def _coords(segments: list[str]) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True, slots=True)
 class ChunkKey:
-    node: Node
+    node: SnapshotNode
     coords: tuple[int, ...]  # all of them (a chunk) or the first few (a directory of chunk keys)
 
 
@@ -584,6 +639,13 @@ class IcechunkSource:
     def _file(self, size: int, identity: tuple[object, ...]) -> ObjectStat:
         return ObjectStat(size, self.snapshot.time_ns, False, ("icechunk", *identity))
 
+    def _chunk(self, ref: ChunkRef, node: SnapshotNode, coords: tuple[int, ...]) -> ObjectStat:
+        """A chunk key's stat: its version carries its object's pin (reads of the file are held to the
+        object's version the pin's first read meets)."""
+        pin = self.store.pin(ref)
+        identity = (self.snapshot.id, node.id, coords)
+        return self._file(ref.size, identity if pin is None else (*identity, pin))
+
     async def stat(self, path: str) -> ObjectStat | None:
         full = self._full(path)
         if full is None:
@@ -607,7 +669,7 @@ class IcechunkSource:
             ref = await self._find(key)
             if ref is None:
                 return None
-            return self._file(ref.size, (self.snapshot.id, key.node.id, key.coords))
+            return self._chunk(ref, key.node, key.coords)
         return self._dir() if await self._children(key) else None
 
     async def stat_dir(self, path: str) -> ObjectStat | None:
@@ -644,11 +706,11 @@ class IcechunkSource:
                 return
         for value, chunk in await self._children(key, skip=True):
             if chunk is not None:
-                yield str(value), self._file(chunk.size, (self.snapshot.id, key.node.id, chunk.index))
+                yield str(value), self._chunk(chunk, key.node, chunk.index)
             else:
                 yield str(value), self._dir()
 
-    async def _read(self, path: str, offset: int, size: int, index: bool) -> bytes:
+    async def _read(self, path: str, offset: int, size: int, index: bool, pin: Pin | None) -> bytes:
         full = self._full(path)
         if full is not None:
             parent, _, name = full.rpartition("/")
@@ -659,14 +721,14 @@ class IcechunkSource:
             if key is not None and key.node.array is not None and len(key.coords) == len(key.node.array.shape):
                 ref = await self._find(key)
                 if ref is not None:
-                    return await self.store.read_chunk(ref, f"{self.description}{path}", offset, size, index)
+                    return await self.store.read_chunk(ref, f"{self.description}{path}", offset, size, index, pin)
         raise SourceError(f"{self.description}: no key {path!r}")
 
     async def read(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
-        return await self._read(path, offset, size, False)
+        return await self._read(path, offset, size, False, _pin_of(version))
 
     async def read_index(self, path: str, offset: int, size: int, version: Version | None = None) -> bytes:
-        return await self._read(path, offset, size, True)
+        return await self._read(path, offset, size, True, _pin_of(version))
 
     async def aclose(self) -> None:
         if self.owns_inner:

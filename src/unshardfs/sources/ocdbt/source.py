@@ -8,8 +8,11 @@ cold node share one fetch). `OcdbtSource` shows one version's keys (under an
 optional key prefix, the pipeline's `ocdbt:PATH`) as '/'-separated paths;
 every value read is one ranged read of the data file holding it, or a slice
 of the leaf node for an inline value. A source shows the version it was
-opened with: data files are never rewritten, so nothing read through it can
-go stale, and a newer commit is seen by opening the store again.
+opened with, and a newer commit is seen by opening the store again. Data files
+are written once by the format's rules, but a copy of an updated database made
+over an old one rewrites them: a key's reads are held to the version of its
+data file that its first read met (`Pins`), so a file read in pieces gives the
+old bytes, the new bytes or `StaleError`, never a mix.
 
 Keys that cannot be paths (not UTF-8, an empty, `.` or `..` segment, NUL, a
 leading or trailing '/') are never shown (logged once); a key that is also a
@@ -36,7 +39,8 @@ from unshardfs.sources.coalesce import GAP, RangeReads
 from unshardfs.sources.ocdbt.format import (MANIFEST_NUMBERED, MANIFEST_SINGLE, BtreeNode, Location, Manifest,
                                             Value, Version, VersionNode, VersionNodeRef, decode_btree_node,
                                             decode_manifest, decode_version_node, numbered_manifest_name)
-from unshardfs.util.errors import ConfigError, DataError, SourceError
+from unshardfs.sources.pins import Pin, Pins
+from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
 from unshardfs.util.logonce import log_once
@@ -117,7 +121,10 @@ class OcdbtStore:
         # its stat, answered without walking the tree.
         self.lookups: BoundedMap[Any, Any] = BoundedMap(LOOKUPS)
         self.flights = Flights()
-        self.values = RangeReads(self._read_data, self.options.gap)  # value reads of one moment, per data file
+        # The version of each data file its values are read at (a key's stat takes its data file's pin).
+        self.pins = Pins(inner)
+        # Value reads of one moment, per data file (and the version they are held to).
+        self.values: RangeReads[Pin | str] = RangeReads(self._read_data, self.options.gap)
         self._versions: list[Version] | None = None
         self.counters = {"node_reads": 0, "node_bytes": 0, "value_reads": 0, "value_bytes": 0, "manifest_reads": 0,
                          "node_cache_dir_hits": 0}
@@ -319,26 +326,36 @@ class OcdbtStore:
                                                    f"expected (a cycle, or a misplaced node)")
         return found
 
-    async def read_value(self, location: Location, offset: int, size: int, index: bool) -> bytes:
-        """Bytes [offset, offset+size) of an out-of-line value. Over a remote base, values of one data file
-        read at the same moment (neighbouring keys a writer stored side by side) go out as one ranged read
-        (`RangeReads`); a local base reads each directly, and so do index reads a disk cache keeps (kept by
-        their exact range, which a joined read would change from one mount to the next)."""
+    def pin(self, location: Location) -> Pin:
+        """The pin of the data file holding the value at `location` (what a key's stat hands its file)."""
+        return self.pins.pin(self.root + location.file.path)
+
+    async def read_value(self, location: Location, offset: int, size: int, index: bool, pin: Pin | None = None
+                         ) -> bytes:
+        """Bytes [offset, offset+size) of an out-of-line value; through `pin` (its data file's, from the key's
+        stat), held to the data file's version that pin's first read met. Over a remote base, values of one
+        data file read at the same moment (neighbouring keys a writer stored side by side) go out as one
+        ranged read (`RangeReads`); a local base reads each directly, and so do index reads a disk cache keeps
+        (kept by their exact range, which a joined read would change from one mount to the next)."""
         size = max(0, min(size, location.length - offset))
         if size == 0:
             return b""
-        path, start = self.root + location.file.path, location.offset + offset
+        obj: Pin | str = pin if pin is not None else self.root + location.file.path
+        start = location.offset + offset
         if self.inner.remote and not (index and self.inner.index_cache is not None):
-            data = await self.values.read(path, start, size, index)
+            data = await self.values.read(obj, start, size, index)
         else:
-            data = await self._read_data(path, start, size, index)
+            data = await self._read_data(obj, start, size, index)
         if len(data) != size:
             raise DataError(self._where(location), "data file ends inside the value (truncated)")
         return data
 
-    async def _read_data(self, path: str, offset: int, size: int, index: bool) -> bytes:
-        read = self.inner.read_index if index else self.inner.read
-        data = await read(path, offset, size)
+    async def _read_data(self, obj: Pin | str, offset: int, size: int, index: bool) -> bytes:
+        if isinstance(obj, Pin):
+            data = await self.pins.read(obj, offset, size, self.description + obj.path[len(self.root):], index)
+        else:
+            read = self.inner.read_index if index else self.inner.read
+            data = await read(obj, offset, size)
         self.counters["value_reads"] += 1
         self.counters["value_bytes"] += len(data)
         return data
@@ -483,9 +500,14 @@ class OcdbtSource:
         return self.prefix + path.encode()
 
     def _stat(self, found: Found) -> ObjectStat:
+        """A key's stat; an out-of-line value's version carries its data file's pin (reads of the file are
+        held to the data file's version the pin's first read meets)."""
         value = found.value
-        identity = value.location.identity if value.location is not None else (found.node, found.key)
-        return ObjectStat(value.size, self.version.commit_time_ns, False, ("ocdbt", identity))
+        if value.location is None:
+            return ObjectStat(value.size, self.version.commit_time_ns, False, ("ocdbt", (found.node, found.key)))
+        location = value.location
+        return ObjectStat(value.size, self.version.commit_time_ns, False,
+                          ("ocdbt", location.identity, self.store.pin(location)))
 
     def _dir(self) -> ObjectStat:
         return ObjectStat(0, self.version.commit_time_ns, True, ())
@@ -542,20 +564,22 @@ class OcdbtSource:
             raise SourceError(f"{self.description}: no key {path!r}")
         return found
 
-    async def _read(self, path: str, offset: int, size: int, index: bool) -> bytes:
+    async def _read(self, path: str, offset: int, size: int, index: bool, pin: Pin | None) -> bytes:
         found = await self._found(path)
         value = found.value
         if value.data is not None:
             return value.data[offset:offset + max(size, 0)]
         location = value.location
         assert location is not None
-        return await self.store.read_value(location, offset, size, index)
+        if pin is not None and pin.path != self.store.root + location.file.path:
+            raise StaleError(path, "the key names another data file than when it was looked up")
+        return await self.store.read_value(location, offset, size, index, pin)
 
     async def read(self, path: str, offset: int, size: int, version: ObjectVersion | None = None) -> bytes:
-        return await self._read(path, offset, size, False)
+        return await self._read(path, offset, size, False, _pin_of(version))
 
     async def read_index(self, path: str, offset: int, size: int, version: ObjectVersion | None = None) -> bytes:
-        return await self._read(path, offset, size, True)
+        return await self._read(path, offset, size, True, _pin_of(version))
 
     def key_order(self) -> bool:
         return True  # (`KeyOrder`: the B+tree)
@@ -614,6 +638,14 @@ class OcdbtSource:
 
 
 _ABSENT = object()
+
+
+def _pin_of(version: ObjectVersion | None) -> Pin | None:
+    """The data file's pin a key's version (`OcdbtSource._stat`) carries; None for an inline value, or
+    a read made without a version (which reads whatever the data file holds now)."""
+    if version is not None and len(version) == 3 and isinstance(version[2], Pin):
+        return version[2]
+    return None
 
 
 def _path_problem(path: str) -> bool:

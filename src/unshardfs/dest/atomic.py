@@ -20,11 +20,11 @@ import os
 import re
 import secrets
 import stat as statmod
-from dataclasses import dataclass
 from typing import Iterable
 
 import crc32c
 
+from unshardfs.dest.base import MISSING, Measured, WriteStopped
 from unshardfs.util.fdpath import Beneath, regular_file
 
 TEMP_MARK = ".unshardfs-tmp-"
@@ -33,21 +33,6 @@ _TEMP_STEM = 200
 # The destination refuses more bytes: stop the whole run at the first, never per file.
 STOP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 READ_PIECE = 8 << 20
-
-
-class WriteStopped(Exception):
-    """The destination cannot take more: the one line that ends the run."""
-
-    def __init__(self, rel: str, error: OSError | str) -> None:
-        """`error`: the OSError of a file system, or the one-line reason an object store gave."""
-        self.rel = rel
-        if isinstance(error, str):
-            self.errno = None
-            super().__init__(f"cannot write {rel or '.'}: {error}")
-            return
-        self.errno = error.errno
-        code = errno.errorcode.get(error.errno or 0, "?")
-        super().__init__(f"cannot write {rel or '.'}: {error.strerror or error} ({code})")
 
 
 def stops(error: OSError) -> bool:
@@ -87,8 +72,9 @@ class Pending:
     file (a symlink, FIFO or directory there is refused, never replaced).
     """
 
-    def __init__(self, out: Beneath, rel: str, task: int | None = None) -> None:
+    def __init__(self, out: Beneath, rel: str, task: int | None = None, sync: bool = True) -> None:
         self.rel = rel
+        self.sync = sync  # flushed to stable storage before the rename
         parent, self.name = _split(rel)
         try:
             self.dirfd = out.open(parent, os.O_PATH | os.O_DIRECTORY)
@@ -127,14 +113,14 @@ class Pending:
             self.write_at(piece, self.offset)
         self.offset += len(piece)
 
-    def commit(self, size: int, mtime_ns: int | None, sync: bool = True) -> bool:
+    def commit(self, size: int, mtime_ns: int | None) -> bool:
         """Size it (holes left by skipped zero pieces included), stamp it, flush it, rename it into
         place; True (written)."""
         try:
             os.ftruncate(self.fd, size)
             if mtime_ns is not None:
                 os.utime(self.fd, ns=(mtime_ns, mtime_ns))
-            if sync:
+            if self.sync:
                 os.fsync(self.fd)
             os.close(self.fd)
             self.fd = -1
@@ -173,7 +159,7 @@ class Pending:
 def write_file(out: Beneath, rel: str, pieces: Iterable[bytes], mtime_ns: int | None = None,
                sync: bool = True, task: int | None = None) -> int:
     """Write `rel` beneath `out` whole from `pieces` (temporary, then rename); its size."""
-    pending = Pending(out, rel, task)
+    pending = Pending(out, rel, task, sync)
     offset = 0
     try:
         for piece in pieces:
@@ -182,7 +168,7 @@ def write_file(out: Beneath, rel: str, pieces: Iterable[bytes], mtime_ns: int | 
     except BaseException:
         pending.abort()
         raise
-    pending.commit(offset, mtime_ns, sync)
+    pending.commit(offset, mtime_ns)
     return offset
 
 
@@ -206,28 +192,19 @@ def sync_dir(out: Beneath, rel: str) -> None:
         os.close(fd)
 
 
-@dataclass(frozen=True)
-class Found:
-    """What a file beneath DEST holds: its size and crc32c, or why it could not be read."""
-
-    size: int = -1
-    crc32c: int = -1
-    problem: str | None = None
-
-
-def measure(out: Beneath, rel: str) -> Found:
+def measure(out: Beneath, rel: str) -> Measured:
     """Size and crc32c of the regular file `rel` beneath `out` (no link followed, nothing blocks)."""
     try:
         fd = out.open(rel, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return Found(problem="missing")
+        return MISSING
     except OSError as e:
-        return Found(problem=f"cannot open: {e.strerror}")
+        return Measured.failed(f"cannot open: {e.strerror}")
     try:
         try:
             st = regular_file(fd, rel)
         except OSError:
-            return Found(problem="not a regular file")  # regular_file closed it
+            return Measured.failed("not a regular file")  # regular_file closed it
         crc, size = 0, 0
         while True:
             data = os.read(fd, READ_PIECE)
@@ -236,10 +213,10 @@ def measure(out: Beneath, rel: str) -> Found:
             crc = crc32c.crc32c(data, crc)
             size += len(data)
         if size != st.st_size:
-            return Found(problem=f"changed while read ({size} of {st.st_size} bytes)")
-        return Found(size, crc)
+            return Measured.failed(f"changed while read ({size} of {st.st_size} bytes)")
+        return Measured(size, crc)
     except OSError as e:
-        return Found(problem=f"cannot read: {e.strerror}")
+        return Measured.failed(f"cannot read: {e.strerror}")
     finally:
         try:
             os.close(fd)

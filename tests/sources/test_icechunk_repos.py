@@ -1,4 +1,4 @@
-"""Icechunk's own committed repositories of both spec versions (tests/corpus/icechunk), read without a
+"""Icechunk's own committed repositories of both spec versions (tests/data/icechunk), read without a
 mount: the same branches and tags holding the same trees in spec version 1 and 2, each what the
 generating test (`test_can_read_old.py`) says it wrote; the deleted tag and the deleted branches not
 shown, and `inspect` saying they were deleted.
@@ -22,7 +22,7 @@ from unshardfs.testing.inprocess import read_file, walk
 from unshardfs.testing.mounts import run_cli
 from unshardfs.util.errors import ConfigError, DataError
 
-DATA = Path(__file__).resolve().parent / "icechunk" / "icechunk-python" / "tests" / "data"
+DATA = Path(__file__).resolve().parents[1] / "data" / "icechunk" / "icechunk-python" / "tests" / "data"
 REFS = ["branch.main", "branch.my-branch", "tag.it also works!", "tag.it works!"]
 SPEC = ["v1", "v2"]
 # The messages of test_can_read_old.py's commits, oldest first (`write_a_test_repo`).

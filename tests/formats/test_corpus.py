@@ -1,4 +1,4 @@
-"""Data other projects commit (tests/corpus, each set with its README and licence), read through the
+"""Data other projects commit (tests/data, each set with its README and licence), read through the
 mount: each array equal to the values its writer's script documents, and to what zarr-python 3 and
 TensorStore read from the stored files; the zarr2 view read by zarr-python 2; what unshardfs leaves
 out of a view listed with its reason."""
@@ -17,7 +17,7 @@ from unshardfs.testing.mounts import run_cli
 from unshardfs.testing.trees import assert_same_tree, walk_files
 from unshardfs.testing.zarr import ZARR2_PYTHON
 
-CORPUS = Path(__file__).resolve().parent
+CORPUS = Path(__file__).resolve().parents[1] / "data"
 ZARRITA = CORPUS / "zarrita.js" / "fixtures" / "v3" / "data.zarr"
 ZARRS = CORPUS / "zarrs" / "zarrs" / "tests" / "data" / "sharded_array_write_read.zarr"
 ZARR_JAVA = CORPUS / "zarr-java" / "testdata" / "sharding_index_location"

@@ -19,8 +19,9 @@ import pytest
 
 from tests.support.objectstores import Fault, FakeGcs, FaultyProxy
 from tests.support.s3 import CREDENTIALS, moto_s3
-from unshardfs.sources.objectsink import SinkOptions, StoreError, open_store
+from unshardfs.dest.store import SinkOptions, StoreError, open_store
 from unshardfs.testing.mounts import UNSHARDFS, run_cli
+from unshardfs.util.backoff import Backoff
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.testing.trees import exported_files
 
@@ -325,7 +326,7 @@ def test_s3_operator_mistakes_are_one_line_before_any_write(s3, volume, tmp_path
 
 
 def test_keys_that_leave_the_prefix_are_never_requested():
-    store = open_store("s3://out/copy", SinkOptions(endpoint="http://127.0.0.1:9", retries=0))
+    store = open_store("s3://out/copy", SinkOptions(endpoint="http://127.0.0.1:9", retrying=Backoff(retries=0)))
     try:
         for rel in ("../x", "a/../../x", "a//b", "a\0b", "x" * 1100):
             with pytest.raises(StoreError, match="not requested"):

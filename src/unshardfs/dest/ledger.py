@@ -30,12 +30,15 @@ import re
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterable, Iterator
+from typing import Any, Iterable, Iterator, TypeGuard
 
+from unshardfs.dest.atomic import is_temp, stops
+from unshardfs.dest.base import LEDGER_DIR, LINE_LIMIT, JournalLog, RecordStore, WriteStopped
+from unshardfs.dest.opener import manifest_lines
 from unshardfs.sources import RemoteOptions
-from unshardfs.tools.atomic import WriteStopped, is_temp, stops
-from unshardfs.tools.dest import LEDGER_DIR, LINE_LIMIT, Dest, JournalLog, is_object_url, split_lines
 from unshardfs.util.errors import ConfigError, DataError
+from unshardfs.util.fields import MetadataError, load_json
+
 PLAN = f"{LEDGER_DIR}/plan.json"
 TASK_LIST = f"{LEDGER_DIR}/tasks.jsonl"
 TASKS = f"{LEDGER_DIR}/tasks"
@@ -47,7 +50,11 @@ _TASK_FILE = re.compile(r"^(\d{6})\.jsonl$")
 # One ledger document (the plan, a line) read back is at most this big: the ledger is ours, but DEST
 # is writable by others too.
 _PLAN_LIMIT = 1 << 20
-_LINE_LIMIT = LINE_LIMIT
+# What a record may state: sizes and offsets as the kernel's off_t, times as int64 nanoseconds,
+# counts of files as a task could hold.
+_INT64 = (1 << 63) - 1
+_MAX_FILES = 1 << 40
+_MAX_TASKS = 10**6 - 1
 ENTRY_LINES = 4096  # file lines of a ledger entry (or the manifest) made and written at once
 MANIFEST_READERS = 8  # ledger entries in object storage read at once while the manifest is gathered ...
 MANIFEST_AHEAD = 1 << 19  # ... holding at most this many file lines between them (but always one entry)
@@ -79,23 +86,33 @@ class FileRecord:
 
     @classmethod
     def parse(cls, doc: Any) -> "FileRecord":
-        """A record from a decoded line; ValueError for anything that is not one."""
+        """A record from a decoded line; ValueError for anything that is not one (a path that is no
+        plain relative path, a size, time, offset or length out of range, a source that is no text)."""
         if not isinstance(doc, dict):
             raise ValueError("not an object")
         path, size, crc, mtime = doc.get("path"), doc.get("size"), doc.get("crc32c"), doc.get("mtime_ns", 0)
         if not isinstance(path, str) or not path or path.startswith("/") or \
                 any(part in ("", ".", "..") for part in path.split("/")) or "\0" in path:
             raise ValueError(f"bad path {path!r:.200}")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        if not _count(size, _INT64):
             raise ValueError(f"{path}: bad size")
         if not isinstance(crc, str) or not re.fullmatch(r"[0-9a-f]{8}", crc):
             raise ValueError(f"{path}: bad crc32c")
-        if not isinstance(mtime, int) or isinstance(mtime, bool):
+        if not isinstance(mtime, int) or isinstance(mtime, bool) or not -_INT64 <= mtime <= _INT64:
             raise ValueError(f"{path}: bad mtime_ns")
         offset, length = doc.get("offset"), doc.get("length")
+        if (offset is None) != (length is None) or offset is not None and not (
+                _count(offset, _INT64) and _count(length, _INT64)):
+            raise ValueError(f"{path}: bad offset or length")
         source = doc.get("source", "")
-        return cls(path, size, int(crc, 16), mtime, source if isinstance(source, str) else "",
-                   offset if isinstance(offset, int) else None, length if isinstance(length, int) else None)
+        if not isinstance(source, str):
+            raise ValueError(f"{path}: bad source")
+        return cls(path, size, int(crc, 16), mtime, source, offset, length)
+
+
+def _count(value: Any, most: int) -> TypeGuard[int]:
+    """Whether `value` is an int (not a bool) in 0..most."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def source_of(xattrs: dict[str, bytes]) -> tuple[str, int | None, int | None]:
@@ -128,7 +145,7 @@ def task_file(task: int, suffix: str = "jsonl") -> str:
 class Journal:
     """The files of one task already in place: loaded from its journal, appended as files land."""
 
-    dest: Dest
+    records: RecordStore
     task: int
     known: dict[str, FileRecord] = field(default_factory=dict)
     done: dict[str, FileRecord] = field(default_factory=dict)  # this run's, in the order they landed
@@ -136,16 +153,16 @@ class Journal:
     rerun: bool = False  # the task ran before (its journal was there): it may have left temporaries
 
     @classmethod
-    def open(cls, dest: Dest, task: int) -> "Journal":
-        journal = cls(dest, task)
+    def open(cls, records: RecordStore, task: int) -> "Journal":
+        journal = cls(records, task)
         rel = task_file(task, "journal")
-        for raw in dest.journal_lines(rel):
+        for raw in records.journal_lines(rel):
             try:
-                record = FileRecord.parse(json.loads(raw))
+                record = FileRecord.parse(_decode(raw))
             except ValueError:
                 continue  # a line cut short by a kill: that file is simply written again
             journal.known[record.path] = record
-        journal.log = dest.journal(rel)
+        journal.log = records.journal(rel)
         journal.rerun = journal.log.rerun
         return journal
 
@@ -166,24 +183,33 @@ class Journal:
 
 
 class Ledger:
-    """The plan, the finished tasks and the manifest of an export, beneath DEST."""
+    """The plan, the finished tasks and the manifest of an export, among DEST's records.
 
-    def __init__(self, dest: Dest) -> None:
-        self.dest = dest
+    Everything read back is untrusted (DEST is writable by others): a record
+    that is not what this module writes is a one-line error naming it, never
+    a crash, and no number it states is taken beyond what a record can mean.
+    """
+
+    def __init__(self, records: RecordStore) -> None:
+        self.records = records
 
     def plan(self) -> Plan | None:
-        raw = self.dest.read_small(PLAN, _PLAN_LIMIT)
+        try:
+            raw = self.records.read_small(PLAN, _PLAN_LIMIT)
+        except DataError as e:  # nothing has run yet: DEST is not one to export into
+            raise ConfigError(f"{e.where} in DEST {e.reason}") from None
         if raw is None:
             return None
         try:
-            doc = json.loads(raw)
-            if doc.get("format") != PLAN_FORMAT or doc.get("version") != VERSION:
+            doc = load_json(raw, PLAN)
+            if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or doc.get("version") != VERSION:
                 raise ValueError("not an export plan of this version")
-            tasks, source, formats = doc["tasks"], doc["source"], doc["formats"]
-            if not (isinstance(tasks, int) and 0 < tasks < 10**6 and isinstance(source, str)
-                    and isinstance(formats, dict)):
+            tasks, source, formats = doc.get("tasks"), doc.get("source"), doc.get("formats")
+            if not (_count(tasks, _MAX_TASKS) and tasks and isinstance(source, str) and isinstance(formats, dict)):
                 raise ValueError("bad fields")
-        except (ValueError, KeyError, AttributeError) as e:
+        except MetadataError as e:
+            raise ConfigError(f"{PLAN} in DEST is not an unshardfs export plan ({e.reason})") from None
+        except ValueError as e:
             raise ConfigError(f"{PLAN} in DEST is not an unshardfs export plan ({e})") from None
         return Plan(source, formats, tasks)
 
@@ -193,11 +219,11 @@ class Ledger:
         rel = LEDGER_DIR
         try:
             for rel in (LEDGER_DIR, TASKS):
-                self.dest.make_dir(rel)
+                self.records.make_dir(rel)
             rel = TASK_LIST
-            self.dest.write(TASK_LIST, tasks, create=False)
+            self.records.replace(TASK_LIST, tasks)
             rel = PLAN
-            self.dest.write(PLAN, [json.dumps(plan.doc(), indent=1).encode() + b"\n"], create=False)
+            self.records.replace(PLAN, [json.dumps(plan.doc(), indent=1).encode() + b"\n"])
         except WriteStopped:
             raise
         except (OSError, DataError) as e:
@@ -208,22 +234,22 @@ class Ledger:
 
     def task_list(self) -> Iterator[bytes]:
         """The recorded task list's lines (streamed); ConfigError if the plan has none."""
-        if not self.dest.exists(TASK_LIST):
+        if not self.records.exists(TASK_LIST):
             raise ConfigError(f"DEST holds an export planned without a task list ({TASK_LIST}): "
                               "export into a new DEST")
-        return self.dest.lines(TASK_LIST)
+        return self.records.lines(TASK_LIST)
 
     def complete(self) -> set[int]:
         """The tasks whose ledger entry is in place."""
-        return {int(m.group(1)) for name in self.dest.names(TASKS) if (m := _TASK_FILE.match(name))}
+        return {int(m.group(1)) for name in self.records.names(TASKS) if (m := _TASK_FILE.match(name))}
 
     def is_complete(self, task: int) -> bool:
         """Whether `task`'s ledger entry is in place (one stat, not a listing of every task's)."""
-        return self.dest.exists(task_file(task))
+        return self.records.exists(task_file(task))
 
-    def finish(self, journal: Journal, sync: bool = True) -> None:
-        """Write the task's ledger entry (every file it holds, flushed first), then drop its journal.
-        The entry is made and written ENTRY_LINES lines at a time, never held whole."""
+    def finish(self, journal: Journal) -> None:
+        """Write the task's ledger entry (every file it holds), then drop its journal. The entry is
+        made and written ENTRY_LINES lines at a time, never held whole."""
         records = journal.done
         closing = {"task": journal.task, "files": len(records), "bytes": sum(r.size for r in records.values())}
         journal.close()
@@ -237,36 +263,45 @@ class Ledger:
                     batch = []
             batch.append(json.dumps(closing).encode() + b"\n")
             yield b"".join(batch)
-        self.dest.write(task_file(journal.task), pieces(), sync=sync, task=journal.task, create=False)
-        self.dest.drop_journal(task_file(journal.task, "journal"))
+        self.records.replace(task_file(journal.task), pieces())
+        self.records.drop_journal(task_file(journal.task, "journal"))
 
     def task_totals(self, task: int) -> tuple[int, int]:
         """(files, bytes) of a complete task, from its closing line (the file's tail, not all of it)."""
         rel = task_file(task)
         try:
-            tail = self.dest.tail(rel, _LINE_LIMIT)
-            doc = json.loads(tail.rstrip(b"\n").rpartition(b"\n")[2])
-            return int(doc["files"]), int(doc["bytes"])
-        except (OSError, DataError, ValueError, KeyError, TypeError):
-            raise DataError(rel, "ledger entry unreadable or without its closing line") from None
+            tail = self.records.tail(rel, LINE_LIMIT)
+            doc = _decode(tail.rstrip(b"\n").rpartition(b"\n")[2])
+            files, size = doc.get("files"), doc.get("bytes")
+            if doc.get("task") == task and _count(files, _MAX_FILES) and _count(size, _INT64):
+                return files, size
+        except (DataError, ValueError, AttributeError):
+            pass
+        raise DataError(rel, "ledger entry unreadable or without its closing line")
 
-    def records(self, task: int) -> Iterator[FileRecord]:
-        for raw in self.dest.lines(task_file(task)):
-            doc = json.loads(raw)
-            if "path" in doc:
+    def records_of(self, task: int) -> Iterator[FileRecord]:
+        """The file lines of a complete task's ledger entry; DataError for a line that is none."""
+        rel = task_file(task)
+        for number, raw in enumerate(self.records.lines(rel), start=1):
+            try:
+                doc = _decode(raw)
+                if isinstance(doc, dict) and "path" not in doc and doc.get("task") == task:
+                    continue  # the closing line
                 yield FileRecord.parse(doc)
+            except ValueError as e:
+                raise DataError(rel, f"line {number}: {e}") from None
 
     def has_manifest(self) -> bool:
-        return self.dest.exists(MANIFEST)
+        return self.records.exists(MANIFEST)
 
-    def write_manifest(self, plan: Plan, sync: bool = True) -> tuple[int, int]:
+    def write_manifest(self, plan: Plan) -> tuple[int, int]:
         """Gather every task's file lines into the manifest (streamed); (files, bytes).
 
         In object storage each entry is a few requests away: up to MANIFEST_READERS entries
         (and MANIFEST_AHEAD file lines) are read at once, ahead of the writing, their closing
         lines first, so thousands of tasks cost their round trips in parallel, not one after
         another. In a directory the entries are streamed one after another."""
-        readers = MANIFEST_READERS if self.dest.remote else 1
+        readers = MANIFEST_READERS if self.records.remote else 1
         with ThreadPoolExecutor(readers, thread_name_prefix="unshardfs-manifest") as pool:
             totals = list(pool.map(self.task_totals, range(plan.tasks)))
             files, size = sum(f for f, _ in totals), sum(b for _, b in totals)
@@ -290,7 +325,7 @@ class Ledger:
                 yield json.dumps(header).encode() + b"\n"
                 if readers == 1:
                     for task in range(plan.tasks):
-                        yield from checked(task, (record.line().encode() for record in self.records(task)))
+                        yield from checked(task, (record.line().encode() for record in self.records_of(task)))
                     return
                 ahead: deque[tuple[int, Future[list[bytes]]]] = deque()
                 held = 0  # file lines read ahead
@@ -304,47 +339,28 @@ class Ledger:
                     task, entry = ahead.popleft()
                     held -= totals[task][0]
                     yield from checked(task, entry.result())
-            self.dest.write(MANIFEST, pieces(), sync=sync, create=False)
+            self.records.replace(MANIFEST, pieces())
         return files, size
 
     def _entry_lines(self, task: int) -> list[bytes]:
         """A complete task's file lines, each checked and made again as a manifest line."""
-        return [record.line().encode() for record in self.records(task)]
+        return [record.line().encode() for record in self.records_of(task)]
 
 
-def _manifest_lines(path: str, remote: RemoteOptions | None) -> Generator[bytes, None, None]:
-    """The lines of a manifest in a file or an object (s3://, gs://), streamed."""
-    if is_object_url(path):
-        from unshardfs.sources.objectsink import StoreError, open_store
-        from unshardfs.tools.objectdest import sink_options
-
-        parent, _, name = path.rstrip("/").rpartition("/")
-        if "://" not in parent or not name:
-            raise ConfigError(f"manifest {path}: not the URL of an object")
-        store = open_store(parent, sink_options(path.partition("://")[0].lower(), remote or RemoteOptions()))
-        try:
-            there = store.head(name)
-            if there is None:
-                raise ConfigError(f"manifest {path}: no such object")
-            yield from split_lines(store.read(name, there.size))
-        except StoreError as e:
-            raise ConfigError(f"manifest {path}: {e}") from None
-        finally:
-            store.close()
-        return
+def _decode(raw: bytes) -> Any:
+    """One record line (at most LINE_LIMIT bytes: a longer one comes cut) decoded; ValueError for
+    anything that is not JSON, nesting too deep for the parser included."""
     try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise ConfigError(f"manifest {path}: {e.strerror}") from None
-    with f:
-        yield from iter(lambda: f.readline(_LINE_LIMIT), b"")
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def read_manifest(path: str, remote: RemoteOptions | None = None) -> tuple[dict[str, Any], Iterator[FileRecord]]:
     """A manifest's header and its file lines (streamed); ConfigError for one that is not one."""
-    lines = _manifest_lines(path, remote)
+    lines = manifest_lines(path, remote)
     try:
-        header = json.loads(next(lines, b""))
+        header = _decode(next(lines, b""))
         if not isinstance(header, dict) or header.get("format") != MANIFEST_FORMAT:
             raise ValueError("no manifest header")
     except ValueError as e:
@@ -354,7 +370,7 @@ def read_manifest(path: str, remote: RemoteOptions | None = None) -> tuple[dict[
     def records() -> Iterator[FileRecord]:
         for number, raw in enumerate(lines, start=2):
             try:
-                yield FileRecord.parse(json.loads(raw))
+                yield FileRecord.parse(_decode(raw))
             except ValueError as e:
                 raise ConfigError(f"manifest {path} line {number}: {e}") from None
     return header, records()

@@ -425,3 +425,130 @@ def test_the_memory_budget_drops_a_client_that_takes_nothing_before_one_that_rea
         assert server.counters["dropped_for_memory"] == 1 and server.held == 80
 
     trio.run(main)
+
+
+def test_deep_page_listings_leave_the_loop_to_readers() -> None:
+    """Twenty clients asking for page 999,999,999 of a directory of a million entries, and one fetching a
+    small file: the listings skip their way through every entry (the page lies past the end) while the
+    file is answered. Counted, not timed: how many of the directory's batches of 1,024 entries the
+    listings produce while the file's request is under way. A listing never gave the loop back while it
+    skipped (no byte to send, nothing to wait for): the file waited for whole listings of a thousand
+    batches each, one after another (9-10 s per chunk for a served million-entry directory under 20 such
+    clients). Now each batch is a checkpoint, and at most `LISTINGS` listings run at once: a handful of
+    batches go by while the file is answered."""
+    import trio
+
+    from unshardfs.http.app import LISTINGS, TreeApp
+    from unshardfs.tree.nodes import EntryBatch
+
+    made = [0]
+
+    class Batch(EntryBatch):
+        def node(self, i):
+            return File(1, 0)
+
+    class Big(DirNode):
+        async def entries(self):
+            for b in range(1000):
+                made[0] += 1
+                names = [f"{b}-{i}" for i in range(1024)]
+                yield Batch(names, [1] * 1024, [None] * 1024, 0)
+
+    class File(FileNode):
+        async def read(self, offset, size):
+            await trio.sleep(0)  # a read that waits (a cold page, a remote object)
+            return b"x"[offset:offset + size]
+
+    class Root(DirNode):
+        async def lookup(self, name):
+            return Big(0) if name == "big" else File(1, 0) if name == "f" else None
+
+    app = TreeApp(Root(0), dict)
+
+    async def get(path: str, query: bytes = b"") -> int:
+        status = [0]
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await trio.sleep(0)  # a socket with room: the send still yields
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        await app({"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "headers": [],
+                   "query_string": query}, receive, send)
+        return status[0]
+
+    async def main() -> tuple[int, int]:
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(get, "/big/", b"page=999999999")
+            await trio.sleep(0)
+            await trio.sleep(0)  # the listings are under way
+            before = made[0]
+            assert await get("/f") == 200
+            during = made[0] - before
+            nursery.cancel_scope.cancel()
+        return during, before
+
+    during, before = trio.run(main)
+    assert during <= 40 * LISTINGS, (during, before)  # before: 1,000 or more (whole listings)
+
+
+def test_clients_that_stop_reading_their_listings_hold_no_turn() -> None:
+    """Listings take turns (at most `LISTINGS` being made at once), but a turn is held while a piece of a
+    listing is made, never while it is sent: more clients than there are turns, each taking the first
+    piece of a long listing and then nothing, leave another client's listing to be answered whole."""
+    import trio
+
+    from unshardfs.http.app import LISTINGS, TreeApp
+
+    class Big(DirNode):
+        async def entries(self):
+            for b in range(100):
+                yield [(f"{b}-{i}", File(1, 0)) for i in range(1024)]
+
+    class File(FileNode):
+        async def read(self, offset, size):
+            return b"x"[offset:offset + size]
+
+    class Root(DirNode):
+        async def lookup(self, name):
+            return Big(0) if name == "big" else None
+
+    app = TreeApp(Root(0), dict)
+    stalled = trio.Event()  # never set: the stalled clients' sends never return
+
+    async def get(path: str, query: bytes, stop_after: int | None) -> bytes:
+        body = bytearray()
+        pieces = 0
+
+        async def send(message):
+            nonlocal pieces
+            if message["type"] == "http.response.body":
+                pieces += 1
+                body.extend(message["body"])
+                if stop_after is not None and pieces > stop_after:
+                    await stalled.wait()
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        await app({"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "headers": [],
+                   "query_string": query}, receive, send)
+        return bytes(body)
+
+    async def main() -> bytes:
+        async with trio.open_nursery() as nursery:
+            for _ in range(LISTINGS + 2):
+                nursery.start_soon(get, "/big/", b"format=json", 1)
+            for _ in range(10):
+                await trio.sleep(0)
+            with trio.fail_after(30):
+                got = await get("/big/", b"format=json", None)
+            nursery.cancel_scope.cancel()
+        return got
+
+    listed = json.loads(trio.run(main))
+    assert len(listed) == 100 * 1024

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.serve.test_browser import CHROMIUM, screenshot, static_screenshot
+from tests.http.test_browser import CHROMIUM, screenshot, static_screenshot
 from tests.support.served import served
 
 ts = pytest.importorskip("tensorstore")

@@ -35,7 +35,6 @@ import base64
 import hashlib
 import json
 import logging
-import random
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -46,26 +45,29 @@ import crc32c
 import httpx
 
 from unshardfs.sources.http import ERROR_BODY_LIMIT, MAX_OBJECT_SIZE, RETRY_STATUS, origin, path_problem
-from unshardfs.sources.objectstore import (GCS_ENDPOINT, LISTING_PAGE_LIMIT, MAX_PAGE_TOKEN, S3_NS, _google_credentials,
-                                           aws_region, aws_signature, check_bucket, google_token, s3_bucket_url)
+from unshardfs.sources.cloud import (GCS_ENDPOINT, GCS_WRITE, LISTING_PAGE_LIMIT, S3_NS, aws_region, aws_signature,
+                                     check_bucket, google_credentials, google_token, s3_bucket_url)
+from unshardfs.util.backoff import Backoff
 from unshardfs.util.errors import ConfigError, one_line
+from unshardfs.util.paging import PageTokens
 
 log = logging.getLogger(__name__)
 
 PART = 8 << 20  # bytes of one PUT, and of each part of a bigger object (S3: >= 5 MiB; GCS: 256 KiB multiple)
 MAX_KEY = 1024  # bytes of a key (UTF-8), both stores' limit
 MAX_PARTS = 10_000  # S3's limit: 80 GiB objects at PART bytes
-GCS_WRITE = "https://www.googleapis.com/auth/devstorage.read_write"
 _MAX_PAGES = 100_000
+
+
+def _page_tokens(what: str) -> PageTokens:
+    return PageTokens(_MAX_PAGES, lambda why: StoreError(f"listing {what}: {why}"))
 
 
 @dataclass(frozen=True)
 class SinkOptions:
     endpoint: str | None = None  # an S3-compatible or GCS-compatible server instead of AWS's or Google's
     timeout: float = 30.0  # seconds, per wait for bytes
-    retries: int = 5  # further attempts after the first
-    backoff: float = 0.25
-    backoff_max: float = 8.0
+    retrying: Backoff = Backoff()  # as reads retry (`sources.http`)
     deadline: float = 300.0  # seconds for one request, all its attempts included
     connections: int = 32
 
@@ -87,12 +89,23 @@ class Corrupted(StoreError):
 
 
 @dataclass(frozen=True)
-class Stored:
+class StoredObject:
     """What the store holds under a key."""
 
     size: int
     crc32c: int | None  # the store's own CRC-32C of the whole object, where it states one
     tag: str  # what a conditional replacement names: S3 ETag, GCS generation
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One name a listing gives: an object, with its size (and the store's CRC-32C where the listing
+    states one), or, in a listing by directory, a common prefix (`directory`)."""
+
+    path: str  # relative to the store's prefix
+    size: int = 0
+    crc32c: int | None = None
+    directory: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,6 +174,13 @@ class Answer:
     body: bytes
 
 
+def _size(value: object) -> int:
+    """An object size as GCS states it (a decimal string); ValueError for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"object size {value!r:.40}")
+    return int(value)
+
+
 def _error_code(body: bytes) -> str:
     """The store's error code (S3/GCS XML `<Code>`, GCS JSON `error.message`), if the body has one."""
     text = body[:4096]
@@ -183,12 +203,14 @@ class ObjectStore:
 
     scheme = ""
 
-    def __init__(self, bucket: str, prefix: str, options: SinkOptions) -> None:
+    def __init__(self, bucket: str, prefix: str, options: SinkOptions,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        """`transport`: how requests reach the store (httpx's; None: over the network, pooled)."""
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.options = options
         self.description = f"{self.scheme}://{bucket}/{self.prefix}".rstrip("/")
-        self._client = httpx.Client(timeout=options.timeout, follow_redirects=False,
+        self._client = httpx.Client(timeout=options.timeout, follow_redirects=False, transport=transport,
                                     limits=httpx.Limits(max_connections=options.connections,
                                                         max_keepalive_connections=options.connections))
 
@@ -228,16 +250,17 @@ class ObjectStore:
                 limit: int = ERROR_BODY_LIMIT, ok_limit: int | None = None) -> Answer:
         """One request, retried on transport errors, 408/429/5xx within the deadline; the body read up
         to `ok_limit` (2xx) or `limit` bytes (a longer one is an error, never held)."""
-        delay = self.options.backoff
-        start = time.monotonic()
+        retries = self.options.retrying.schedule()
+        deadline = time.monotonic() + self.options.deadline
         last = ""
-        for attempt in range(self.options.retries + 1):
-            if attempt:
-                wait = min(delay, self.options.backoff_max) * (0.5 + random.random())
-                if time.monotonic() + wait - start > self.options.deadline:
+        attempts = 0
+        while True:
+            if attempts:
+                wait = retries.wait(time.monotonic(), deadline)
+                if wait is None:
                     break
                 time.sleep(wait)
-                delay *= 2
+            attempts += 1
             sent = {"User-Agent": "unshardfs", "Accept-Encoding": "identity", **(headers or {})}
             sent.update(self.sign(method, url, sent, body))
             try:
@@ -255,7 +278,7 @@ class ObjectStore:
             if answer.status not in RETRY_STATUS:
                 return answer
             last = f"HTTP {answer.status} {_error_code(answer.body)}".rstrip()
-        raise StoreError(f"{method} {what}: {last} (after {attempt + 1} attempts)")
+        raise StoreError(f"{method} {what}: {last} (after {attempts} attempts)")
 
     def fail(self, method: str, what: str, answer: Answer) -> StoreError:
         """The error an unexpected answer is: 412 `Exists`, else a StoreError naming the status."""
@@ -265,12 +288,12 @@ class ObjectStore:
 
     # -- the sink's operations (per store below) --------------------------------------
 
-    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> Stored:
+    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> StoredObject:
         """Write `data` as one object: created only where none is (`create`), or replacing exactly
         the object tagged `replace`; `Exists` if that precondition fails."""
         raise NotImplementedError
 
-    def head(self, rel: str) -> Stored | None:
+    def head(self, rel: str) -> StoredObject | None:
         raise NotImplementedError
 
     def address(self, rel: str, media: bool = False) -> str:
@@ -318,11 +341,21 @@ class ObjectStore:
         if answer.status not in (200, 204, 404):
             raise self.fail("DELETE", what, answer)
 
-    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
-        """(path relative to the prefix, size, the store's crc32c if the listing states it) of every
-        object whose key starts with `rel`; with `delimiter` (`rel` a directory ending in '/'),
-        the objects directly in it and its sub-directories (size -1)."""
+    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[Listed]:
+        """Every object whose key starts with `rel`; with `delimiter` (`rel` a directory ending in
+        '/'), the objects directly in it and its sub-directories. Keys outside the prefix are left
+        out; other names are as the store gives them (`key` refuses the unsafe ones)."""
         raise NotImplementedError
+
+    def listed(self, key: str, size: int = 0, crc: int | None = None, directory: bool = False) -> Listed | None:
+        """A key (or common prefix) of a listing as a `Listed`, if it lies below the prefix; StoreError
+        for a size no object can have."""
+        rel = self.relative(key.rstrip("/") if directory else key)
+        if not rel:
+            return None
+        if not 0 <= size <= MAX_OBJECT_SIZE:
+            raise StoreError(f"listing {self.description}: an object of {size} bytes")
+        return Listed(rel, size, crc, directory)
 
     def upload(self, rel: str, create: bool = True) -> "Upload":
         raise NotImplementedError
@@ -347,7 +380,7 @@ class Upload:
     def add(self, piece: bytes) -> None:
         raise NotImplementedError
 
-    def complete(self) -> Stored:
+    def complete(self) -> StoredObject:
         raise NotImplementedError
 
     def abort(self) -> None:
@@ -372,8 +405,9 @@ def _etag(headers: httpx.Headers) -> str:
 class S3Store(ObjectStore):
     scheme = "s3"
 
-    def __init__(self, bucket: str, prefix: str, options: SinkOptions) -> None:
-        super().__init__(bucket, prefix, options)
+    def __init__(self, bucket: str, prefix: str, options: SinkOptions,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(bucket, prefix, options, transport)
         self.region = aws_region()
         self.base = s3_bucket_url(bucket, self.region, options.endpoint)
         self._origin = origin(httpx.URL(self.base))
@@ -405,7 +439,7 @@ class S3Store(ObjectStore):
         if tag.lower() != digest.md5.hex():
             raise Corrupted(f"{what}: the store answers ETag {tag[:40]!r}, the body's MD5 is {digest.md5.hex()}")
 
-    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> Stored:
+    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> StoredObject:
         digest = Digest.of(data)
         headers = {"Content-Type": "application/octet-stream", "Content-MD5": digest.md5_b64,
                    "x-amz-checksum-crc32c": digest.crc_b64, "X-Amz-Content-SHA256": digest.sha256}
@@ -418,9 +452,9 @@ class S3Store(ObjectStore):
         if answer.status != 200:
             raise self.fail("PUT", what, answer)
         self._checked(rel, digest, answer, f"PUT {what}")
-        return Stored(len(data), digest.crc32c, _etag(answer.headers))
+        return StoredObject(len(data), digest.crc32c, _etag(answer.headers))
 
-    def head(self, rel: str) -> Stored | None:
+    def head(self, rel: str) -> StoredObject | None:
         what = self.where(rel)
         answer = self.request("HEAD", self.url(rel), what, {"x-amz-checksum-mode": "ENABLED"})
         if answer.status == 404:
@@ -432,12 +466,11 @@ class S3Store(ObjectStore):
             raise StoreError(f"HEAD {what}: no usable Content-Length")
         # A multipart object's checksum is of its parts ("...-N"): not the object's, not used.
         crc = answer.headers.get("x-amz-checksum-crc32c")
-        return Stored(int(length), crc_from_b64(crc) if crc and "-" not in crc else None, _etag(answer.headers))
+        return StoredObject(int(length), crc_from_b64(crc) if crc and "-" not in crc else None, _etag(answer.headers))
 
     def _pages(self, query: dict[str, str], what: str) -> Iterator[tuple[ET.Element, str]]:
-        token: str | None = None
-        seen: set[str] = set()
-        for _ in range(_MAX_PAGES):
+        tokens = _page_tokens(what)
+        for token in tokens:
             page = dict(query, **({"continuation-token": token} if token else {}))
             answer = self.request("GET", f"{self.base}/?{urlencode(sorted(page.items()))}", what,
                                   ok_limit=LISTING_PAGE_LIMIT)
@@ -445,30 +478,26 @@ class S3Store(ObjectStore):
                 raise self.fail("GET", what, answer)
             root, ns = _xml(answer.body, f"listing {what}")
             yield root, ns
-            token = root.findtext(f"{ns}NextContinuationToken") if root.findtext(f"{ns}IsTruncated") == "true" \
-                else None
-            if not token:
-                return
-            if token in seen or len(token) > MAX_PAGE_TOKEN:
-                raise StoreError(f"listing {what}: the store repeats or inflates its page token")
-            seen.add(token)
-        raise StoreError(f"listing {what}: more than {_MAX_PAGES:,} pages")
+            if root.findtext(f"{ns}IsTruncated") == "true":
+                tokens.follow(root.findtext(f"{ns}NextContinuationToken"))
 
-    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
+    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[Listed]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
         query = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
         if delimiter:
             query["delimiter"] = "/"
         for root, ns in self._pages(query, self.where(rel)):
             for element in root.iter(f"{ns}CommonPrefixes"):
-                name = self.relative(unquote_plus(element.findtext(f"{ns}Prefix", ""), errors="surrogateescape"))
-                if name is not None:
-                    yield name.rstrip("/"), -1, None
+                key = unquote_plus(element.findtext(f"{ns}Prefix", ""), errors="surrogateescape")
+                found = self.listed(key, directory=True)
+                if found is not None:
+                    yield found
             for element in root.iter(f"{ns}Contents"):
-                name = self.relative(unquote_plus(element.findtext(f"{ns}Key", ""), errors="surrogateescape"))
+                key = unquote_plus(element.findtext(f"{ns}Key", ""), errors="surrogateescape")
                 size = element.findtext(f"{ns}Size", "")
-                if name is not None and size.isdigit():
-                    yield name, int(size), None
+                found = self.listed(key, int(size)) if size.isdigit() else None
+                if found is not None:
+                    yield found
 
     def upload(self, rel: str, create: bool = True) -> Upload:
         return _S3Upload(self, rel, create)
@@ -477,9 +506,12 @@ class S3Store(ObjectStore):
         prefix = f"{self.prefix}/" if self.prefix else ""
         what = f"unfinished uploads of {self.description}"
         aborted = 0
-        markers: dict[str, str] = {}
-        for _ in range(_MAX_PAGES):
-            query = {"uploads": "", "prefix": prefix, **markers}
+        tokens = _page_tokens(what)
+        for token in tokens:
+            key_marker, _, upload_marker = (token or "").partition("\n")
+            query = {"uploads": "", "prefix": prefix}
+            if token:
+                query.update({"key-marker": key_marker, "upload-id-marker": upload_marker})
             answer = self.request("GET", f"{self.base}/?{urlencode(sorted(query.items()))}", what,
                                   ok_limit=LISTING_PAGE_LIMIT)
             if answer.status != 200:
@@ -494,13 +526,9 @@ class S3Store(ObjectStore):
                 if done.status not in (200, 204, 404):
                     raise self.fail("DELETE", self.where(rel), done)
                 aborted += 1
-            if root.findtext(f"{ns}IsTruncated") != "true":
-                return aborted
-            following = {"key-marker": root.findtext(f"{ns}NextKeyMarker", ""),
-                         "upload-id-marker": root.findtext(f"{ns}NextUploadIdMarker", "")}
-            if following == markers or not following["key-marker"]:
-                return aborted
-            markers = following
+            if root.findtext(f"{ns}IsTruncated") == "true" and root.findtext(f"{ns}NextKeyMarker"):
+                # The two markers are the next page's token.
+                tokens.follow(f"{root.findtext(f'{ns}NextKeyMarker')}\n{root.findtext(f'{ns}NextUploadIdMarker', '')}")
         return aborted
 
 
@@ -541,7 +569,7 @@ class _S3Upload(Upload):
         self.size += len(piece)
         self.crc = crc32c.crc32c(piece, self.crc)
 
-    def complete(self) -> Stored:
+    def complete(self) -> StoredObject:
         if self.upload_id is None:
             return self.store.put(self.rel, b"", self.create)
         body = "<CompleteMultipartUpload>" + "".join(
@@ -564,7 +592,7 @@ class _S3Upload(Upload):
         if tag and "-" in tag and tag.lower() != expected:
             raise Corrupted(f"POST {self.what}: the store answers ETag {tag[:60]!r}, the parts make {expected}")
         self.upload_id = None
-        return Stored(self.size, self.crc, f'"{tag}"')
+        return StoredObject(self.size, self.crc, f'"{tag}"')
 
     def abort(self) -> None:
         if self.upload_id is None:
@@ -585,11 +613,12 @@ class GcsStore(ObjectStore):
 
     scheme = "gs"
 
-    def __init__(self, bucket: str, prefix: str, options: SinkOptions) -> None:
-        super().__init__(bucket, prefix, options)
+    def __init__(self, bucket: str, prefix: str, options: SinkOptions,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(bucket, prefix, options, transport)
         self.endpoint = (options.endpoint or GCS_ENDPOINT).rstrip("/")
         self._origin = origin(httpx.URL(self.endpoint))
-        self._credentials = _google_credentials(GCS_WRITE)
+        self._credentials = google_credentials(GCS_WRITE)
 
     def sign(self, method: str, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
         # Credentials go to the endpoint only (an upload session's URL is checked to be on it).
@@ -609,11 +638,11 @@ class GcsStore(ObjectStore):
             query["ifGenerationMatch"] = "0"
         return f"{self.endpoint}/upload/storage/v1/b/{self.bucket}/o?{urlencode(query)}"
 
-    def resource(self, answer: Answer, what: str, size: int | None = None, crc: int | None = None) -> Stored:
+    def resource(self, answer: Answer, what: str, size: int | None = None, crc: int | None = None) -> StoredObject:
         """The object an upload made, from its JSON resource; `Corrupted` if it is not our bytes."""
         try:
             doc = json.loads(answer.body)
-            stored = Stored(int(doc["size"]), crc_from_b64(doc.get("crc32c")), str(int(doc["generation"])))
+            stored = StoredObject(int(doc["size"]), crc_from_b64(doc.get("crc32c")), str(int(doc["generation"])))
         except (ValueError, KeyError, TypeError):
             raise StoreError(f"{what}: malformed object resource in the answer") from None
         if size is not None and stored.size != size:
@@ -623,7 +652,7 @@ class GcsStore(ObjectStore):
                             f"{base64.b64encode(crc.to_bytes(4, 'big')).decode()}")
         return stored
 
-    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> Stored:
+    def put(self, rel: str, data: bytes, create: bool = True, replace: str | None = None) -> StoredObject:
         digest = Digest.of(data)
         headers = {"Content-Type": "application/octet-stream",
                    "x-goog-hash": f"crc32c={digest.crc_b64},md5={digest.md5_b64}"}
@@ -634,7 +663,7 @@ class GcsStore(ObjectStore):
             raise self.fail("POST", what, answer)
         return self.resource(answer, f"POST {what}", len(data), digest.crc32c)
 
-    def head(self, rel: str) -> Stored | None:
+    def head(self, rel: str) -> StoredObject | None:
         what = self.where(rel)
         answer = self.request("GET", self.address(rel) + "?fields=size,crc32c,generation", what,
                               ok_limit=ERROR_BODY_LIMIT)
@@ -644,12 +673,11 @@ class GcsStore(ObjectStore):
             raise self.fail("GET", what, answer)
         return self.resource(answer, f"GET {what}")
 
-    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[tuple[str, int, int | None]]:
+    def list(self, rel: str = "", delimiter: bool = False) -> Iterator[Listed]:
         prefix = f"{self.prefix}/{rel}" if self.prefix else rel
         what = self.where(rel)
-        token: str | None = None
-        seen: set[str] = set()
-        for _ in range(_MAX_PAGES):
+        tokens = _page_tokens(what)
+        for token in tokens:
             query = {"prefix": prefix, "fields": "items(name,size,crc32c),prefixes,nextPageToken"}
             if delimiter:
                 query["delimiter"] = "/"
@@ -661,23 +689,16 @@ class GcsStore(ObjectStore):
                 raise self.fail("GET", what, answer)
             try:
                 doc = json.loads(answer.body)
-                items, prefixes, token = doc.get("items", []), doc.get("prefixes", []), doc.get("nextPageToken")
-                for name in prefixes:
-                    child = self.relative(str(name))
-                    if child is not None:
-                        yield child.rstrip("/"), -1, None
-                for item in items:
-                    child = self.relative(str(item["name"]))
-                    if child is not None:
-                        yield child, int(item["size"]), crc_from_b64(item.get("crc32c"))
+                items, prefixes, following = doc.get("items", []), doc.get("prefixes", []), doc.get("nextPageToken")
+                found = [self.listed(str(name), directory=True) for name in prefixes]
+                found += [self.listed(str(item["name"]), _size(item["size"]), crc_from_b64(item.get("crc32c")))
+                          for item in items]
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise StoreError(f"listing {what}: malformed answer") from None
-            if not token:
-                return
-            if not isinstance(token, str) or token in seen or len(token) > MAX_PAGE_TOKEN:
-                raise StoreError(f"listing {what}: the store repeats or inflates its page token")
-            seen.add(token)
-        raise StoreError(f"listing {what}: more than {_MAX_PAGES:,} pages")
+            yield from (entry for entry in found if entry is not None)
+            if following is not None and not isinstance(following, str):
+                raise StoreError(f"listing {what}: malformed answer")
+            tokens.follow(following)
 
     def upload(self, rel: str, create: bool = True) -> Upload:
         return _GcsUpload(self, rel, create)
@@ -740,7 +761,7 @@ class _GcsUpload(Upload):
             self._send(self.held, last=False)
         self.held = piece
 
-    def complete(self) -> Stored:
+    def complete(self) -> StoredObject:
         piece, self.held = self.held or b"", None
         if self.session is None and len(piece) <= PART:
             return self.store.put(self.rel, piece, self.create)
@@ -758,8 +779,9 @@ class _GcsUpload(Upload):
             log.debug("%s", e)
 
 
-def open_store(url: str, options: SinkOptions) -> ObjectStore:
-    """The store an s3:// or gs:// URL names (its bucket and prefix); ConfigError for a bad URL."""
+def open_store(url: str, options: SinkOptions, transport: httpx.BaseTransport | None = None) -> ObjectStore:
+    """The store an s3:// or gs:// URL names (its bucket and prefix); ConfigError for a bad URL.
+    `transport`: how requests reach it (httpx's; None: over the network)."""
     scheme, bucket, prefix = parse_url(url)
     kind = S3Store if scheme == "s3" else GcsStore
-    return kind(bucket, prefix, options)
+    return kind(bucket, prefix, options, transport)
