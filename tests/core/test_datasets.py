@@ -104,6 +104,21 @@ def test_the_same_tree_from_memory_and_over_a_remote_bucket(release):
     run(main)
 
 
+def test_the_same_tree_from_a_gcs_bucket(release):
+    """Over the GCS JSON API stand-in, whose object stat knows no prefix: each dataset's root is its
+    directory all the same (a Zarr store's hierarchy stats it)."""
+    from unshardfs.testing.http_servers import DatasetServer
+
+    root, want = release
+
+    async def main(url: str) -> None:
+        async with opened(f"gs://bkt/{root.name}", "--gcs-endpoint", url) as session:
+            assert await contents(session.tree) == want
+
+    with DatasetServer(root.parent, gcs_bucket="bkt", page_size=50) as server:
+        trio.run(main, server.url)
+
+
 @pytest.mark.parametrize("directories", [True, False], ids=["with-directory-members", "without"])
 def test_a_zip_of_a_release_is_the_same_tree(release, tmp_path, directories):
     """A release zipped (with or without directory members), named as a path or as `ARCHIVE|zip:`: the

@@ -19,7 +19,8 @@ from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.latency import LatencySource
 from unshardfs.testing.memory import MemorySource
 from unshardfs.sources.subdir import SubdirSource
-from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, write_tree
+from unshardfs.sources.base import ByteSource, VersionedRead
+from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, run, write_tree
 
 # Failures are final at once: a conformance failure must not hide behind retries.
 FAST = HttpOptions(retries=0, timeout=10)
@@ -168,6 +169,7 @@ class TestSubdir(SourceConformance):
     """A directory of another source (a dataset in a tree of datasets), with a decoy beside it."""
 
     listable, remote = True, False
+    in_files = True
 
     @pytest.fixture
     def tree(self, tmp_path: Path) -> Path:
@@ -179,6 +181,40 @@ class TestSubdir(SourceConformance):
     @pytest.fixture
     def make(self, tree: Path) -> MakeSource:
         return lambda: SubdirSource(LocalSource(str(tree.parent.parent)), "release/em")
+
+
+class OwnedSubdir(SubdirSource):
+    """A directory of a source it owns (a tree's dataset leaves the source to the tree: this one closes it)."""
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class TestSubdirGcs(TestGcs):
+    """... and over a bucket's prefix, whose reads say the version they read (`VersionedRead`)."""
+
+    @pytest.fixture
+    def tree(self, tmp_path: Path) -> Path:
+        outer = tmp_path / "outer"
+        write_tree(outer / "release" / "em")
+        (outer / "release" / "a.bin").write_bytes(b"not the one below em/")
+        return outer / "release" / "em"
+
+    @pytest.fixture
+    def make(self, tree: Path) -> Iterator[MakeSource]:
+        with DatasetServer(tree.parent.parent, gcs_bucket="bkt", page_size=2) as server:
+            yield lambda: OwnedSubdir(GcsSource("bkt", "release", FAST, server.url), "em")
+
+    def test_a_versioned_read_is_of_the_object_below_the_directory(self, make: MakeSource) -> None:
+        async def work(source: ByteSource) -> None:
+            assert isinstance(source, VersionedRead)
+            st = await source.stat("a.bin")
+            assert st is not None
+            data, version = await source.read_versioned("a.bin", 0, st.size)
+            assert data == await source.read("a.bin", 0, st.size, st.version) != b"not the one below em/"
+            assert version == st.version
+
+        run(make, work)
 
 
 class TestSubdirLatency(TestLatency):

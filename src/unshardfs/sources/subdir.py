@@ -67,7 +67,10 @@ class SubdirSource(SourceLayer):
         return version
 
     async def stat(self, path: str) -> ObjectStat | None:
-        return self._marked(path, await self.inner.stat(self.below(path)))
+        st = await self.inner.stat(self.below(path))
+        if not path and (st is None or not st.is_dir):  # the root is the directory (an object store's
+            return await self.inner.stat_dir(self.prefix)  # `stat` knows no prefix)
+        return self._marked(path, st)
 
     async def stat_dir(self, path: str) -> ObjectStat | None:
         return await self.inner.stat_dir(self.below(path))
