@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,6 +17,7 @@ from typing import Callable
 import pytest
 
 from tests.formats.precomputed.test_damaged import DAMAGES, SCALE_KEY, damage_delete
+from tests.support.dask import dask_cluster
 from tests.support.tmpfs import remount, small_tmpfs
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.mounts import UNSHARDFS, run_cli
@@ -33,29 +33,8 @@ def cluster(tmp_path_factory):
     own commands as a batch system starts them: every server socket lives in those processes."""
     where = tmp_path_factory.mktemp("dask")
     scheduler_file = where / "scheduler.json"
-    dask = str(Path(sys.executable).parent / "dask")
-    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error"}
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
-    started = [subprocess.Popen([dask, "scheduler", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-                                 "--port", "0", "--no-dashboard"], **quiet)]
-    try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists():
-            assert started[0].poll() is None and time.monotonic() < deadline, "the scheduler did not start"
-            time.sleep(0.1)
-        started.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
-                                         "--nthreads", "1", "--no-dashboard"], **quiet))
-        with distributed.Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
-            client.wait_for_workers(2, timeout=60)
-            yield client.scheduler.address, client
-    finally:
-        for proc in reversed(started):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+    with dask_cluster(scheduler_file, 2, "--nworkers", "2", "--nthreads", "1") as client:
+        yield client.scheduler.address, client
 
 
 @pytest.fixture(scope="module")

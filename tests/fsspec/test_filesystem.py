@@ -5,13 +5,11 @@ from __future__ import annotations
 import errno
 import json
 import multiprocessing
-import os
 import pickle
 import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,6 +20,7 @@ import trio
 import zarr
 
 from tests.fsspec.conftest import Datasets
+from tests.support.dask import dask_cluster
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from unshardfs.fsspec.session import SESSIONS
 from unshardfs.testing.http_servers import DatasetServer
@@ -214,34 +213,13 @@ def _worker_read(fs: Any, path: str) -> tuple[bytes, list[str]]:
 @pytest.mark.slow
 def test_dask_worker_reads_it_without_fuse(datasets: Datasets, tmp_path: Path) -> None:
     """A worker started by Dask's own command (as a batch system starts one), sent the pickled instance."""
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
     fs = fsspec.filesystem("unshard", source=str(datasets.hier))
     path = sorted(fs.find("em"))[-1]
     scheduler_file = tmp_path / "scheduler.json"
-    dask = str(Path(sys.executable).parent / "dask")
-    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
-                             "env": {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error",
-                                     "PYTHONPATH": str(Path(__file__).resolve().parents[2])}}  # the task's module
-    started = [subprocess.Popen([dask, "scheduler", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-                                 "--port", "0", "--no-dashboard"], **quiet)]
-    try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists():
-            assert started[0].poll() is None and time.monotonic() < deadline, "the scheduler did not start"
-            time.sleep(0.1)
-        started.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(scheduler_file), "--nthreads", "2",
-                                         "--no-dashboard"], **quiet))
-        with distributed.Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
-            client.wait_for_workers(1, timeout=60)
-            data, fuse_modules = client.submit(_worker_read, fs, path).result(timeout=120)
-    finally:
-        for proc in reversed(started):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+    task_module = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with dask_cluster(scheduler_file, 1, "--nthreads", "2", env=task_module) as client:
+        data, fuse_modules = client.submit(_worker_read, fs, path).result(timeout=120)
     assert data == fs.cat_file(path) and fuse_modules == []
 
 
