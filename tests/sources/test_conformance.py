@@ -165,6 +165,14 @@ class TestS3(SourceConformance):
         return change
 
 
+def nested_tree(tmp_path: Path) -> Path:
+    """The suite's tree at `outer/release/em`, with a decoy `a.bin` beside `em/`."""
+    outer = tmp_path / "outer"
+    write_tree(outer / "release" / "em")
+    (outer / "release" / "a.bin").write_bytes(b"not the one below em/")
+    return outer / "release" / "em"
+
+
 class TestSubdir(SourceConformance):
     """A directory of another source (a dataset in a tree of datasets), with a decoy beside it."""
 
@@ -173,10 +181,7 @@ class TestSubdir(SourceConformance):
 
     @pytest.fixture
     def tree(self, tmp_path: Path) -> Path:
-        outer = tmp_path / "outer"
-        write_tree(outer / "release" / "em")
-        (outer / "release" / "a.bin").write_bytes(b"not the one below em/")
-        return outer / "release" / "em"
+        return nested_tree(tmp_path)
 
     @pytest.fixture
     def make(self, tree: Path) -> MakeSource:
@@ -195,10 +200,7 @@ class TestSubdirGcs(TestGcs):
 
     @pytest.fixture
     def tree(self, tmp_path: Path) -> Path:
-        outer = tmp_path / "outer"
-        write_tree(outer / "release" / "em")
-        (outer / "release" / "a.bin").write_bytes(b"not the one below em/")
-        return outer / "release" / "em"
+        return nested_tree(tmp_path)
 
     @pytest.fixture
     def make(self, tree: Path) -> Iterator[MakeSource]:
