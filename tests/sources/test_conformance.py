@@ -18,7 +18,9 @@ from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.testing.http_servers import DatasetServer
 from unshardfs.testing.latency import LatencySource
 from unshardfs.testing.memory import MemorySource
-from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance
+from unshardfs.sources.subdir import SubdirSource
+from unshardfs.sources.base import ByteSource, VersionedRead
+from unshardfs.testing.source_conformance import TREE, Change, MakeSource, SourceConformance, run, write_tree
 
 # Failures are final at once: a conformance failure must not hide behind retries.
 FAST = HttpOptions(retries=0, timeout=10)
@@ -161,3 +163,77 @@ class TestS3(SourceConformance):
                 client.put_object(Bucket=bucket, Key=f"data/{path}", Body=data)
 
         return change
+
+
+def nested_tree(tmp_path: Path) -> Path:
+    """The suite's tree at `outer/release/em`, with a decoy `a.bin` beside `em/`."""
+    outer = tmp_path / "outer"
+    write_tree(outer / "release" / "em")
+    (outer / "release" / "a.bin").write_bytes(b"not the one below em/")
+    return outer / "release" / "em"
+
+
+class TestSubdir(SourceConformance):
+    """A directory of another source (a dataset in a tree of datasets), with a decoy beside it."""
+
+    listable, remote = True, False
+    in_files = True
+
+    @pytest.fixture
+    def tree(self, tmp_path: Path) -> Path:
+        return nested_tree(tmp_path)
+
+    @pytest.fixture
+    def make(self, tree: Path) -> MakeSource:
+        return lambda: SubdirSource(LocalSource(str(tree.parent.parent)), "release/em")
+
+
+class OwnedSubdir(SubdirSource):
+    """A directory of a source it owns (a tree's dataset leaves the source to the tree: this one closes it)."""
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class TestSubdirGcs(TestGcs):
+    """... and over a bucket's prefix, whose reads say the version they read (`VersionedRead`)."""
+
+    @pytest.fixture
+    def tree(self, tmp_path: Path) -> Path:
+        return nested_tree(tmp_path)
+
+    @pytest.fixture
+    def make(self, tree: Path) -> Iterator[MakeSource]:
+        with DatasetServer(tree.parent.parent, gcs_bucket="bkt", page_size=2) as server:
+            yield lambda: OwnedSubdir(GcsSource("bkt", "release", FAST, server.url), "em")
+
+    def test_a_versioned_read_is_of_the_object_below_the_directory(self, make: MakeSource) -> None:
+        async def work(source: ByteSource) -> None:
+            assert isinstance(source, VersionedRead)
+            st = await source.stat("a.bin")
+            assert st is not None
+            data, version = await source.read_versioned("a.bin", 0, st.size)
+            assert data == await source.read("a.bin", 0, st.size, st.version) != b"not the one below em/"
+            assert version == st.version
+
+        run(make, work)
+
+
+class TestSubdirLatency(TestLatency):
+    """... and over the listed object-store stand-in (a stat with its tail)."""
+
+    listable = True
+    page_size = 2
+
+    @pytest.fixture
+    def source(self) -> MemorySource:
+        return MemorySource({**{f"rel/em/{k}": v for k, v in TREE.items()}, "rel/a.bin": b"decoy"})
+
+    @pytest.fixture
+    def make(self, source: MemorySource) -> MakeSource:
+        return lambda: SubdirSource(LatencySource(source, 0.001, listable=True, page_size=2), "rel/em")
+
+    @pytest.fixture
+    def change(self, source: MemorySource) -> Change:
+        return lambda path, data: source.remove(f"rel/em/{path}") if data is None else source.put(f"rel/em/{path}",
+                                                                                                  data)

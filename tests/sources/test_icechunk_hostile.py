@@ -88,8 +88,8 @@ DAMAGE: list[tuple[str, Callable[[bytes], bytes], str]] = [
     ("truncated", lambda d: d[:len(d) // 2], "truncated|zstd"),
     ("header only", lambda d: d[:HEADER - 5], "shorter than an Icechunk object header"),
     ("wrong magic", lambda d: reframe(d, magic=b"ICE?CHUNK".ljust(12, b"!")), "no Icechunk magic"),
-    ("spec version 2", lambda d: reframe(d, version=2), "spec version 2 .* is not supported; unshardfs reads spec "
-                                                         "version 1"),
+    ("spec version 3", lambda d: reframe(d, version=3), "spec version 3 .* is not supported; unshardfs reads spec "
+                                                         "versions 1, 2"),
     ("spec version 0", lambda d: reframe(d, version=0), "spec version 0"),
     ("a manifest", lambda d: reframe(d, file_type=2), "is a manifest, a snapshot was expected"),
     ("unknown compression", lambda d: reframe(d, compression=7), "compression 7 is not known"),

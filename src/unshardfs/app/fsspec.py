@@ -6,7 +6,8 @@ options are the mount's options about a SOURCE, as keywords (`view="zarr2"`, `s3
 `read_ahead=False`, `chunk_cache=512`): a dash is an underscore, a flag is True, a repeated option
 a list. Chained URLs work as fsspec chains them: `unshard::s3://bucket/em.zarr` opens the dataset
 at `s3://bucket/em.zarr` (or, when that is a file or a directory inside a dataset, the nearest
-parent that is one), with the `s3` storage options' `endpoint_url` as `--s3-endpoint`.
+parent that is one; when no parent is one, the nearest that holds a tree of datasets), with the `s3`
+storage options' `endpoint_url` as `--s3-endpoint`.
 
 Importing this module imports no FUSE code: reading needs neither /dev/fuse nor a daemon.
 """
@@ -135,18 +136,25 @@ class UnshardFileSystem(TreeFileSystem):
         @contextlib.asynccontextmanager
         async def opener() -> AsyncIterator[Served]:
             first: ConfigError | None = None
-            for url, prefix in tried:
-                try:
-                    opened = await OpenedSource.open(url, open_options(args), make_caches(args))
-                except ConfigError as e:  # no dataset there: a parent may hold one
-                    first = first or e
-                    continue
-                try:
-                    async with opened.running():
-                        yield OpenedTree(opened, prefix)
-                finally:
-                    await opened.aclose()
-                return
+            # The nearest dataset first: a directory inside one (a scale of shard files) would open
+            # as a tree of datasets showing its shards as stored. Then the nearest tree, if no
+            # dataset holds the path.
+            for trees in (False, True) if len(tried) > 1 else (True,):
+                for url, prefix in tried:
+                    try:
+                        opened = await OpenedSource.open(url, open_options(args), make_caches(args))
+                    except ConfigError as e:  # no dataset there: a parent may hold one
+                        first = first or e
+                        continue
+                    if opened.dataset.format is None and not trees:
+                        await opened.aclose()
+                        continue
+                    try:
+                        async with opened.running():
+                            yield OpenedTree(opened, prefix)
+                    finally:
+                        await opened.aclose()
+                    return
             raise FileNotFoundError(errno.ENOENT, f"no dataset: {first}", tried[0][0])
 
         self.start(key, opener)

@@ -7,6 +7,7 @@ import os
 
 from unshardfs.app.opened import OpenOptions
 from unshardfs.core.caches import Caches, CacheSizes
+from unshardfs.core.datasets import TREE_DEPTH
 from unshardfs.core.fetch import FetchPolicy
 from unshardfs.core.registry import add_format_options, given_options, index_levels
 from unshardfs.sources import RemoteOptions
@@ -19,6 +20,9 @@ from unshardfs.util.maps import MiB
 def add_source_options(parser: argparse.ArgumentParser) -> None:
     """How a SOURCE is read (remote, read path, bounds) and shown (each format's own options)."""
     add_format_options(parser)
+    tree = parser.add_argument_group("a tree of datasets (a SOURCE that is no one dataset)")
+    tree.add_argument("--depth", type=int, default=TREE_DEPTH, metavar="N",
+                      help="directories below SOURCE shown and looked into for datasets (default %(default)s)")
     remote = parser.add_argument_group("remote sources (http(s)://, gs://, s3://)")
     defaults = HttpOptions()
     remote.add_argument("--concurrency", type=int, default=defaults.concurrency, metavar="N",
@@ -105,4 +109,5 @@ def open_options(args: argparse.Namespace) -> OpenOptions:
                     metadata_bytes=max(1, args.max_metadata_size) * MiB,
                     metadata_values=max(1, args.max_metadata_values))
     icechunk = IcechunkOptions(tuple(getattr(args, "icechunk_virtual", None) or ()))
-    return OpenOptions(remote, policy, limits, given_options(args), icechunk)
+    return OpenOptions(remote, policy, limits, given_options(args), icechunk,
+                       depth=max(0, getattr(args, "depth", TREE_DEPTH)))

@@ -16,8 +16,9 @@ id); FORMAT is one of `neuroglancer-precomputed:`, `zarr3:`, `zarr2:`,
 `icechunk:` (`|icechunk:|zarr3:path/to/array/`, as Neuroglancer writes it)
 and joins the repository path. A BASE ending in `.ozx` or `.zip` is read as
 an archive without `|zip:`, a directory holding `manifest.ocdbt` as an OCDBT
-database without `|ocdbt:`, and one holding `refs/branch.main/ref.json` as an
-Icechunk repository without `|icechunk:` (as Neuroglancer detects them).
+database without `|ocdbt:`, and one holding `refs/branch.main/ref.json` (spec
+version 1) or a `repo` object that is an Icechunk repo info (spec version 2)
+as an Icechunk repository without `|icechunk:` (as Neuroglancer detects them).
 Pipeline parts we do not read (`n5:`, `gzip:`, ...) are a one-line error
 naming the part.
 """
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from unshardfs.core.registry import detection_probes
-from unshardfs.sources.base import ByteSource, stat_all
+from unshardfs.sources.base import ByteSource, stat_all, stat_and_head
 from unshardfs.sources.icechunk.source import IcechunkOptions
 from unshardfs.sources.ocdbt.source import OcdbtOptions
 from unshardfs.util.errors import ConfigError, DataError, SourceError
@@ -49,6 +50,8 @@ KNOWN = {"gzip": "gzip kvstore adapter",
 ARCHIVE_SUFFIXES = (".ozx", ".zip")
 OCDBT_MANIFEST = "manifest.ocdbt"
 ICECHUNK_MAIN = "refs/branch.main/ref.json"
+ICECHUNK_REPO = "repo"  # spec version 2 (Icechunk 2.x): an Icechunk object of type repo info
+ICECHUNK_SPECS = {"icechunk": 1, "icechunk2": 2}  # `found_store`'s answers: the spec version each marker says
 
 
 @dataclass(frozen=True)
@@ -206,37 +209,83 @@ async def open_spec(spec: SourceSpec, open_base: Callable[[str], ByteSource],
     source = await _open_archive(spec, open_base, limits)
     try:
         ice = spec.icechunk
-        probe_icechunk = ice is None and spec.ocdbt is None and spec.format in (None, "zarr")
-        probe_ocdbt = ice is None and spec.ocdbt is None and spec.format is None
-        if source.remote and (probe_icechunk or probe_ocdbt):
-            # The stores' markers and the format's own, in one round trip instead of one each.
-            await stat_all(source, [*([ICECHUNK_MAIN] if probe_icechunk else []),
-                                    *([OCDBT_MANIFEST] if probe_ocdbt else []), *detection_probes(spec.format)])
-        if probe_icechunk and await _exists(source, ICECHUNK_MAIN):
-            ice = IcechunkPart(None, "")
+        found: str | None = None
+        if ice is None and spec.ocdbt is None:
+            found = await found_store(source, spec.format)
+            if found in ICECHUNK_SPECS:
+                ice = IcechunkPart(None, "")
+            elif found == "ocdbt":
+                return await _open_ocdbt(source, spec, OcdbtPart(None, ""), limits, ocdbt)
         if ice is not None:
             from unshardfs.sources.icechunk import open_icechunk
 
             url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
             return await open_icechunk(source, "", ice.path, ice.version, limits, description=f"{url}|icechunk:",
-                                       url=None if spec.zip_path is not None else _as_url(spec.base),
-                                       options=icechunk, open_url=open_base)
-        part = spec.ocdbt
-        if part is None and spec.format is None and await _is_ocdbt(source):
-            part = OcdbtPart(None, "")
-        if part is None:
+                                       url=None if spec.zip_path is not None else as_url(spec.base),
+                                       options=icechunk, open_url=open_base, spec=ICECHUNK_SPECS.get(found or ""))
+        if spec.ocdbt is None:
             return source
-        from unshardfs.sources.ocdbt import open_ocdbt
-
-        url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
-        return await open_ocdbt(source, "", part.path, part.version, limits, description=f"{url}|ocdbt:",
-                                options=ocdbt)
+        return await _open_ocdbt(source, spec, spec.ocdbt, limits, ocdbt)
     except BaseException:
         await source.aclose()
         raise
 
 
-def _as_url(base: str) -> str:
+async def _open_ocdbt(source: ByteSource, spec: SourceSpec, part: OcdbtPart, limits: DataLimits | None,
+                      ocdbt: OcdbtOptions | None) -> ByteSource:
+    from unshardfs.sources.ocdbt import open_ocdbt
+
+    url = spec.base.rstrip("/") + (f"|zip:{spec.zip_path}" if spec.zip_path else "")
+    return await open_ocdbt(source, "", part.path, part.version, limits, description=f"{url}|ocdbt:", options=ocdbt)
+
+
+async def found_store(source: ByteSource, named: str | None) -> str | None:
+    """Which versioned store the root of `source` holds, by its marker, as SOURCE's is found: "icechunk"
+    (branch main's ref) or "icechunk2" (a repo info object; neither when a format other than zarr is
+    named), "ocdbt" (`manifest.ocdbt`; not when a format is named), or None. Over a remote source the
+    markers and the format probes are statted at once (one round trip), and the stats kept for the
+    detection that follows."""
+    probe_icechunk = named in (None, "zarr")
+    probe_ocdbt = named is None
+    if source.remote and (probe_icechunk or probe_ocdbt):
+        # The stores' markers and the format's own, in one round trip instead of one each.
+        await stat_all(source, [*([ICECHUNK_MAIN, ICECHUNK_REPO] if probe_icechunk else []),
+                                *([OCDBT_MANIFEST] if probe_ocdbt else []), *detection_probes(named)])
+    if probe_icechunk and await _exists(source, ICECHUNK_MAIN):
+        return "icechunk"
+    if probe_icechunk and await _is_repo_info(source):
+        return "icechunk2"
+    if probe_ocdbt and await _is_ocdbt(source):
+        return "ocdbt"
+    return None
+
+
+def store_probes() -> list[str]:
+    """What `found_store` and format detection stat in a directory (with no format named)."""
+    return [ICECHUNK_MAIN, ICECHUNK_REPO, OCDBT_MANIFEST, *detection_probes()]
+
+
+async def open_found_store(source: ByteSource, limits: DataLimits | None, icechunk: IcechunkOptions | None,
+                           ocdbt: OcdbtOptions | None, url: str | None = None,
+                           open_url: Callable[[str], ByteSource] | None = None) -> ByteSource:
+    """The store at the root of `source` (a directory of a tree of datasets) by the rules SOURCE's is
+    found by: its Icechunk repository (branch main) or OCDBT database (newest version), else `source`.
+    `url`: where a reader elsewhere finds that directory (virtual references into it)."""
+    found = await found_store(source, None)
+    if found in ICECHUNK_SPECS:
+        from unshardfs.sources.icechunk import open_icechunk
+
+        return await open_icechunk(source, "", "", None, limits, description=f"{source.description}|icechunk:",
+                                   url=url, options=icechunk, open_url=open_url, spec=ICECHUNK_SPECS[found or ""])
+    if found == "ocdbt":
+        from unshardfs.sources.ocdbt import open_ocdbt
+
+        return await open_ocdbt(source, "", "", None, limits, description=f"{source.description}|ocdbt:",
+                                options=ocdbt)
+    return source
+
+
+def as_url(base: str) -> str:
     """BASE as the URL a virtual reference into it would name (`file:///abs/path` for a local path)."""
     scheme, sep, rest = base.partition("://")
     if sep and scheme != "file":
@@ -247,6 +296,23 @@ def _as_url(base: str) -> str:
 async def _is_ocdbt(source: ByteSource) -> bool:
     """Whether the root holds an OCDBT manifest (a missing one, or one the store will not show, is not)."""
     return await _exists(source, OCDBT_MANIFEST)
+
+
+async def _is_repo_info(source: ByteSource) -> bool:
+    """Whether the root holds Icechunk's repo info object (spec version 2): a file `repo` whose header is
+    an Icechunk one of that type (any other file of that name is not; one the store will not show is not).
+    Its first bytes come with its stat where the source gives them so (one request)."""
+    from unshardfs.sources.icechunk.format import FILE_REPO_INFO, HEADER, MAGIC
+
+    try:
+        st, head = await stat_and_head(source, ICECHUNK_REPO, HEADER)
+        if st is None or st.is_dir or st.size < HEADER:
+            return False
+        if head is None or len(head) < HEADER:
+            head = await source.read(ICECHUNK_REPO, 0, HEADER, st.version)
+    except (SourceError, DataError):
+        return False
+    return head[:len(MAGIC)] == MAGIC and head[HEADER - 2] == FILE_REPO_INFO
 
 
 async def _exists(source: ByteSource, path: str) -> bool:

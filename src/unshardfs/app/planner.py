@@ -34,6 +34,7 @@ from unshardfs.core.runtime import ShardScope
 from unshardfs.sources.base import ByteSource, ObjectStat, SourceLayer, name_problem
 from unshardfs.dest.ledger import reserved
 from unshardfs.tools.walk import unlisted
+from unshardfs.tree.namespaced import inner_dir
 from unshardfs.tree.nodes import Closable, DirNode, FileNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError
@@ -449,7 +450,8 @@ async def _chunk_entries(node: DirNode, rel: str, waits: Waits) -> AsyncGenerato
     shards' indexes and payloads are fetched in large reads ahead of the walk. The time the walk
     waits for the listing is `indexes` in `waits`."""
     node.will_read_all()
-    listing = (node.virtual_entries() if isinstance(node, OverlayDir) else node.entries()).__aiter__()
+    shown = inner_dir(node)  # (a dataset of a tree of datasets, or a version: as its format built it)
+    listing = (shown.virtual_entries() if isinstance(shown, OverlayDir) else node.entries()).__aiter__()
     prefix = f"{rel}/" if rel else ""
     try:
         while True:

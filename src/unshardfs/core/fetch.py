@@ -109,6 +109,15 @@ def prefetch_cache(budget: int, counters: FetchCounters,
     return BoundedMap(budget, getsizeof=payload_size, on_evict=wasted)
 
 
+class _Budget:
+    """Bytes of prefetches in flight: one count for a mount's fetcher and those that follow it."""
+
+    __slots__ = ("in_flight",)
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+
 @dataclass(eq=False)
 class _Run:
     """One backing read covering several extents of a blob."""
@@ -170,7 +179,12 @@ class Fetcher:
     the core's read-ahead; formats only read.
     """
 
-    def __init__(self, source: ByteSource, policy: FetchPolicy | None = None) -> None:
+    def __init__(self, source: ByteSource, policy: FetchPolicy | None = None, leader: "Fetcher | None" = None
+                 ) -> None:
+        """With a `leader` (the mount's own fetcher), this one reads `source` (a dataset of a tree of
+        datasets) within the leader's bounds: the same prefetch cache and budget, reads in flight,
+        limits on concurrency, counters and background nursery. Every key they share is a blob's
+        identity, which the sources of one tree keep apart (`sources/subdir.py`)."""
         self.source = source
         policy = policy or FetchPolicy()
         if not source.remote:
@@ -187,22 +201,37 @@ class Fetcher:
         # The source's optional capabilities, decided once (a page-cached READ asks every time).
         self._reads_now = source if isinstance(source, ReadNow) else None
         self._cached_ranges = source if isinstance(source, CachedRange) else None
-        self.counters = FetchCounters()
-        self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters, self._lost)
-        # Declared extents prefetched or on their way, and who declared them (`watch`).
-        self._watchers: dict[ExtentKey, Watcher] = {}
         self.flights = Flights()
-        self._in_flight: dict[Identity, list[_Run]] = {}  # runs being read, by blob
-        self._prefetch_in_flight = 0  # bytes
-        self._seeded: BoundedMap[ExtentKey, bytes] = BoundedMap(SEEDED_BYTES, lru=False, getsizeof=len)  # `seed`
         self._nursery: trio.Nursery | None = None
-        self._leader: Fetcher | None = None
-        self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
-        # Prefetches queue behind their own limiter, so a backlog of them never
-        # delays a read someone is waiting for here; as many may be in flight
-        # as reads (a scan over hashed shards wants dozens of separate ranges
-        # per round trip, and half as many cost its readers a round trip).
-        self._prefetch_limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
+        self._leader: Fetcher | None = leader
+        if leader is None:
+            self.counters = FetchCounters()
+            self.prefetched = prefetch_cache(self.policy.prefetch_bytes, self.counters, self._lost)
+            # Declared extents prefetched or on their way, and who declared them (`watch`).
+            self._watchers: dict[ExtentKey, Watcher] = {}
+            self._in_flight: dict[Identity, list[_Run]] = {}  # runs being read, by blob
+            self._budget = _Budget()  # bytes of prefetches in flight
+            self._seeded: BoundedMap[ExtentKey, bytes] = BoundedMap(SEEDED_BYTES, lru=False, getsizeof=len)  # `seed`
+            self._limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
+            # Prefetches queue behind their own limiter, so a backlog of them never
+            # delays a read someone is waiting for here; as many may be in flight
+            # as reads (a scan over hashed shards wants dozens of separate ranges
+            # per round trip, and half as many cost its readers a round trip).
+            self._prefetch_limiter = trio.CapacityLimiter(max(1, self.policy.concurrency))
+        else:
+            self.counters = leader.counters
+            self.prefetched = leader.prefetched
+            self._watchers = leader._watchers
+            self._in_flight = leader._in_flight
+            self._budget = leader._budget
+            self._seeded = leader._seeded
+            self._limiter = leader._limiter
+            self._prefetch_limiter = leader._prefetch_limiter
+
+    @property
+    def _prefetch_in_flight(self) -> int:
+        """Bytes of prefetches in flight (this fetcher's, and those of the fetchers sharing its budget)."""
+        return self._budget.in_flight
 
     # -- background work ---------------------------------------------------------
 
@@ -493,7 +522,7 @@ class Fetcher:
         """
         if not self.can_prefetch:
             return 0
-        budget = self.policy.prefetch_bytes // 2 - self._prefetch_in_flight
+        budget = self.policy.prefetch_bytes // 2 - self._budget.in_flight
         left = budget
         chosen: list[Extent] = []
         at: list[int] = []  # where each chosen extent is in `extents`
@@ -516,7 +545,7 @@ class Fetcher:
         self.counters.prefetch_skipped += len(extents) - taken
         for run in runs:
             run.prefetch = True
-            self._prefetch_in_flight += run.end - run.start
+            self._budget.in_flight += run.end - run.start
             self.counters.prefetch_bytes += run.end - run.start
             self._track(run)  # visible to readers before it starts
             self.spawn(self._prefetch_run, run)
@@ -602,7 +631,7 @@ class Fetcher:
             run.error = DataError(run.blob.label, "prefetch cancelled")
             raise
         finally:
-            self._prefetch_in_flight -= size
+            self._budget.in_flight -= size
             self._untrack(run)
             if run.error is not None and self._watchers:
                 for ext in run.extents + run.adopted:
@@ -627,7 +656,7 @@ class Fetcher:
     def stats(self) -> dict[str, int]:
         return {**self.counters.as_dict(), "prefetch_cached_bytes": int(self.prefetched.currsize),
                 "prefetch_cached_entries": len(self.prefetched), "prefetch_limit": int(self.prefetched.maxsize),
-                "prefetch_in_flight_bytes": self._prefetch_in_flight}
+                "prefetch_in_flight_bytes": self._budget.in_flight}
 
 
 async def _guarded(work: Callable[..., Awaitable[object]], args: tuple[object, ...]) -> None:

@@ -36,7 +36,7 @@ from unshardfs.core.nameorder import NameOrder
 from unshardfs.core.policy import POLICY
 from unshardfs.core.readahead import ScanScope
 from unshardfs.core.table import ChunkTable
-from unshardfs.sources.base import ByteSource, KeyOrder, ObjectStat, SourceLayer, Version, join_path
+from unshardfs.sources.base import ByteSource, KeyOrder, ObjectStat, SourceLayer, Version, end_listing, join_path
 from unshardfs.util.maps import BoundedMap
 
 WHOLE_READ_MAX = POLICY.whole_read_max
@@ -125,10 +125,14 @@ class ScannedFiles(SourceLayer):
         listed = _Files(self.fetcher) if self.fetcher.can_prefetch and self._keyed is None else None
         if listed is not None:
             self._orders[("dir", path)] = listed
-        async for name, st in self.inner.list(path):
-            if listed is not None:
-                listed.add(join_path(path, name), st)
-            yield name, st
+        listing = self.inner.list(path)
+        try:
+            async for name, st in listing:
+                if listed is not None:
+                    listed.add(join_path(path, name), st)
+                yield name, st
+        finally:
+            await end_listing(listing)
 
     def _placed(self, path: str) -> tuple[_Files, int] | None:
         """The order holding `path` and its position there (the most recent first)."""

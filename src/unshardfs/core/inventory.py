@@ -80,3 +80,16 @@ class ChunkInventory(InventoryPart):
         return {"kind": self.kind, "key": self.path or ".", "layout": self.layout,
                 "shards_expected": self.shards_expected, "shards_present": present, **stats.report(),
                 **self.details}
+
+
+@dataclass
+class NotShown(InventoryPart):
+    """A directory the tree does not show as its format would (an array the view leaves out, or shows
+    as it is stored), and why: `inspect` lists it beside the sharded directories."""
+
+    kind: str  # what happened to it: "left out of the zarr2 view", "shown as stored"
+    path: str
+    reason: str
+
+    async def report(self, progress: Progress | None = None) -> dict[str, Any]:
+        return {"kind": self.kind, "key": self.path or ".", "reason": self.reason}

@@ -18,7 +18,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, AsyncIterator, Callable, Generic, Iterable, Mapping, TypeVar, cast
+from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
 from unshardfs.core.caches import SHARD_INDEX, IndexLevel
 from unshardfs.core.codecs import CODECS, Codec, register_codec
@@ -37,6 +37,9 @@ class Dataset:
     # resolved on the way, so this is an async iterator).
     inventory: Callable[[], AsyncIterator[InventoryPart]]
     format: str | None = None  # the plug-in that opened it (set by `open_dataset`)
+    # A dataset of a tree of datasets read from a versioned store (an OCDBT database, an Icechunk
+    # repository): what `inspect` says of that store (its versions, what it deleted), as report lines.
+    about: Callable[[], Awaitable[list[str]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,11 @@ def json_names() -> frozenset[str]:
     return _json_names
 
 
+class NotDetected(ConfigError):
+    """No format recognises a source (the one-line error says what each looks for): a directory of a
+    tree of datasets that is none."""
+
+
 def plugin(name: str) -> FormatPlugin[Any]:
     for p in plugins():
         if p.name == name:
@@ -230,14 +238,17 @@ async def detect(source: ByteSource, named: str | None, given: Mapping[str, obje
             return p
     markers = " nor ".join(f"{p.marker} ({p.description})" for p in reversed(plugins()))
     hint = " (or the store refuses to let us read them: check the URL and credentials)" if source.remote else ""
-    raise ConfigError(f"{source.description} has neither {markers}{hint}")
+    raise NotDetected(f"{source.description} has neither {markers}{hint}")
 
 
-async def open_dataset(runtime: Runtime, named: str | None, given: Mapping[str, object]) -> Dataset:
-    """Detect (or take the named) format, refuse options of other formats, open it."""
-    chosen = await detect(runtime.source, named, given)
+async def open_dataset(runtime: Runtime, named: str | None, given: Mapping[str, object],
+                       strict: bool = True) -> Dataset:
+    """Detect (or take the named) format, refuse options of other formats, open it. Not `strict`: a
+    dataset of a tree of datasets, detected as without options (`--info` names one DVID export, not
+    every directory) and the options of other formats, meant for its other datasets, left alone."""
+    chosen = await detect(runtime.source, named, given if strict else {})
     for name, options in given.items():
-        if name != chosen.name:
+        if name != chosen.name and strict:
             changed = changed_options(options)
             flags = ", ".join("--" + key.replace("_", "-") for key in changed)
             verb = "applies" if len(changed) == 1 else "apply"

@@ -18,17 +18,41 @@ class Runtime:
     caches: Caches = field(default_factory=Caches)
     limits: DataLimits = field(default_factory=DataLimits)
     policy: FetchPolicy | None = None
-    # Which shards chunk listings read (None: every shard the store lists). A
-    # planned check/export records them once, and each task lists only its own.
-    shard_scope: "ShardScope | None" = None
+    # The runtime of the tree this one's dataset is part of (`beside`): its fetcher's bounds and its
+    # shard scope are this one's.
+    leader: "Runtime | None" = None
     fetcher: Fetcher = field(init=False)
 
+    # What the fetcher reads, when not `source` (a layer over it reading files ahead: `beside`).
+    fetched: ByteSource | None = None
+
     def __post_init__(self) -> None:
+        self._scope: ShardScope | None = None
+        if self.leader is not None:
+            self.fetcher = Fetcher(self.fetched or self.source, self.policy, self.leader.fetcher)
+            return  # files shown as stored are read ahead by the leader's source, which `source` reads
         self.fetcher = Fetcher(self.source, self.policy)
         if self.fetcher.policy.read_ahead and self.source.remote and self.source.listable:
             # Files shown as they are stored are read ahead of scans too (`core/filescan.py`); the
             # fetcher reads from the source below.
             self.source = ScannedFiles(self.source, self.fetcher)
+
+    @property
+    def shard_scope(self) -> "ShardScope | None":
+        """Which shards chunk listings read (None: every shard the store lists). A planned
+        check/export records them once, and each task lists only its own."""
+        return self._scope if self.leader is None else self.leader.shard_scope
+
+    @shard_scope.setter
+    def shard_scope(self, scope: "ShardScope | None") -> None:
+        self._scope = scope
+
+    def beside(self, source: ByteSource, fetched: ByteSource | None = None) -> "Runtime":
+        """The runtime of another dataset read through this one's sources (a directory of a tree of
+        datasets): the same caches and bounds, its reads within this one's fetcher's, and this one's
+        shard scope. `source` is what its format reads (a layer over this one's `source`), `fetched`
+        what its fetcher reads (a layer over this one's fetcher's source; default: `source`)."""
+        return Runtime(source, self.caches, self.limits, self.policy, self, fetched)
 
     def stats(self) -> dict[str, object]:
         return {"fetch": self.fetcher.stats()}

@@ -18,6 +18,7 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable
 
 from unshardfs.sources.base import ByteSource, ObjectStat, VersionedSource, VersionInfo
+from unshardfs.tree.namespaced import NamespacedDir
 from unshardfs.tree.nodes import Batch, DirNode, Entry, Node
 from unshardfs.tree.passthrough import PassthroughDir
 from unshardfs.util.errors import ConfigError, DataError, SourceError
@@ -31,45 +32,6 @@ PREFIX = "@"
 
 # Opens the dataset tree of one version's source (the same format as the current tree).
 OpenTree = Callable[[ByteSource], Awaitable[DirNode]]
-
-
-class NamespacedDir(DirNode):
-    """A directory of a version's tree, its `stable_key` (and its subdirectories') prefixed with the
-    version's name: the front ends derive inode numbers from stable keys, and a format builds them from
-    paths, which every version repeats."""
-
-    __slots__ = ("inner", "namespace")
-
-    def __init__(self, inner: DirNode, namespace: str) -> None:
-        super().__init__(inner.mtime_ns)
-        self.inner = inner
-        self.namespace = namespace
-        self.child_id = inner.child_id
-
-    @property
-    def stable_key(self) -> str | None:  # type: ignore[override]
-        key = self.inner.stable_key
-        return None if key is None else f"{self.namespace}/{key}"
-
-    def xattrs(self) -> dict[str, bytes]:
-        return self.inner.xattrs()
-
-    def child_name(self, child_id: int) -> str:
-        return self.inner.child_name(child_id)
-
-    def wrap(self, node: Node | None) -> Node | None:
-        return NamespacedDir(node, self.namespace) if isinstance(node, DirNode) else node
-
-    async def lookup(self, name: str) -> Node | None:
-        return self.wrap(await self.inner.lookup(name))
-
-    async def entries(self) -> AsyncIterator[Batch]:
-        async for batch in self.inner.entries():
-            if isinstance(batch, list):
-                yield [(name, NamespacedDir(node, self.namespace) if isinstance(node, DirNode) else node)
-                       for name, node in batch]
-            else:
-                yield batch  # files only
 
 
 class VersionDir(DirNode):

@@ -255,6 +255,15 @@ async def stat_all(source: ByteSource, paths: Iterable[str]) -> None:
             nursery.start_soon(one, path)
 
 
+async def end_listing(listing: AsyncIterator[object]) -> None:
+    """Close a listing (`ByteSource.list`) left part way: an async generator's frame, and what it holds
+    open (a directory's descriptor, a connection), now rather than whenever it is collected. A layer's
+    listing ends the one below it so, whoever stopped reading."""
+    aclose = getattr(listing, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 @runtime_checkable
 class TaggedRead(Protocol):
     """A source whose objects carry entity tags as object stores give them (an HTTP ETag; for local

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, AsyncIterator, Coroutine
 
-from unshardfs.sources.base import ByteSource, FdRange, ObjectStat, SourceLayer, Version
+from unshardfs.sources.base import ByteSource, FdRange, ObjectStat, SourceLayer, Version, end_listing
 
 
 @dataclass
@@ -85,8 +85,12 @@ class CountingSource(SourceLayer):
 
     async def list(self, path: str) -> AsyncIterator[tuple[str, ObjectStat]]:
         self.counters.lists += 1
-        async for item in self.inner.list(path):
-            yield item
+        listing = self.inner.list(path)
+        try:
+            async for item in listing:
+                yield item
+        finally:
+            await end_listing(listing)
 
     def own_stats(self) -> dict[str, object]:
         return {"source": self.counters.as_dict()}

@@ -12,10 +12,25 @@ from unshardfs.sources.base import VersionInfo
 
 
 def format_report(reports: list[dict[str, Any]], source: str, archive: list[str] | None = None) -> str:
-    """`archive`: lines about the zip archive the source is read through, if any."""
-    lines = [f"{source}: {len(reports)} sharded director{'y' if len(reports) == 1 else 'ies'}", *(archive or [])]
+    """`archive`: lines about the zip archive the source is read through, if any. A report with a
+    `reason` is a directory not shown as its format would (left out of a view, shown as stored); one
+    of kind `dataset` a dataset of a tree of datasets, whose sharded directories follow it."""
+    sharded = sum("reason" not in r and r.get("kind") != "dataset" for r in reports)
+    datasets = sum(r.get("kind") == "dataset" for r in reports)
+    head = f"{sharded} sharded director{'y' if sharded == 1 else 'ies'}"
+    if datasets:  # a tree of datasets
+        head = f"a tree of {datasets} dataset{'' if datasets == 1 else 's'}, {head}"
+    lines = [f"{source}: {head}", *(archive or [])]
     for r in reports:
         lines.append("")
+        if r.get("kind") == "dataset":
+            lines.append(f"{r['key']}/  (dataset: {r.get('description') or r['format']})")
+            lines.extend(r.get("store", ()))
+            continue
+        if "reason" in r:
+            lines.append(f"{r['key']}/  ({r['kind']})")
+            lines.append(f"  why           {r['reason']}")
+            continue
         lines.append(f"{r['key']}/  ({r['kind']}{', ' + r['encoding'] if r.get('encoding') else ''})")
         lines.append(f"  sharding      {r['layout']}")
         expected = r.get("shards_expected")

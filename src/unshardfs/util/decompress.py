@@ -80,9 +80,12 @@ def gunzip(data: bytes | memoryview, cap: int, where: str) -> bytes:
     return b"".join(out)
 
 
-def unzstd(data: bytes, cap: int, where: str) -> bytes:
-    """A zstd frame (or frames), at most `cap` bytes, streamed (a declared content size is not trusted)."""
-    reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+def unzstd(data: bytes, cap: int, where: str, dictionary: zstandard.ZstdCompressionDict | None = None) -> bytes:
+    """A zstd frame (or frames), at most `cap` bytes, streamed (a declared content size is not trusted);
+    `dictionary`: the one the frames were compressed with."""
+    decompressor = zstandard.ZstdDecompressor(dict_data=dictionary) if dictionary is not None else \
+        zstandard.ZstdDecompressor()
+    reader = decompressor.stream_reader(data, read_across_frames=True)
     out: list[bytes] = []
     produced = 0
     try:

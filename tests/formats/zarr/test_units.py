@@ -101,9 +101,51 @@ def test_v2_mapping():
     two = meta((4,), (4,), [BYTES_LE, GZ, codec("zstd")])
     with pytest.raises(Unsupported, match="more than one v2 compressor"):
         array_v2(two, unshard(two, "t"), ".", "t")
-    text = meta((4,), (4,), [codec("vlen-utf8")], data_type="string")
-    with pytest.raises(Unsupported, match="data type"):
-        array_v2(text, unshard(text, "t"), ".", "t")
+    odd = meta((4,), (4,), [BYTES_LE], data_type="r16")
+    with pytest.raises(Unsupported, match="data type 'r16'"):
+        array_v2(odd, unshard(odd, "t"), ".", "t")
+
+
+def test_v2_strings_are_object_arrays():
+    """`string` with vlen-utf8 is v2's `|O` with numcodecs' vlen-utf8 (the same bytes) as its object codec."""
+    text = meta((4,), (4,), [sharding((2,), [codec("vlen-utf8"), codec("zstd", level=0)])], data_type="string",
+                fill_value="")
+    zarray, _, checksum = array_v2(text, unshard(text, "t"), "/", "t")
+    assert (zarray["dtype"], zarray["filters"], zarray["compressor"]) == ("|O", [{"id": "vlen-utf8"}],
+                                                                           {"id": "zstd", "level": 0})
+    assert zarray["fill_value"] == "" and not checksum
+    for codecs, reason in [([BYTES_LE], "needs vlen-utf8"), ([codec("vlen-bytes")], "needs vlen-utf8")]:
+        other = meta((4,), (4,), codecs, data_type="string", fill_value="")
+        with pytest.raises(Unsupported, match=reason):
+            array_v2(other, unshard(other, "t"), ".", "t")
+    number = meta((4,), (4,), [codec("vlen-utf8")], data_type="string", fill_value=0)
+    with pytest.raises(Unsupported, match="fill_value 0"):
+        array_v2(number, unshard(number, "t"), ".", "t")
+
+
+@pytest.mark.parametrize("config, endian, want", [
+    ({"dtype": "int32"}, "little", ("<i4", {"id": "delta", "dtype": "<i4"})),
+    ({"dtype": "<u2"}, "big", (">u2", {"id": "delta", "dtype": ">u2"})),  # bytes decides the byte order
+    ({"dtype": ">i8", "astype": "<i2"}, "big", (">i8", {"id": "delta", "dtype": ">i8", "astype": ">i2"})),
+    ({"dtype": "|u1"}, "little", ("|u1", {"id": "delta", "dtype": "|u1"})),
+])
+def test_v2_delta_is_a_filter(config, endian, want):
+    data_type = {"i4": "int32", "u2": "uint16", "i8": "int64", "u1": "uint8"}[want[0][1:]]
+    m = meta((8,), (8,), [codec("numcodecs.delta", **config), codec("bytes", endian=endian)], data_type=data_type)
+    zarray, _, _ = array_v2(m, unshard(m, "t"), ".", "t")
+    assert (zarray["dtype"], zarray["filters"]) == (want[0], [want[1]])
+
+
+@pytest.mark.parametrize("codecs, reason", [
+    ([codec("numcodecs.delta", dtype="int16"), BYTES_LE], "not the array's data type int32"),
+    ([codec("numcodecs.delta", dtype="int32", astype="|S4"), BYTES_LE], "astype"),
+    ([codec("transpose", order=[1, 0]), codec("numcodecs.delta", dtype="int32"), BYTES_LE], "after a transpose"),
+    ([codec("numcodecs.delta", dtype="int32"), codec("transpose", order=[1, 0]), BYTES_LE], "has no v2 equivalent"),
+])
+def test_v2_delta_that_v2_cannot_express(codecs, reason):
+    m = meta((4, 4), (4, 4), codecs, data_type="int32")
+    with pytest.raises(Unsupported, match=reason):
+        array_v2(m, unshard(m, "t"), ".", "t")
 
 
 @settings(max_examples=examples(200), deadline=None)

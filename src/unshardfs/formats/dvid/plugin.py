@@ -30,6 +30,7 @@ class DvidFormat(FormatPlugin[DvidOptions]):
     description = "DVID export"
     marker = "s0/*.arrow shard files"
     priority = 20
+    probes = ("s0",)
 
     def add_options(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument("--info", dest="info_path", metavar="SPEC.json",

@@ -25,7 +25,7 @@ from unshardfs.formats.wkw.header import BLOCK_TYPES, HEADER_BYTES, HeaderError,
 from unshardfs.formats.wkw.properties import PROPERTIES, Layer, Mag, finest_first, parse_mag, parse_properties
 from unshardfs.formats.wkw.store import MagView, WkwBlockCodec, WkwStore, list_files, wkw_geometry
 from unshardfs.sources.base import ByteSource, ObjectStat, join_path
-from unshardfs.tree.nodes import BytesFile, DirNode, Node
+from unshardfs.tree.nodes import BytesFile, Closable, DirNode, Node
 from unshardfs.tree.overlay import OverlayDir
 from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.volume.grid import ChunkGrid, GridNaming
@@ -185,21 +185,34 @@ async def read_header(source: ByteSource, path: str) -> WkwHeader | None:
         raise ConfigError(f"{path}: {e}") from None
 
 
-async def mag_dirs(source: ByteSource) -> list[tuple[str, Mag]]:
-    """The mag directories (`1`, `2-2-1`, ...) holding a header.wkw at the source's root."""
+def _mag_name(name: str) -> tuple[int, int, int] | None:
+    try:
+        return parse_mag(name, name)
+    except ConfigError:
+        return None
+
+
+async def mag_dirs(source: ByteSource, most: int | None = None) -> list[tuple[str, Mag]]:
+    """The mag directories (`1`, `2-2-1`, ...) holding a header.wkw at the source's root; among its
+    first `most` entries only, if given (detection: a directory of 10^5 prefixes is not listed whole
+    to learn that none of them is a mag)."""
     found = []
     if source.listable:
-        async for name, st in source.list(""):
-            if not st.is_dir:
-                continue
-            try:
-                factors = parse_mag(name, name)
-            except ConfigError:
-                continue
-            if await source.stat(join_path(name, "header.wkw")) is not None:
-                found.append((name, Mag(factors)))
-                if len(found) > MAX_BARE_MAGS:
-                    raise ConfigError(f"{source.description}: more than {MAX_BARE_MAGS} mag directories")
+        listing = source.list("").__aiter__()
+        try:
+            seen = 0
+            async for name, st in listing:
+                seen += 1
+                factors = _mag_name(name) if st.is_dir else None
+                if factors is not None and await source.stat(join_path(name, "header.wkw")) is not None:
+                    found.append((name, Mag(factors)))
+                    if len(found) > MAX_BARE_MAGS:
+                        raise ConfigError(f"{source.description}: more than {MAX_BARE_MAGS} mag directories")
+                if most is not None and seen >= most:
+                    break  # (before the listing asks for more)
+        finally:
+            if isinstance(listing, Closable):
+                await listing.aclose()
     else:
         header = await source.stat("1/header.wkw")
         if header is not None and not header.is_dir:

@@ -13,6 +13,9 @@ from unshardfs.sources.base import ByteSource
 from unshardfs.util.errors import ConfigError, SourceError
 from unshardfs.util.fields import DEFAULT_LIMITS, load_json, off_loop
 
+# Entries of a directory without datasource-properties.json that detection looks at for mag directories.
+DETECT_ENTRIES = 1000  # (an object store's page)
+
 
 class WkwFormat(FormatPlugin[NoOptions]):
     name = "wkw"
@@ -37,7 +40,7 @@ class WkwFormat(FormatPlugin[NoOptions]):
                 return False
             except ConfigError:
                 return True  # a broken properties file: `open` says what is wrong with it
-        return bool(await mag_dirs(source))
+        return bool(await mag_dirs(source, DETECT_ENTRIES))
 
     async def open(self, runtime: Runtime, options: NoOptions) -> Dataset:
         from unshardfs.formats.wkw.dataset import WkwDataset

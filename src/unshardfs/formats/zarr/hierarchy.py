@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, cast
 
 from unshardfs.core.chunks import ChunkContext
 from unshardfs.core.codecs import Crc32cSuffix, Stored
-from unshardfs.core.inventory import ChunkInventory, InventoryPart
+from unshardfs.core.inventory import ChunkInventory, InventoryPart, NotShown
 from unshardfs.core.jsonfile import encode_json, read_built
 from unshardfs.core.runtime import Runtime
 from unshardfs.formats.zarr.keys import KeyLayout
@@ -75,6 +75,8 @@ class ZarrHierarchy:
         # What `inspect` reports: the sharded arrays resolved so far, by path (a
         # dict: directories are resolved again whenever the kernel forgets them).
         self.sharded: dict[str, InventoryPart] = {}
+        # ... and the arrays and groups the view leaves out or shows as stored, with why.
+        self.not_shown: dict[str, NotShown] = {}
         self.root: DirNode | None = None
         # Groups seen with OME-Zarr 0.5 metadata: their arrays use nested chunk keys in the
         # zarr2 view, as OME-Zarr 0.4 requires and its readers assume.
@@ -117,6 +119,7 @@ class ZarrHierarchy:
                 raise
             shown = "shown unchanged" if self.view == "zarr3" else "left out of the zarr2 view"
             log_once(log, f"zarr:{meta_path}", "%s: %s", shown, e)
+            self.not_shown[path] = NotShown(shown, path, str(e))
             return Verdict.PASS if self.view == "zarr3" else Verdict.HIDE
 
     # -- arrays ---------------------------------------------------------------
@@ -130,6 +133,7 @@ class ZarrHierarchy:
             if self.view == "zarr2":
                 raise
             log_once(log, f"zarr:{where}", "shown unchanged: %s", e)
+            self.not_shown[path] = NotShown("shown unchanged", path, str(e))
             return Verdict.PASS
         store = ZarrStore(self.runtime, path, meta, flat)
         dtype = DTYPES.get(meta.data_type) if isinstance(meta.data_type, str) else None
@@ -167,7 +171,8 @@ class ZarrHierarchy:
                                           "shape": list(store.meta.shape)})
 
     async def inventory(self) -> AsyncIterator[InventoryPart]:
-        """Every sharded array, found by resolving every group (chunk directories are not entered)."""
+        """Every sharded array, found by resolving every group (chunk directories are not entered); then
+        what the view leaves out or shows unchanged."""
 
         async def visit(node: DirNode) -> None:
             async for batch in node.entries():
@@ -179,6 +184,8 @@ class ZarrHierarchy:
             await visit(self.root)
         for path in sorted(self.sharded):
             yield self.sharded[path]
+        for path in sorted(self.not_shown):
+            yield self.not_shown[path]
 
     # -- groups ---------------------------------------------------------------
 

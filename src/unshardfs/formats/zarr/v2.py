@@ -4,6 +4,15 @@ Only arrays whose (unsharded) codec chain has an exact v2 equivalent are
 shown: the chunk bytes are served unchanged (apart from a trailing crc32c,
 verified and cut off), so the v2 metadata must describe exactly the same
 encoding. Anything else raises `Unsupported` with the reason.
+
+Two v3 forms have v2 forms beside the plain ones: variable-length UTF-8
+strings (`string` with the `vlen-utf8` codec) are v2's object arrays
+(`|O`) whose first filter is numcodecs' `vlen-utf8`, which writes the same
+bytes; and numcodecs' `delta` before `bytes` is v2's `delta` filter, with
+the byte order the `bytes` codec gives (v2 decodes its filter output as the
+array's data type, so the two must agree). Delta after a transpose is not
+expressed: the v3 codec flattens the transposed chunk in an order v2 does
+not reproduce.
 """
 
 from __future__ import annotations
@@ -24,6 +33,11 @@ DTYPES = {
     "float16": "f2", "float32": "f4", "float64": "f8", "complex64": "c8", "complex128": "c16",
 }
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+# v3 data types v2 holds as Python objects: the v3 codec that serialises them, which v2 names as the
+# object codec (its first filter) with the same encoding.
+OBJECT_TYPES = {"string": "vlen-utf8"}
+# numpy's spellings of a data type a numcodecs codec's configuration may hold, as `DTYPES` values.
+NUMPY_KINDS = {f"{order}{code}": code for code in DTYPES.values() for order in ("", "<", ">", "|", "=")}
 
 
 def _float_fill(value: object, size: int, where: str) -> object:
@@ -50,6 +64,10 @@ def _float_fill(value: object, size: int, where: str) -> object:
 
 
 def fill_value(data_type: str, value: object, where: str) -> object:
+    if data_type in OBJECT_TYPES:
+        if value is not None and not isinstance(value, str):
+            raise Unsupported(f"{where}: fill_value {value!r:.40} for {data_type}")
+        return value  # v2 keeps an object array's fill value as it is
     kind, size = DTYPES[data_type][0], int(DTYPES[data_type][1:])
     if kind == "b":
         return bool(value)
@@ -84,11 +102,38 @@ def _compressor(codec: object, where: str) -> dict[str, Any]:
     raise Unsupported(f"{where}: codec {name!r} has no v2 equivalent")
 
 
+def _numpy_code(value: object) -> str | None:
+    """A data type as a numcodecs configuration spells it (`int32`, `<i4`), as a `DTYPES` value."""
+    if not isinstance(value, str):
+        return None
+    return DTYPES.get(value) or NUMPY_KINDS.get(value)
+
+
+def _delta(codec: object, data_type: str, byte_order: str, where: str) -> dict[str, Any]:
+    """numcodecs' `delta` of a v3 chain as the v2 filter that decodes the same bytes: its `dtype` the
+    array's (v2 reads the filter's output as the array's data type), its `astype` in the byte order the
+    `bytes` codec writes."""
+    config = codec_config(codec)
+    code = DTYPES[data_type]
+    if _numpy_code(config.get("dtype")) != code:
+        raise Unsupported(f"{where}: numcodecs.delta dtype {str(config.get('dtype'))[:40]!r} is not the array's "
+                          f"data type {data_type}")
+    astype = config.get("astype", config.get("dtype"))
+    stored = _numpy_code(astype)
+    if stored is None or stored[0] not in "iuf":
+        raise Unsupported(f"{where}: numcodecs.delta astype {str(astype)[:40]!r}")
+    order = "|" if stored[1:] == "1" else byte_order
+    out = {"id": "delta", "dtype": ("|" if code[1:] == "1" else byte_order) + code}
+    if stored != code:
+        out["astype"] = order + stored
+    return out
+
+
 def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tuple[dict[str, Any], dict[str, Any], bool]:
     """(.zarray, .zattrs, whether chunks end in a crc32c to verify and cut off)."""
     data_type = meta.data_type
-    if not isinstance(data_type, str) or data_type not in DTYPES:
-        raise Unsupported(f"{where}: data type {data_type!r} has no v2 equivalent here")
+    if not isinstance(data_type, str) or (data_type not in DTYPES and data_type not in OBJECT_TYPES):
+        raise Unsupported(f"{where}: data type {str(data_type)[:40]!r} has no v2 equivalent here")
     ndim = meta.ndim
     order = tuple(range(ndim))
     codecs = list(flat.codecs)
@@ -103,11 +148,29 @@ def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tu
         memory_order = "F"
     else:
         raise Unsupported(f"{where}: transpose order {list(order)} is neither C nor F order")
-    if not names or names[0] != "bytes":
-        raise Unsupported(f"{where}: codec chain {names} has no v2 equivalent (needs transpose?, bytes, ...)")
-    endian = codec_config(codecs[0]).get("endian", "little")
-    size = DTYPES[data_type][1:]
-    byte_order = "|" if size in ("1",) else ("<" if endian == "little" else ">")
+    deltas: list[object] = []
+    while names and names[0] == "numcodecs.delta":
+        if memory_order != "C":
+            raise Unsupported(f"{where}: numcodecs.delta after a transpose has no v2 equivalent")
+        deltas.append(codecs[0])
+        codecs, names = codecs[1:], names[1:]
+    filters: list[dict[str, Any]] | None = None
+    if data_type in OBJECT_TYPES:
+        serializer = OBJECT_TYPES[data_type]
+        if deltas or not names or names[0] != serializer:
+            raise Unsupported(f"{where}: codec chain {names} of a {data_type} array has no v2 equivalent "
+                              f"(needs {serializer}, ...)")
+        dtype = "|O"
+        filters = [{"id": serializer}]
+    else:
+        if not names or names[0] != "bytes":
+            raise Unsupported(f"{where}: codec chain {names} has no v2 equivalent (needs transpose?, bytes, ...)")
+        endian = codec_config(codecs[0]).get("endian", "little")
+        size = DTYPES[data_type][1:]
+        byte_order = "|" if size in ("1",) else ("<" if endian == "little" else ">")
+        dtype = byte_order + DTYPES[data_type]
+        if deltas:
+            filters = [_delta(d, data_type, "<" if endian == "little" else ">", where) for d in deltas]
     codecs, names = codecs[1:], names[1:]
     checksum = bool(names) and names[-1] == "crc32c"
     if checksum:
@@ -119,11 +182,11 @@ def array_v2(meta: ArrayMeta, flat: Unsharded, separator: str, where: str) -> tu
         "zarr_format": 2,
         "shape": list(meta.shape),
         "chunks": list(flat.chunk_shape),
-        "dtype": byte_order + DTYPES[data_type],
+        "dtype": dtype,
         "compressor": compressor,
         "fill_value": fill_value(data_type, meta.raw.get("fill_value"), where),
         "order": memory_order,
-        "filters": None,
+        "filters": filters,
         "dimension_separator": separator,
     }
     return zarray, attrs_v2(meta.raw), checksum

@@ -13,8 +13,13 @@ Crockford base 32.
 Snapshots and manifests are FlatBuffers behind a binary header: the magic
 `ICE🧊CHUNK` (12 bytes), the writer's name (24 bytes, padded), the spec
 version, the file type and the compression (one byte each; zstd or none).
-Spec version 1 is read, the on-disk format Icechunk 1.x writes; any other
-version (Icechunk 2.x writes 2) is refused with one line.
+Spec versions 1 (Icechunk 1.x) and 2 (Icechunk 2.x) are read; any other is
+refused with one line. Spec version 2 keeps refs, parents and the
+configuration in one `repo` object (`repoinfo.py`) instead of `refs/` and
+`config.yaml`; in snapshots an array's shape is `shape_v2` (length and
+number of chunks per dimension) and the manifest files `manifest_files_v2`
+(tables, not structs); in manifests a virtual reference's location may be
+zstd-compressed with a dictionary the manifest holds.
 
 The FlatBuffers reader here is our own and checks every access: a table's
 vtable and every field inside the bytes, every offset pointing forward and in
@@ -33,7 +38,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from unshardfs.sources.base import name_problem
 from unshardfs.util.decompress import unzstd
@@ -41,10 +46,10 @@ from unshardfs.util.errors import DataError
 
 MAGIC = "ICE🧊CHUNK".encode()
 HEADER = len(MAGIC) + 24 + 3  # magic, writer's name, spec version, file type, compression
-SPEC_VERSIONS = (1,)  # what this module reads
-FILE_SNAPSHOT, FILE_MANIFEST, FILE_ATTRIBUTES, FILE_TRANSACTION_LOG, FILE_CHUNK = 1, 2, 3, 4, 5
+SPEC_VERSIONS = (1, 2)  # what this module reads
+FILE_SNAPSHOT, FILE_MANIFEST, FILE_ATTRIBUTES, FILE_TRANSACTION_LOG, FILE_CHUNK, FILE_REPO_INFO = 1, 2, 3, 4, 5, 6
 FILE_TYPES = {FILE_SNAPSHOT: "snapshot", FILE_MANIFEST: "manifest", FILE_ATTRIBUTES: "attributes",
-              FILE_TRANSACTION_LOG: "transaction log", FILE_CHUNK: "chunk"}
+              FILE_TRANSACTION_LOG: "transaction log", FILE_CHUNK: "chunk", FILE_REPO_INFO: "repo info"}
 COMPRESSION_NONE, COMPRESSION_ZSTD = 0, 1
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 ID_LEN, NODE_ID_LEN = 12, 8
@@ -108,7 +113,8 @@ def decode_header(data: bytes, where: str, file_type: int) -> Header:
     version, kind, compression = data[HEADER - 3:HEADER]
     if version not in SPEC_VERSIONS:
         raise DataError(where, f"Icechunk spec version {version} (written by {writer!r}) is not supported; "
-                               f"unshardfs reads spec version {', '.join(map(str, SPEC_VERSIONS))} (Icechunk 1.x)")
+                               f"unshardfs reads spec versions {', '.join(map(str, SPEC_VERSIONS))} (Icechunk 1.x "
+                               f"and 2.x)")
     if kind != file_type:
         raise DataError(where, f"is a {FILE_TYPES.get(kind, f'file of type {kind}')}, a "
                                f"{FILE_TYPES[file_type]} was expected")
@@ -118,7 +124,7 @@ def decode_header(data: bytes, where: str, file_type: int) -> Header:
 
 
 def decode_object(data: bytes, where: str, file_type: int, cap: int) -> bytes:
-    """The FlatBuffers body of a snapshot or manifest object, decompressed to at most `cap` bytes."""
+    """The FlatBuffers body of a snapshot, manifest or repo info object, decompressed to at most `cap` bytes."""
     header = decode_header(data, where, file_type)
     body = data[HEADER:]
     if header.compression == COMPRESSION_ZSTD:
@@ -304,7 +310,9 @@ class ManifestRef:
 
 @dataclass(frozen=True, slots=True)
 class ArrayData:
-    shape: tuple[tuple[int, int], ...]  # (array length, chunk length) per dimension
+    # (array length, chunk length) per dimension; in spec version 2 the chunk length is back-computed from
+    # the number of chunks (the Zarr metadata is what says it)
+    shape: tuple[tuple[int, int], ...]
     dimension_names: tuple[str | None, ...]
     manifests: tuple[ManifestRef, ...]
 
@@ -386,6 +394,12 @@ def decode_snapshot(body: bytes, where: str, expected_id: bytes | None = None) -
     files = []
     for raw in root.structs(6, 32, "manifest_files", len(body) // 32, required=True):
         files.append(ManifestFile(raw[:ID_LEN], U64.unpack_from(raw, 16)[0], U32.unpack_from(raw, 24)[0]))
+    start, n = root.tables(7, "manifest_files_v2", len(body) // 4)  # spec version 2: tables
+    for i in range(n):
+        item = buf.table(buf.follow(start + 4 * i, "manifest file"), "manifest file")
+        file_id = item.struct(0, ID_LEN, "id", required=True)
+        assert file_id is not None
+        files.append(ManifestFile(file_id, item.u64(1), item.u32(2)))
     nodes: dict[str, SnapshotNode] = {}
     skipped: list[str] = []
     start, n = root.tables(2, "nodes", MAX_NODES, required=True)
@@ -429,6 +443,16 @@ def _node(buf: Buffer, pos: int) -> SnapshotNode:
         raise buf.fail(f"node {path[:200]!r}: node data of type {kind} (1: array, 2: group)")
     shape = tuple((U64.unpack_from(raw, 0)[0], U64.unpack_from(raw, 8)[0])
                   for raw in data.structs(0, 16, "shape", MAX_DIMS, required=True))
+    start, n = data.tables(3, "shape_v2", MAX_DIMS)  # spec version 2: length and number of chunks
+    if n:
+        if shape:
+            raise buf.fail(f"array {path[:200]!r}: both shape and shape_v2")
+        dims = []
+        for i in range(n):
+            item = buf.table(buf.follow(start + 4 * i, "dimension shape"), "dimension shape")
+            length, chunks = item.u64(0), item.u32(1)
+            dims.append((length, -(-length // chunks) if chunks else 0))  # (the chunk length, back-computed)
+        shape = tuple(dims)
     names: list[str | None] = []
     start, n = data.tables(1, "dimension_names", MAX_DIMS)
     for i in range(n):
@@ -483,6 +507,11 @@ class ChunkManifest:
             raise self.buf.fail(f"holds manifest {encode_id(raw_id)}, its name says {encode_id(expected_id)}")
         self.id = raw_id
         self.nbytes = len(body)
+        # Spec version 2: virtual locations compressed with this zstd dictionary (algorithm 1), or stored
+        # as they are (0).
+        self._dictionary_bytes = root.blob(2, "location_dictionary", len(body))
+        self._compression = root.u8(3, 1)
+        self._dictionary: Any = None  # (a zstandard.ZstdCompressionDict, made on first use)
         # node id -> (start, count) of its references
         self.arrays: dict[bytes, tuple[int, int]] = {}
         start, n = root.tables(1, "arrays", len(body) // 4, required=True)
@@ -515,9 +544,34 @@ class ChunkManifest:
             return ChunkRef(index, chunk_id=chunk_id, offset=offset, length=length)
         location = t.string(5, "location", MAX_PATH * 4)
         if location is None:
+            packed = t.blob(8, "compressed_location", MAX_PATH * 4)
+            if packed is not None:
+                location = self._location(packed, index)
+        if location is None:
             raise buf.fail(f"chunk {index}: neither inline data, a chunk id nor a location")
         return ChunkRef(index, location=location, offset=offset, length=length,
                         etag=t.string(6, "checksum_etag", MAX_PATH), last_modified=t.u32(7))
+
+    def _location(self, packed: bytes, index: tuple[int, ...]) -> str:
+        """A virtual reference's compressed location (spec version 2), decompressed with the manifest's
+        dictionary, bounded like a stored one (a declared content size is not trusted)."""
+        where = f"{self.buf.where}: chunk {index}: compressed location"
+        if self._compression == 0:
+            raw = packed
+        elif self._compression == 1:
+            if self._dictionary is None:
+                if not self._dictionary_bytes:
+                    raise DataError(where, "no location dictionary in the manifest")
+                import zstandard
+
+                self._dictionary = zstandard.ZstdCompressionDict(self._dictionary_bytes)
+            raw = unzstd(packed, MAX_PATH * 4, where, self._dictionary)
+        else:
+            raise DataError(where, f"compression {self._compression} is not known (0: none, 1: zstd)")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(where, "not UTF-8") from None
 
     def _bisect(self, start: int, count: int, key: tuple[int, ...]) -> int:
         """The first position whose index is not below `key` (the references are sorted)."""

@@ -1,10 +1,13 @@
 """An Icechunk repository as a byte source: one snapshot's Zarr v3 hierarchy as keys.
 
 `IcechunkStore` reads a repository found under a prefix of another byte
-source (local, http(s), gs, s3, or a zip member tree): refs when a version is
-named, each snapshot and manifest with one read of its object, decoded once
-and kept in a byte-bounded cache (concurrent askers of a cold object share
-one fetch). `IcechunkSource` shows one snapshot as Icechunk's own Zarr store
+source (local, http(s), gs, s3, or a zip member tree): its refs (spec version
+1: `refs/`, a tag deleted when its `ref.json.deleted` marker is there; spec
+version 2: the `repo` object, read once, which lists branches, tags, deleted
+tags and every snapshot's parent), each snapshot and manifest with one read
+of its object, decoded once and kept in a byte-bounded cache (concurrent
+askers of a cold object share one fetch). A deleted tag or branch is never
+resolved nor listed. `IcechunkSource` shows one snapshot as Icechunk's own Zarr store
 shows it: `zarr.json` of every group and array (the metadata as the writer
 stored it) and chunk keys `c/I/J/...` of every chunk an array's manifests
 hold. A chunk read is one ranged read of the chunk object (`chunks/ID`, at
@@ -28,18 +31,22 @@ from __future__ import annotations
 
 import bisect
 import builtins
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+import trio
+
 from unshardfs.sources.base import (ByteSource, IndexCache, ObjectStat, Version, VersionInfo, iso_time, name_problem,
                                     TaggedRead, normalize_path, read_whole, tag_problem)
 from unshardfs.sources.coalesce import RangeReads
 from unshardfs.sources.pins import Pin, Pins
-from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_SNAPSHOT, MAX_REF_JSON, SPEC_VERSIONS, ChunkManifest,
+from unshardfs.sources.icechunk.format import (FILE_MANIFEST, FILE_REPO_INFO, FILE_SNAPSHOT, MAX_REF_JSON, ChunkManifest,
                                                ChunkRef, RepoConfig, Snapshot, SnapshotNode, decode_config, decode_id,
                                                decode_object, decode_ref, decode_snapshot, encode_id)
+from unshardfs.sources.icechunk.repoinfo import RepoInfo, decode_repo_info
 from unshardfs.util.errors import ConfigError, DataError, SourceError, StaleError
 from unshardfs.util.flight import Flights
 from unshardfs.util.limits import DataLimits
@@ -57,6 +64,9 @@ REF_NAME = re.compile(r"(branch|tag)\.([^/\0]{1,255})\Z")
 SNAPSHOT_NAME = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}\Z")
 # Earlier Icechunk releases kept a branch as numbered ref files, the newest first in name order.
 NUMBERED_REF = re.compile(r"[0-9A-HJKMNP-TV-Z]{8}\.json\Z")
+REPO_INFO = "repo"  # spec version 2: the one object naming branches, tags and snapshots
+TAG_DELETED = "ref.json.deleted"  # spec version 1: beside a tag's ref.json, the tag was deleted
+REPO_INFO_BYTES = 64 << 20  # a repo info object (it grows with the snapshots it lists)
 COORD = re.compile(r"(0|[1-9][0-9]{0,9})\Z")
 
 
@@ -97,8 +107,12 @@ class IcechunkStore:
 
     def __init__(self, inner: ByteSource, root: str = "", limits: DataLimits | None = None,
                  description: str | None = None, url: str | None = None, options: IcechunkOptions | None = None,
-                 open_url: Callable[[str], ByteSource] | None = None, cache: int = OBJECT_CACHE) -> None:
+                 open_url: Callable[[str], ByteSource] | None = None, cache: int = OBJECT_CACHE,
+                 spec: int | None = None) -> None:
+        """`spec`: the spec version, when whoever found the repository knows it by its marker (None: its
+        first ref looked up finds out, reading `repo` and the spec version 1 ref at once)."""
         self.inner = inner
+        self.spec = spec
         self.root = root
         self.limits = limits or DataLimits()
         self.description = description or f"{inner.description.rstrip('/')}/{root}".rstrip("/") + "|icechunk:"
@@ -109,6 +123,8 @@ class IcechunkStore:
         self.objects: BoundedMap[tuple[str, bytes], Any] = BoundedMap(cache, getsizeof=payload_size)
         self.flights = Flights()
         self.config: RepoConfig | None = None
+        self._info: RepoInfo | None = None
+        self._info_read = spec == 1  # (`repo` looked for: a spec version 1 repository has none)
         self._outside: dict[str, ByteSource] = {}
         self._taggers: dict[int, TaggedRead | None] = {}  # by source: its `TaggedRead`, decided once
         self._ranges: dict[int, RangeReads[Pin | str]] = {}  # by source: its reads of one moment, joined per object
@@ -131,11 +147,72 @@ class IcechunkStore:
 
         return await read_whole(self.inner, self.root + path, where, check, index, FIRST_READ)
 
+    async def info(self) -> RepoInfo | None:
+        """The repo info object of a spec version 2 repository (read once; None for spec version 1, which
+        has none). DataError when it is damaged."""
+        async def load() -> None:
+            if self._info_read:
+                return
+            where = self.description + REPO_INFO
+            data = await self._whole(REPO_INFO, min(REPO_INFO_BYTES, self.limits.index_bytes), index=False)
+            if data is not None:
+                body = decode_object(data, where, FILE_REPO_INFO, REPO_INFO_BYTES)
+                self._info = decode_repo_info(body, where, MAX_REFS, MAX_VERSIONS)
+                self.counters["ref_reads"] += 1
+            self._info_read = True
+
+        await self.flights.run(("repo",), load)
+        return self._info
+
+    async def spec_version(self) -> int:
+        """The repository's spec version: 2 where a `repo` object names it, else 1."""
+        info = await self.info()
+        return 1 if info is None else info.spec_version
+
     async def resolve(self, ref: RefSpec) -> bytes | None:
-        """The snapshot id `ref` names, or None when the ref does not exist (DataError when it is damaged)."""
+        """The snapshot id `ref` names, or None when the ref does not exist or was deleted (DataError when
+        it is damaged). Where the spec version is not known yet, the `repo` object and the spec version 1
+        ref are read at once (one round trip, as either alone)."""
         if ref.kind == "snapshot":
             return decode_id(ref.name)
+        if not self._info_read and self.spec is None:
+            v1: list[bytes | None | BaseException] = [None]
+            failed: list[BaseException] = []
+
+            async def old() -> None:
+                try:
+                    v1[0] = await self._resolve_v1(ref)
+                except (DataError, SourceError) as e:
+                    v1[0] = e  # (wanted only if there is no `repo`)
+
+            async with trio.open_nursery() as nursery:
+                async def new() -> None:
+                    try:
+                        if await self.info() is not None:
+                            nursery.cancel_scope.cancel()  # spec version 2: the old way's answer is not wanted
+                    except (DataError, SourceError) as e:
+                        failed.append(e)  # a damaged `repo`: this repository is not read
+
+                nursery.start_soon(new)
+                nursery.start_soon(old)
+            if failed:
+                raise failed[0]
+            if self._info is None:
+                if isinstance(v1[0], BaseException):
+                    raise v1[0]
+                return v1[0]
+        info = await self.info()
+        if info is not None:
+            return (info.branches if ref.kind == "branch" else info.tags).get(ref.name)
+        return await self._resolve_v1(ref)
+
+    async def _resolve_v1(self, ref: RefSpec) -> bytes | None:
+        """`resolve` in a spec version 1 repository: `refs/KIND.NAME/ref.json`."""
         folder = f"refs/{ref.kind}.{ref.name}/"
+        if ref.kind == "tag":
+            marker = await self.inner.stat(self.root + folder + TAG_DELETED)
+            if marker is not None and not marker.is_dir:
+                return None  # a deleted tag: Icechunk answers "ref not found"
         data = await self._whole(folder + "ref.json", MAX_REF_JSON)
         if data is None and ref.kind == "branch" and self.inner.listable:
             numbered = [name async for name, st in self.inner.list(self.root + folder.rstrip("/"))
@@ -146,10 +223,16 @@ class IcechunkStore:
         return None if data is None else decode_ref(data, self.description + folder)
 
     async def refs(self) -> list[RefSpec]:
-        """Every branch and tag (branch main alone where the base cannot list)."""
+        """Every branch and tag, deleted ones aside (branch main alone where a spec version 1 base cannot
+        list)."""
+        info = await self.info()
+        if info is not None:
+            found = [RefSpec("branch", name) for name in info.branches]
+            found += [RefSpec("tag", name) for name in info.tags]
+            return sorted(found, key=lambda r: (r.kind != "branch", r.name))
         if not self.inner.listable:
             return [RefSpec("branch", "main")]
-        found: list[RefSpec] = []
+        found = []
         async for name, st in self.inner.list(self.root + "refs"):
             m = REF_NAME.match(name)
             if m and st.is_dir and name_problem(m.group(2)) is None:
@@ -158,10 +241,56 @@ class IcechunkStore:
                     log_once(log, f"icechunk:{self.description}:refs", "%s: more than %s branches and tags; "
                              "only the first are listed", self.description, f"{MAX_REFS:,}")
                     break
-        return sorted(found, key=lambda r: (r.kind != "branch", r.name))
+        deleted = set(await self._deleted_v1(found))
+        return sorted((r for r in found if r not in deleted), key=lambda r: (r.kind != "branch", r.name))
+
+    async def _deleted_v1(self, refs: builtins.list[RefSpec]) -> builtins.list[RefSpec]:
+        """Of spec version 1 `refs` (listed folders), the deleted ones: tags with the deletion marker,
+        branches whose folder holds no ref any more (an object store keeps no empty folder, so those show
+        only on a local disk)."""
+        async def gone(ref: RefSpec) -> bool:
+            folder = f"{self.root}refs/{ref.kind}.{ref.name}/"
+            if ref.kind == "tag":
+                marker = await self.inner.stat(folder + TAG_DELETED)
+                return marker is not None and not marker.is_dir
+            st = await self.inner.stat(folder + "ref.json")
+            if st is not None and not st.is_dir:
+                return False
+            async for name, entry in self.inner.list(folder.rstrip("/")):
+                if NUMBERED_REF.match(name) and not entry.is_dir:
+                    return False
+            return True
+
+        found: dict[int, bool] = {}
+
+        async def check(i: int, ref: RefSpec) -> None:
+            found[i] = await gone(ref)
+
+        async with trio.open_nursery() as nursery:
+            for i, ref in enumerate(refs):
+                nursery.start_soon(check, i, ref)
+        return [ref for i, ref in enumerate(refs) if found.get(i)]
+
+    async def deleted(self) -> tuple[builtins.list[str], builtins.list[str]]:
+        """(deleted tags, deleted branches) as far as the repository records them: spec version 2 its lists
+        and the log of recent operations; spec version 1 its tags' deletion markers (and, on a local disk,
+        the empty folders of deleted branches)."""
+        info = await self.info()
+        if info is not None:
+            return sorted(info.deleted_tags), sorted(info.deleted_branches)
+        if not self.inner.listable:
+            return [], []
+        listed: builtins.list[RefSpec] = []
+        async for name, st in self.inner.list(self.root + "refs"):
+            m = REF_NAME.match(name)
+            if m and st.is_dir and name_problem(m.group(2)) is None and len(listed) < MAX_REFS:
+                listed.append(RefSpec(m.group(1), m.group(2)))
+        gone = await self._deleted_v1(listed)
+        return (sorted(r.name for r in gone if r.kind == "tag"), sorted(r.name for r in gone if r.kind == "branch"))
 
     async def read_config(self) -> RepoConfig | None:
-        """`config.yaml`, when the repository has one (read once)."""
+        """`config.yaml`, when the repository has one (read once; spec version 2 keeps its configuration in
+        the `repo` object instead, which this does not decode)."""
         if self.config is None:
             data = await self._whole("config.yaml", CONFIG_BYTES)
             if data is None:
@@ -191,6 +320,12 @@ class IcechunkStore:
         async def load() -> Snapshot:
             body = await self._object("snapshots", raw_id, FILE_SNAPSHOT)
             found = decode_snapshot(body, self.description + "snapshots/" + encode_id(raw_id), raw_id)
+            info = await self.info()
+            if info is not None and found.parent is None:
+                # Spec version 2: the parent is the repo info's to say, not the snapshot's.
+                listed = info.snapshots.get(raw_id)
+                if listed is not None and listed.parent is not None:
+                    found = dataclasses.replace(found, parent=listed.parent)
             for line in found.skipped[:20]:
                 log_once(log, f"icechunk:{self.description}:{line}", "%s snapshot %s: %s (not shown)",
                          self.description, found.name, line)
@@ -615,8 +750,19 @@ class IcechunkSource:
         its `config.yaml` that concern readers (a damaged one is named, not fatal)."""
         snap = self.snapshot
         message = snap.message.replace("\n", " ")[:120]
+        try:
+            version = await self.store.spec_version()
+            tags, branches = await self.store.deleted()
+        except (DataError, SourceError) as e:
+            return [f"  icechunk      unreadable: {e}"]
         out = [f"  icechunk      snapshot {snap.name} of {iso_time(snap.time_ns)} ({message!r}); spec version "
-               f"{', '.join(map(str, SPEC_VERSIONS))}; {len(snap.nodes):,} groups and arrays"]
+               f"{version}; {len(snap.nodes):,} groups and arrays"]
+        for kinds, names in ((("tag", "tags"), tags), (("branch", "branches"), branches)):
+            if names:
+                shown = ", ".join(names[:20]) + (f", ... ({len(names):,} in all)" if len(names) > 20 else "")
+                out.append(f"  deleted       {kinds[len(names) > 1]} {shown} (not shown)")
+        if version != 1:
+            return [*out, "  config        in the repo object (not read: no setting of it changes what is shown)"]
         try:
             config = await self.store.read_config()
         except (DataError, SourceError) as e:
@@ -684,15 +830,16 @@ def _info(name: str, snapshot: Snapshot, latest: bool) -> VersionInfo:
 async def open_icechunk(inner: ByteSource, root: str, path: str, version: str | None, limits: DataLimits | None,
                         description: str | None = None, url: str | None = None,
                         options: IcechunkOptions | None = None,
-                        open_url: Callable[[str], ByteSource] | None = None) -> IcechunkSource:
+                        open_url: Callable[[str], ByteSource] | None = None, spec: int | None = None) -> IcechunkSource:
     """The source `BASE|icechunk:[@REF/][PATH]` names: the repository under `root` of `inner`, at the
     snapshot REF names (branch main without one). ConfigError (one line) when there is no repository,
-    the ref does not exist, or its snapshot cannot be read."""
+    the ref does not exist or was deleted, or its snapshot cannot be read. `spec`: the spec version, if
+    known from the marker the repository was found by."""
     prefix = path.strip("/")
     if prefix and any(name_problem(s) is not None for s in prefix.split("/")):
         raise ConfigError(f"icechunk:{path}: a path of empty, '.' or '..' segments is not allowed")
     ref = RefSpec.parse(version) if version is not None else RefSpec("branch", "main")
-    store = IcechunkStore(inner, root, limits, description, url, options, open_url)
+    store = IcechunkStore(inner, root, limits, description, url, options, open_url, spec=spec)
     try:
         raw = await store.resolve(ref)
         if raw is None:
