@@ -24,7 +24,7 @@ from tests.formats.wkw.datasets import MIXED, OLD, SPAN, WkwData, write_dataset
 from tests.support.s3 import CREDENTIALS, moto_s3, upload
 from tests.support.served import served
 from unshardfs.testing.http_servers import DatasetServer
-from unshardfs.testing.mounts import run_cli
+from unshardfs.testing.mounts import force_unmount, run_cli
 from unshardfs.testing.trees import assert_same_tree, walk_files
 
 JSON = ("datasource-properties.json",)
@@ -228,10 +228,17 @@ def test_mount_errors(datasets, tmp_path):
     props = json.loads((bad / "datasource-properties.json").read_text())
     props["dataLayers"][0]["boundingBox"]["width"] = "wide"
     (bad / "datasource-properties.json").write_text(json.dumps(props))
-    result = run_cli("mount", str(bad), str(mnt))
-    assert result.returncode == 1 and "dataLayers[0].boundingBox.width" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    empty = tmp_path / "empty"
-    (empty / "1").mkdir(parents=True)
-    result = run_cli("mount", str(empty), str(mnt))
-    assert result.returncode == 1 and "header.wkw" in result.stderr
+    try:
+        result = run_cli("mount", str(bad), str(mnt))
+        assert result.returncode == 1 and "dataLayers[0].boundingBox.width" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        # A mag directory is a WKW layer by its header.wkw: a garbled one is a one-line error naming
+        # it (a directory `1/` without one is no dataset, and shows as a tree of datasets).
+        layer = tmp_path / "layer"
+        (layer / "1").mkdir(parents=True)
+        (layer / "1" / "header.wkw").write_bytes(b"garbage")
+        result = run_cli("mount", str(layer), str(mnt))
+        assert result.returncode == 1 and "1/header.wkw" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    finally:
+        force_unmount(mnt)  # a mount that should have failed and did not
