@@ -21,8 +21,9 @@ import trio.testing
 from tests.support.latency import KEY, Shards, plain, sent_to, write_site
 from unshardfs.core.fetch import Extent, FetchPolicy, Fetcher
 from unshardfs.core.scan import DeclaredScan
-from unshardfs.testing.inprocess import opened, read_file, resolve
+from unshardfs.testing.inprocess import READ_SIZE, opened, read_file, resolve
 from unshardfs.testing.latency import LatencySource
+from unshardfs.tools.walk import PIECE
 from unshardfs.testing.memory import MemorySource
 from unshardfs.tree.nodes import DirNode, FileNode
 
@@ -40,22 +41,22 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-async def read_all(directory: DirNode, prefix: str = "") -> dict[str, bytes]:
+async def read_all(directory: DirNode, prefix: str = "", piece: int = READ_SIZE) -> dict[str, bytes]:
     """Every file below `directory`, read whole in listing order after declaring it, as a walk
-    that exports or checks it does."""
+    that exports or checks it does, in `piece`-sized reads."""
     directory.will_read_all()
     out: dict[str, bytes] = {}
     async for batch in directory.entries():
         for name, node in batch:
             if isinstance(node, DirNode):
-                out.update(await read_all(node, f"{prefix}{name}/"))
+                out.update(await read_all(node, f"{prefix}{name}/", piece))
             elif isinstance(node, FileNode):
-                out[prefix + name] = await read_file(node)
+                out[prefix + name] = await read_file(node, piece)
                 await trio.sleep(READ_TIME)
     return out
 
 
-def walked(source: LatencySource, rel: str, *options: str) -> tuple[dict[str, bytes], float, int]:
+def walked(source: LatencySource, rel: str, *options: str, piece: int = READ_SIZE) -> tuple[dict[str, bytes], float, int]:
     """(files read, round trips the reader waited for, files) of a declared walk of `rel`."""
 
     async def main() -> tuple[dict[str, bytes], float]:
@@ -64,7 +65,7 @@ def walked(source: LatencySource, rel: str, *options: str) -> tuple[dict[str, by
             assert isinstance(directory, DirNode)
             source.reset_log()
             start = trio.current_time()
-            files = await read_all(directory)
+            files = await read_all(directory, piece=piece)
             return files, trio.current_time() - start
 
     files, elapsed = run(main)
@@ -149,3 +150,24 @@ def test_a_queued_plan_stays_within_its_budget_and_is_read_once() -> None:
     assert peak <= ahead
     fetched = sum(r.size for r in source.log if r.kind == "read")
     assert fetched == len(data)  # every byte once: nothing read twice, nothing beyond the plan
+
+
+@pytest.fixture(scope="module")
+def large_chunks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """16 chunks of 2 MiB (128 x 128 x 64 uint16, raw) in 4 shards of 2 minishards."""
+    from unshardfs.testing.precomputed import Scale, sharding, write_volume
+
+    return write_volume(tmp_path_factory.mktemp("large"), [Scale((256, 256, 256), (128, 128, 64),
+                                                                  sharding(minishard=1, shard=2))], "uint16")
+
+
+def test_a_declared_scan_of_chunks_larger_than_a_whole_read_fetches_them_ahead(large_chunks: dict[str, Path]) -> None:
+    """Chunks of 2 MiB, past the size a mount's reader fetches whole: a walk reads each whole (in
+    its pieces of 8 MiB), so they are declared too. The walk waits for the shard and minishard
+    indexes and one data round trip (the budget keeps 32 MiB in flight): 3 round trips, not one
+    per chunk (18)."""
+    source = LatencySource(MemorySource.from_directory(large_chunks["sharded"]), LATENCY)
+    files, waited, n = walked(source, "1_1_1", piece=PIECE)
+    plain_dir = large_chunks["plain"] / "1_1_1"
+    assert n == 16 and all(data == (plain_dir / name).read_bytes() for name, data in files.items())
+    assert waited == 3, waited

@@ -468,6 +468,10 @@ class _Declared:
         self.within = within
         self.select = select
         self.whole = within is None and select is None
+        # The reader of a declared scan reads each chunk whole, however large (a walk reads files up
+        # to its piece size in one read), so large chunks are declared too, up to a quarter of what
+        # the scan keeps ahead: several stay in flight at once. Larger ones are read on demand.
+        self.largest = scan.ahead // 4
         self._queued: set[str] = set()
 
     def add(self, token: str, tables: list[ChunkTable]) -> None:
@@ -481,7 +485,7 @@ class _Declared:
                 table = table.where(self.select(table.ids))
             blob = table.blob
             extents += [Extent(blob, start, length) for start, length in
-                        zip(table.starts.tolist(), table.lengths.tolist()) if length <= WHOLE_READ_MAX]
+                        zip(table.starts.tolist(), table.lengths.tolist()) if length <= self.largest]
         extents.sort(key=lambda ext: ext.start)
         self.scan.queue(extents)
 
