@@ -107,13 +107,17 @@ splits = st.lists(st.integers(0, 4000), max_size=6)
 
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, declared_delta=st.integers(-20, 20), extra=st.binary(max_size=200), pieces=splits,
-       limit=st.integers(0, 4000), close=st.booleans(), plain=st.booleans())
-def test_declared_length_is_exactly_what_is_returned(body, declared_delta, extra, pieces, limit, close, plain):
-    """Content-Length framing, honest or not: the declared length or nothing, never the bytes after it."""
+       limit=st.integers(0, 4000), close=st.booleans(), plain=st.booleans(), in_place=st.booleans())
+def test_declared_length_is_exactly_what_is_returned(body, declared_delta, extra, pieces, limit, close, plain,
+                                                     in_place):
+    """Content-Length framing, honest or not: the declared length or nothing, never the bytes after it
+    (bodies received into the object returned, or in pieces joined after)."""
     declared = max(0, len(body) + declared_delta)
     wire = Wire(head(content_length=str(declared)) + body + extra, pieces, close=close or declared > len(body))
     sent = body + extra
-    outcome, pooled, _ = exchange(wire, limit, plain)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(h1, "IN_PLACE_MIN", 2 if in_place else h1.IN_PLACE_MAX + 1)
+        outcome, pooled, _ = exchange(wire, limit, plain)
     if declared > limit:
         assert outcome is None and pooled == 0  # refused before reading: the rest is never read
     elif declared > len(sent):
@@ -325,8 +329,11 @@ def test_a_declared_length_costs_memory_only_as_it_arrives():
     assert peak < h1.BODY_PIECE + (1 << 20), f"{peak:,} bytes held for a stalled answer"
 
 
+@pytest.mark.parametrize("in_place", [True, False])
 @pytest.mark.parametrize("size", [h1.BODY_PIECE - 1, h1.BODY_PIECE, 2 * h1.BODY_PIECE + 5])
-def test_bodies_over_several_pieces_are_whole(size):
+def test_bodies_over_several_pieces_are_whole(size, in_place, monkeypatch):
+    """Received into the object returned, or into pieces of BODY_PIECE bytes joined after."""
+    monkeypatch.setattr(h1, "IN_PLACE_MIN", h1.IN_PLACE_MIN if in_place else h1.IN_PLACE_MAX + 1)
     body = bytes(range(256)) * (size // 256) + bytes(size % 256)
     outcome, pooled, _ = exchange(Wire(head(content_length=str(size)) + body, [1000, 70_000], close=False),
                                   size)

@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit
 import h11
 import trio
 
+from unshardfs.util.rawbytes import fresh_bytes
 from unshardfs.util.triofast import tls_holds_bytes
 
 KEEPALIVE = 5.0  # seconds an idle connection is kept (as httpx does)
@@ -51,6 +52,12 @@ BODY_PIECE = 1 << 20  # a body is received into buffers of at most this size, ea
 # under SPARE_MIN are small enough for the allocator's own free lists.
 SPARES = 8
 SPARE_MIN = 64 << 10
+# Bodies of IN_PLACE_MIN to IN_PLACE_MAX bytes are received into the bytes object returned (no
+# pieces, no join: `rawbytes`); a larger declared length is received piecewise, as its bytes
+# arrive. The object is allocated before its bytes arrive but not written: the pages of a large
+# one become resident as bytes land in them.
+IN_PLACE_MIN = SPARE_MIN
+IN_PLACE_MAX = 32 << 20
 # A request target keeps what is already valid URL syntax (our paths arrive percent-quoted);
 # anything else (a space or non-ASCII in a redirect's Location) is quoted rather than refused.
 TARGET_SAFE = "!#$%&'()*+,/:;=?@[]~"
@@ -254,6 +261,10 @@ class Response:
         reused buffer."""
         declared = size if declared is None else declared
         early, _closed = self._protocol.trailing_data  # what came with the head
+        if not skip and declared == size and IN_PLACE_MIN <= size <= IN_PLACE_MAX and len(early) <= size:
+            made = fresh_bytes(size)
+            if made is not None:
+                return await self._read_in_place(size, early, *made)
         dropped = min(len(early), skip)
         parts: list[bytes | bytearray | memoryview] = [early[dropped:skip + size]] if len(early) > dropped else []
         kept = len(parts[0]) if parts else 0
@@ -264,6 +275,13 @@ class Response:
         self._reusable = self._keep_alive and skip + size == declared and len(early) <= declared
         body = bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
         self._pool.keep_spares(parts)
+        return body
+
+    async def _read_in_place(self, size: int, early: bytes | bytearray, body: bytes, view: memoryview) -> bytes:
+        """`_read_exact` of a whole body received straight into the object returned (no join)."""
+        view[:len(early)] = early
+        await self._receive((view[len(early):],), size, len(early), size)
+        self._reusable = self._keep_alive
         return body
 
     async def _receive(self, views: Iterable[memoryview], end: int, got: int, declared: int) -> None:
