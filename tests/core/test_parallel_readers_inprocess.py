@@ -24,6 +24,7 @@ import random
 import statistics
 from collections import Counter
 from pathlib import Path
+from typing import AsyncIterator
 
 import numpy as np
 import pytest
@@ -192,6 +193,94 @@ def test_xargs_readers_of_a_listing(volumes: dict[str, tuple[Path, Path, list[st
         assert fetch["prefetch_wasted_bytes"] <= fetch["prefetch_bytes"] * 0.25
         waits.append(waited)
     assert statistics.median(waits) <= XARGS_WAITS[fmt], waits
+
+
+# -- find | xargs: the readers start while find is still listing ---------------------------------
+
+# find's own time per directory it lists (its crossings and output): it lists 8,000 files a second
+# of the Zarr array's 8-file directories, ahead of the readers' 5,300 but not by much, so the
+# listing stays a few round trips of files ahead of them all the way.
+LIST_TIME = 0.001
+
+
+def streamed_xargs_readers(served: Path, reference: Path) -> tuple[float, int, dict[str, int]]:
+    """`find . -type f | xargs -P 8 -n 16 cat` in process over a nested Zarr array, the listing
+    going on while the readers read: find walks the tree depth first, listing one directory at a
+    time, and each reader takes the next 16 files found as it finishes its last group. Round trips
+    the readers waited for, the store's requests, and the fetch counters."""
+    source = LatencySource(MemorySource.from_directory(served), LATENCY)
+
+    async def main() -> tuple[float, dict[str, int]]:
+        async with opened(source, named="zarr") as session:
+            source.reset_log()
+            start = trio.current_time()
+            found, listed = trio.open_memory_channel[tuple[str, FileNode]](4096)
+            taking = trio.Lock()
+            files = 0
+
+            async def find(directory: DirNode, prefix: str) -> None:
+                nonlocal files
+                entries = [entry async for batch in directory.entries() for entry in batch]
+                await trio.sleep(LIST_TIME)
+                for name, node in entries:
+                    if isinstance(node, DirNode):
+                        await find(node, f"{prefix}{name}/")
+                    elif isinstance(node, FileNode):
+                        files += 1
+                        await found.send((f"{prefix}{name}", node))
+
+            async def finder() -> None:
+                chunks = await resolve(session.tree, "c")
+                assert isinstance(chunks, DirNode)
+                async with found:
+                    await find(chunks, "c/")
+
+            async def reader() -> None:
+                while True:
+                    async with taking:  # xargs hands each process the next group
+                        group = [item async for item in _take(listed, GROUP)]
+                    if not group:
+                        return
+                    for rel, node in group:
+                        assert await read_file(node) == (reference / rel).read_bytes(), rel
+                        await trio.sleep(READ_TIME)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(finder)
+                for _ in range(READERS):
+                    nursery.start_soon(reader)
+            assert files == 1024
+            waited = (trio.current_time() - start - files / READERS * READ_TIME) / LATENCY
+            return waited, session.stats()["fetch"]
+
+    waited, fetch = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return waited, len(source.log), fetch
+
+
+async def _take(channel: trio.MemoryReceiveChannel[tuple[str, FileNode]], n: int
+                ) -> AsyncIterator[tuple[str, FileNode]]:
+    """Up to `n` items, fewer where the channel ends first."""
+    for _ in range(n):
+        try:
+            yield await channel.receive()
+        except trio.EndOfChannel:
+            return
+
+
+def test_xargs_readers_while_find_lists(volumes: dict[str, tuple[Path, Path, list[str]]]) -> None:
+    """Once the readers' scan in listing order has caught up with what find has listed, the scan
+    in id order, which the same reads follow (a depth-first walk of nested chunk directories in
+    our listing order), reads ahead past it in whole-shard runs, each chunk once. While only the
+    listing's stream read ahead, each directory find listed became a window of its own, two
+    requests of 4 chunks: 234 requests in every run, against 48-49 now."""
+    served, reference, _ = volumes["zarr"]
+    array = sum(p.stat().st_size for p in (reference / "c").rglob("*") if p.is_file())
+    for _ in range(RUNS):
+        waited, requests, fetch = streamed_xargs_readers(served, reference)
+        assert fetch["prefetch_hits"] >= 1024 - 4 * READERS, fetch
+        assert fetch["prefetch_bytes"] <= 1.1 * array, (fetch["prefetch_bytes"], array)
+        assert requests <= 64, requests
+        assert waited <= 4, waited
 
 
 # -- lookups: 8 processes stat names of one directory ------------------------------------------

@@ -273,6 +273,9 @@ class Stream:
     frontier: int = 0  # positions below it have been declared or passed
     ended: bool = False  # the order has no positions past `frontier`
     extended: bool = False  # a window has been declared since it was confirmed
+    # The listings' size when a window last reached the end of its order's known positions: until
+    # more are listed, extending it again finds nothing (a scan that has caught up with `find`).
+    caught_up: int = -1
     # Chunks declared and not read yet, with their positions: a read of one is matched by a lookup.
     declared: dict[int, int] = field(default_factory=dict)
     # Positions a window passed while their index tables were being read: each is declared once
@@ -382,19 +385,23 @@ class ScanScope:
     def note(self, chunk_id: int) -> None:
         """Chunk `chunk_id`'s file is being read from its start, or (a scope of lookups) looked
         up by name, before its table is read. A read of a chunk a stream declared is followed here,
-        in a few operations; any other in the background, after the reads before it."""
+        in a few operations, even while other reads wait to be followed (a scan's foreseen reads
+        say nothing about guesses, whatever their order); any other in the background, after
+        the reads before it."""
         fetcher = self.ctx.fetcher
         if not fetcher.can_prefetch:
             return
         try:
-            stream = None if self.pending else self._declared(chunk_id)
+            stream = self._declared(chunk_id)
         except Exception as e:  # noqa: BLE001 - inline, it runs in the reader's read: a bug in
             # read-ahead must cost the scan its prefetch, never the read (as in the background)
             log_once(log, f"readahead:{type(e).__name__}:{e}", "read-ahead failed: %s: %s", type(e).__name__, e)
             return
         if stream is not None:
-            if not self._due(stream):
+            if not self._wants_more(stream):
                 return  # a scan's steady state: nothing to read, no task
+            if self.pending and self.pending[-1] is None:
+                return  # a refill is queued already
             self.pending.append(None)
         else:
             self.pending.append(chunk_id)
@@ -597,6 +604,11 @@ class ScanScope:
         """Whether the stream's window should be declared further (half of it is read)."""
         return stream.ahead < stream.window // 2
 
+    def _wants_more(self, stream: Stream) -> bool:
+        """Whether the stream's window should be declared further: half of it is read, and positions
+        past it may be known (not so while it has caught up with its order's known end)."""
+        return self._due(stream) and stream.caught_up != self.listings.count
+
     async def _refill(self) -> None:
         """The first stream reads ahead; the next ones too while those before them do not carry
         the scan alone, each passing over what those before it have declared."""
@@ -610,7 +622,7 @@ class ScanScope:
                 p = self.positions.of(stream.order, last)
                 if p is not None and stream.covers(p):
                     stream.hi = max(stream.hi, p)
-            if self._due(stream) or stream.holes or not stream.extended:
+            if stream.holes or not stream.extended or self._wants_more(stream):
                 await self._extend(stream, skip)
             if self._carries(stream):
                 return
@@ -634,6 +646,8 @@ class ScanScope:
         # The frontier passes only what the fetcher took (its budget may stop it early): the rest
         # is asked for again at the next extension, holes included.
         stream.frontier = picked[taken][0] if taken < len(picked) else stop
+        # (`ended`: the window went through every position known; none was left to the budget)
+        stream.caught_up = self.listings.count if stream.ended and stream.frontier == stop else -1
         stream.holes = [p for p in stream.holes if p < stream.frontier]
         if not tentative:
             stream.window = min(stream.window * 2, MAX_WINDOW)
@@ -688,10 +702,13 @@ class ScanScope:
         return taken
 
     def _carries(self, stream: Stream) -> bool:
-        """Whether the stream has chunks declared ahead of its reader, and more than the last few
-        of its order (a directory's listing ending): else the next stream reads ahead as well."""
+        """Whether the stream has chunks declared ahead of its reader, more than the last few of
+        its order (a directory's listing ending), and has not caught up with the positions its
+        order knows (a walk listing nested directories as its readers read them): else the next
+        stream reads ahead as well."""
         ahead = stream.ahead
-        return ahead > 0 and (not stream.ended or ahead >= CARRY)
+        return (ahead > 0 and (not stream.ended or ahead >= CARRY)
+                and stream.caught_up != self.listings.count)
 
     async def _window(self, stream: Stream, start: int, want: int, skip: set[int] | frozenset[int] = frozenset(),
                       stretch: bool = True) -> tuple[list[Picked], int]:
@@ -716,6 +733,7 @@ class ScanScope:
         p = start
         for chunk_id in ids:
             if budget <= 0:
+                stream.ended = False
                 break
             found: tuple[Extent, ChunkTable] | None = None
             hole = False
@@ -741,9 +759,6 @@ class ScanScope:
                 budget -= found[0].length
                 blobs.add(found[0].blob.identity)
             p += 1
-        else:
-            if budget <= 0 and p < start + len(ids):
-                stream.ended = False
         # The tables the next window reaches, asked for now in the background (all at once), so
         # neither it nor the readers' lookups wait for them one after another.
         reach = p + min(2 * max(want - start, FIRST_WINDOW), MAX_WINDOW)
