@@ -49,7 +49,10 @@ directory are tracked at once (readers each scanning their part); where
 several orders' streams predict the same chunks, the first in precedence
 (listing, name, id) leads, and the next one reads ahead only once the
 first's order has ended (a listing of one nested Zarr directory ends, the
-id stream carries the scan into the next).
+id stream carries the scan into the next) or the first has caught up with
+the positions its order knows (`find` still listing the nested directories
+its readers read: the id stream reads ahead past what is listed). A stream
+that has caught up declares nothing more until more is listed.
 
 A window does not stop at a chunk whose index table (a shard's stat and
 index, a minishard index) nobody has read yet: it reads that table in the
