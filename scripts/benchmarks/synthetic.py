@@ -29,8 +29,10 @@ def morton_codes(grid: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_scale(root: Path, grid: tuple[int, int, int], minishard_bits: int, shard_bits: int,
-                payload: int = 1, key: str = "s0") -> list[str]:
-    """Write `root/info` and `root/<key>/*.shard`; return the chunk file names."""
+                payload: int = 1, key: str = "s0", noise: bool = False) -> list[str]:
+    """Write `root/info` and `root/<key>/*.shard`; return the chunk file names. Payloads over 8
+    bytes are zeros, or (`noise`) random bytes: a writer keeps zeros as holes, so a figure of what
+    writing bytes costs needs bytes that are not."""
     root.mkdir(parents=True, exist_ok=True)
     spec = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0, "hash": "identity",
             "minishard_bits": minishard_bits, "shard_bits": shard_bits,
@@ -48,13 +50,16 @@ def write_scale(root: Path, grid: tuple[int, int, int], minishard_bits: int, sha
     codes, minishard, shard = codes[order], minishard[order], shard[order]
     payloads = codes.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :payload] if payload <= 8 else None
     width = (shard_bits + 3) // 4
+    rng = np.random.default_rng(0)
     bounds = np.searchsorted(shard, np.arange((1 << shard_bits) + 1, dtype=np.uint64))
     for s in range(1 << shard_bits):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         if lo == hi:
             continue
         ids, minis = codes[lo:hi], minishard[lo:hi]
-        data = payloads[lo:hi].tobytes() if payloads is not None else bytes(payload * (hi - lo))
+        data = (payloads[lo:hi].tobytes() if payloads is not None else
+                rng.integers(0, 256, payload * (hi - lo), dtype=np.uint8).tobytes() if noise else
+                bytes(payload * (hi - lo)))
         fixed = np.zeros((1 << minishard_bits, 2), dtype="<u8")
         parts = []
         cursor = len(data)

@@ -47,15 +47,24 @@ EDGE = 16
 PAYLOAD = EDGE ** 3  # ... of 4 KiB each (16^3 uint8 voxels): 64 MiB
 
 
-def dataset(data: Path) -> Path:
-    root = data.resolve() / f"exportscale-{GRID[0] * GRID[1] * GRID[2]}"
+# Chunks as large as a whole-brain segmentation's (the 100 TB projection in BENCHMARKS.md), of
+# random bytes (zeros are written as holes): 512 chunks of 256 KiB (64^3 uint8) in 8 shards, 128 MiB.
+LARGE_GRID = (8, 8, 8)
+LARGE_SHARD_BITS = 3
+LARGE_EDGE = 64
+
+
+def dataset(data: Path, large: bool = False) -> Path:
+    grid, edge, bits = (LARGE_GRID, LARGE_EDGE, LARGE_SHARD_BITS) if large else (GRID, EDGE, SHARD_BITS)
+    root = data.resolve() / f"exportscale-{grid[0] * grid[1] * grid[2]}{'-large' if large else ''}"
     marker = root / "ready"
     if not marker.exists():
         print("building the export-scale dataset (once) ...", flush=True)
-        synthetic.write_scale(root / "sharded", GRID, minishard_bits=2, shard_bits=SHARD_BITS, payload=PAYLOAD)
-        # Chunks of 16^3 uint8 voxels (what a 4 KiB raw payload holds), not the writer's single voxel.
+        synthetic.write_scale(root / "sharded", grid, minishard_bits=2, shard_bits=bits, payload=edge ** 3,
+                              noise=large)
+        # Chunks of edge^3 uint8 voxels (what the raw payload holds), not the writer's single voxel.
         info = json.loads((root / "sharded" / "info").read_text())
-        info["scales"][0].update(chunk_sizes=[[EDGE] * 3], size=[g * EDGE for g in GRID])
+        info["scales"][0].update(chunk_sizes=[[edge] * 3], size=[g * edge for g in grid])
         (root / "sharded" / "info").write_text(json.dumps(info))
         marker.write_text("ok")
     return root / "sharded"
@@ -120,9 +129,39 @@ def run(ctx: Context) -> None:
             server.delay = 0
         planning(ctx, server, url)
     report(ctx, runs, files, size)
+    large_chunks(ctx, local_cluster, client_class, loads)
     ctx.report.fact("export-scale load average (1 min) before each run", loads)
     ctx.report.fact("export-scale dataset", {"files": files + 1, "chunks": files, "shards": 1 << SHARD_BITS,
                                              "bytes": size, "latency_s": LATENCY, "rounds": ROUNDS})
+
+
+def large_chunks(ctx: Context, local_cluster: Any, client_class: Any, loads: dict[str, list[float]]) -> None:
+    """The export's cost per byte: 256 KiB chunks of random bytes over the store at 100 ms (one Dask
+    worker, and one process with `--jobs 1`) against one process on the local shards, in MiB/s and
+    in CPU per chunk (client and worker)."""
+    source = dataset(Path(ctx.args.data), large=True)
+    warm_page_cache(source)
+    files = LARGE_GRID[0] * LARGE_GRID[1] * LARGE_GRID[2]
+    mib = files * LARGE_EDGE ** 3 / 2**20
+    runs: dict[str, Export] = {"local": _best(ctx, str(source), [], loads, "256 KiB chunks, local, 1 process")}
+    with NginxStore(source.parent, LATENCY, ctx.work) as server:
+        url = f"{server.url}/{source.name}"
+        with local_cluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster, \
+                client_class(cluster) as client:
+            workers = sorted(client.run(os.getpid).values())
+            runs["Dask"] = _best(ctx, url, ["--scheduler", cluster.scheduler_address], loads,
+                                 "256 KiB chunks, 100 ms, Dask 1", server, workers=workers)
+        runs["--jobs"] = _best(ctx, url, ["--jobs", "1"], loads, "256 KiB chunks, 100 ms, --jobs 1", server)
+    local = runs["local"]
+    for label, key in (("Dask, 1 worker", "Dask"), ("1 process, --jobs 1", "--jobs")):
+        got = runs[key]
+        ctx.report.row(f"export 256 KiB chunks, {LATENCY * 1000:.0f} ms: {label}", mib / got.seconds, "MiB/s",
+                       "1 process, local shards", mib / local.seconds,
+                       detail={"ours": got.detail(files), "baseline": local.detail(files)})
+    ctx.report.fact("export-scale large chunks", {
+        "files": files, "chunk_bytes": LARGE_EDGE ** 3, "mib": mib,
+        "cpu_us_per_chunk": {k: round((e.client_cpu + (e.workers_cpu or 0.0)) / files * 1e6) for k, e in runs.items()},
+        "seconds": {k: round(e.seconds, 3) for k, e in runs.items()}})
 
 
 def planning(ctx: Context, server: NginxStore, url: str) -> None:
