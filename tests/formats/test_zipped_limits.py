@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from unshardfs.testing.mounts import MountFn, daemon_pids, force_unmount, run_cli
+from unshardfs.testing.mounts import MountFn, blocked, daemon_pids, force_unmount, run_cli
 from unshardfs.testing.zips import write_stored
 
 MiB = 1 << 20
@@ -68,14 +68,6 @@ def _daemon(mnt: Path) -> int:
     return pids[0]
 
 
-def _no_reader_in_d_state() -> None:
-    """No thread of this process waits uninterruptibly (on a mount that no longer answers)."""
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        with open(task / "stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-        assert state != "D", f"thread {task.name} is in D state"
-
-
 def _mount_slowly(source: Path, mnt: Path, log: Path) -> None:
     mnt.mkdir()
     result = run_cli("mount", str(source), str(mnt), "--log-file", str(log), timeout=600)
@@ -122,7 +114,7 @@ def test_a_million_members(volumes, tmp_path):
     finally:
         force_unmount(small)
         force_unmount(large)
-        _no_reader_in_d_state()
+        assert not blocked(os.getpid()), "a reader waits uninterruptibly on the mount"
 
 
 # -- an archive changed while mounted ------------------------------------------------------
@@ -232,7 +224,7 @@ def test_archive_changed_while_mounted(tmp_path, mount: MountFn, change):
         for t in readers:
             t.join(timeout=60)
     assert not any(t.is_alive() for t in readers), "a reader hangs"
-    _no_reader_in_d_state()
+    assert not blocked(os.getpid()), "a reader waits uninterruptibly on the mount"
     assert not problems, problems[:5]
     print(f"\n{change}: {counts}")
     for name, path in files.items():  # after: the new content (or, truncated, EIO), at the latest once retried
@@ -278,4 +270,4 @@ def test_a_file_read_across_a_change_is_never_a_mix(tmp_path, mount: MountFn, ch
         time.sleep(0.05)
     assert got == (errno.EIO if change == "truncated" else NEW["d.bin"]), _judge("d.bin", got, change == "truncated")
     assert _daemon(m.path)
-    _no_reader_in_d_state()
+    assert not blocked(os.getpid()), "a reader waits uninterruptibly on the mount"

@@ -110,16 +110,21 @@ def test_an_empty_directory_is_taken_and_marked_and_the_marked_one_reused(tmp_pa
 
 def test_trim_never_crosses_into_another_file_system(tmp_path):
     (tmp_path / "src").mkdir()
-    cache = DiskCachedSource(LocalSource(str(tmp_path / "src")), str(tmp_path / "c"), max_bytes=0)
-    other = cache.directory / "ab"
+    cache = DiskCachedSource(LocalSource(str(tmp_path / "src")), str(tmp_path / "c"))
+    cache.put(("key", 1), b"x" * 100)  # within the budget: kept
+    [entry] = own_entries(cache.directory)
+    # Another file system mounted on a bucket the entry is not in (its bucket depends on the source's path).
+    bucket = "ab" if entry.parent.name != "ab" else "cd"
+    other, foreign = cache.directory / bucket, bucket + HEX[2:]
     other.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "none", str(other)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
-        (other / HEX).write_text("on another file system")
-        cache.put(("key", 1), b"x" * 100)  # trims (budget 0)
-        assert (other / HEX).read_text() == "on another file system"
-        assert own_entries(cache.directory) == [other / HEX]  # its own entry went, the other stayed
+        (other / foreign).write_text("on another file system")
+        cache.max_bytes = 0
+        cache.trim()
+        assert (other / foreign).read_text() == "on another file system"
+        assert own_entries(cache.directory) == [other / foreign]  # its own entry went, the other stayed
     finally:
         subprocess.run(["umount", "-l", str(other)], capture_output=True)
 
