@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.memory import MiB, peak_rss
 from unshardfs.testing.mounts import UNSHARDFS, force_unmount, run_cli
 from unshardfs.util.errors import ConfigError, DataError, quote
 from unshardfs.util.fields import MetadataError, ShallowEdit, load_json
@@ -164,9 +165,8 @@ def _max_rss_mib(args: list[str], timeout: float = 120) -> tuple[float, int | No
         peak, killed = 0.0, False
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
-            with contextlib.suppress(OSError, TypeError):  # VmHWM of the running image, if it is killed
-                status_text = Path(f"/proc/{proc.pid}/status").read_text()
-                peak = max(peak, int(re.search(r"^VmHWM:\s+(\d+) kB", status_text, re.M)[1]) / 1024)
+            with contextlib.suppress(OSError, AssertionError):  # the running image's, if it is killed
+                peak = max(peak, peak_rss(proc.pid) / MiB)
             if time.monotonic() > deadline and not killed:
                 killed = True
                 proc.kill()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import subprocess
 import threading
 import time
@@ -19,10 +18,10 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
+from tests.support.memory import MiB, peak_rss, rss
 from unshardfs.testing.mounts import MountFn, blocked, daemon_pids, force_unmount, run_cli
 from unshardfs.testing.zips import write_stored
 
-MiB = 1 << 20
 SIDE = 100  # a 100^3 volume of one-voxel chunks: 1,000,000 chunk files in one directory
 # What docs/zip.md states: the index keeps 57 bytes per entry beside its name (checked here as 64,
 # the README's round figure), and reading the central directory peaks within twice that.
@@ -56,12 +55,6 @@ def volumes(tmp_path_factory) -> dict[int, Path]:
     return {side: write_stored(root / f"vol{side}.zip", _volume(side)) for side in (10, SIDE)}
 
 
-def _status(pid: int, field: str) -> int:
-    """A /proc/PID/status figure, in bytes."""
-    text = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.M)[1]) * 1024  # type: ignore[index]
-
-
 def _daemon(mnt: Path) -> int:
     pids = daemon_pids(mnt)
     assert len(pids) == 1, f"the daemon died: {pids}"
@@ -89,7 +82,7 @@ def test_a_million_members(volumes, tmp_path):
         base, pid = _daemon(small), _daemon(large)
         listed_small = subprocess.run(["ls", "-f", str(small / "s")], capture_output=True, timeout=60, check=True)
         assert len(set(listed_small.stdout.split()) - {b".", b".."}) == 10 ** 3
-        before_listing = _status(pid, "VmHWM")
+        before_listing = peak_rss(pid)
         listed = subprocess.run(["ls", "-f", str(large / "s")], capture_output=True, timeout=600, check=True)
         got = [name for name in listed.stdout.decode().split("\n")[:-1] if name not in (".", "..")]
         assert len(got) == entries - 1  # no info, each chunk once
@@ -100,15 +93,15 @@ def test_a_million_members(volumes, tmp_path):
         for x, y, z in rng.integers(0, SIDE, size=(300, 3)):
             name, data = _chunk(int(x), int(y), int(z))
             assert (large / "s" / name).read_bytes() == data, name
-        kept = _status(pid, "VmRSS") - _status(base, "VmRSS")
-        peak = _status(pid, "VmHWM") - _status(base, "VmHWM")
+        kept = rss(pid) - rss(base)
+        peak = peak_rss(pid) - peak_rss(base)
         figure = entries * KEPT_PER_ENTRY + names
         print(f"\n{entries:,} entries, {names / entries:.1f}-byte names: daemon RSS +{kept / entries:.0f} "
               f"bytes per entry, peak +{peak / entries:.0f} (figure {figure / entries:.0f}); "
-              f"listing +{(_status(pid, 'VmHWM') - before_listing) / MiB:.1f} MiB")
+              f"listing +{(peak_rss(pid) - before_listing) / MiB:.1f} MiB")
         assert kept <= figure + SLACK_MIB * MiB, kept
         assert peak <= 2 * figure + SLACK_MIB * MiB, peak
-        assert _status(pid, "VmHWM") - before_listing <= SLACK_MIB * MiB  # the listing streams
+        assert peak_rss(pid) - before_listing <= SLACK_MIB * MiB  # the listing streams
         log = (tmp_path / "large.log").read_text()
         assert "Traceback" not in log and "ERROR" not in log, log[-2000:]
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.memory import MiB, rss
 from unshardfs.testing.mounts import daemon_pids, force_unmount, run_cli
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 
@@ -114,9 +115,7 @@ def test_concurrent_load_with_tiny_caches(big, mount):
     for name, usage in s["caches"].items():
         assert usage["bytes"] <= usage["limit"] <= 1 << 20, (name, usage)
     pid = daemon_pids(m.path)[0]
-    rss_kib = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                       if line.startswith("VmRSS")).split()[1])
-    assert rss_kib < 250 * 1024, f"daemon RSS {rss_kib} KiB"
+    assert rss(pid) < 250 * MiB, f"daemon RSS {rss(pid) / MiB:.0f} MiB"
 
 
 def test_killed_readers_leave_a_healthy_daemon(big, mount):

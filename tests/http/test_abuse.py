@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import trio
 
+from tests.support.memory import peak_rss
 from tests.support.served import serving
 from unshardfs.http.app import TreeApp
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
@@ -73,13 +74,6 @@ def read_well(url: str, site: dict, seconds: float) -> int:
         assert took < 1, f"range at {start} took {took:.2f} s"
         done += 1
     return done
-
-
-def peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) << 10
-    raise AssertionError("no VmHWM")
 
 
 def server_stats(url: str) -> dict:

@@ -8,13 +8,13 @@ the event loop), one nested 600 deep, and twenty with a 900 KB chunk key encodin
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.memory import MiB, peak_rss
 from tests.support.served import get_body, served
 from unshardfs.testing.mounts import daemon_pids
 
@@ -57,11 +57,6 @@ def get(url: str, path: str) -> tuple[int, bytes]:
     return get_body(url, path, timeout=120)
 
 
-def vm_hwm_mib(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) / 1024  # type: ignore[index]
-
-
 def test_answers_while_big_metadata_is_parsed(store, tmp_path):
     """Four 24 MB zarr.json files requested at once: another file keeps answering within 2 s
     (on the code that parsed on the event loop: several seconds), and the server's peak memory
@@ -70,7 +65,7 @@ def test_answers_while_big_metadata_is_parsed(store, tmp_path):
         (pid,) = daemon_pids(store)
         for _ in range(3):
             assert get(url, "/ok/zarr.json") == (200, (store / "ok/zarr.json").read_bytes())
-        baseline = vm_hwm_mib(pid)
+        baseline = peak_rss(pid) / MiB
         results: dict[int, tuple[int, int]] = {}
 
         def fetch(i: int) -> None:
@@ -90,7 +85,7 @@ def test_answers_while_big_metadata_is_parsed(store, tmp_path):
             time.sleep(0.02)
         for t in threads:
             t.join(timeout=60)
-        peak = vm_hwm_mib(pid)
+        peak = peak_rss(pid) / MiB
     # Each big file is a valid group: shown unchanged, whole, however its attributes look.
     assert results == {i: (200, (store / f"big{i}/zarr.json").stat().st_size) for i in range(4)}
     assert answered >= 3 and slowest < 2.0, f"slowest answer {slowest:.2f} s of {answered}"

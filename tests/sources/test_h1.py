@@ -17,6 +17,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.memory import peak_rss, reset_peak_rss
 from tests.support.profiles import examples
 from unshardfs.sources import h1
 
@@ -329,31 +330,16 @@ def test_a_declared_length_costs_memory_only_as_it_arrives():
     assert peak < h1.BODY_PIECE + (1 << 20), f"{peak:,} bytes held for a stalled answer"
 
 
-def _peak_rss_reset() -> bool:
-    """Reset this process's peak resident set (Linux: clear_refs 5); False where it cannot be."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
-
-
 def test_a_body_received_in_place_is_resident_only_as_it_arrives():
     """A 206 announcing 24 MiB (received into the object returned, allocated before its bytes
     come) and then stalling: the process's resident memory does not grow by the declared size."""
     assert h1.IN_PLACE_MIN <= 24 << 20 <= h1.IN_PLACE_MAX
-    if not _peak_rss_reset():
+    if not reset_peak_rss():
         pytest.skip("the peak resident set cannot be reset here")
-    before = _peak_rss()
+    before = peak_rss()
     wire = Wire(head(206, content_length=str(24 << 20)) + b"x" * 1000, [], close=False)
     outcome, pooled, _ = exchange(wire, 24 << 20, timeout=3)
-    grown = _peak_rss() - before
+    grown = peak_rss() - before
     assert isinstance(outcome, h1.ReadTimeout) and pooled == 0
     assert grown < 8 << 20, f"{grown:,} bytes resident for a stalled answer"
 

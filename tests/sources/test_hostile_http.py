@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import trio
 
+from tests.support.memory import daemon_peak_rss
 from unshardfs.sources import open_source
 from unshardfs.sources.http import HttpOptions, HttpSource, redirect_refusal
 from unshardfs.sources.objectstore import GcsSource, S3Source
 from unshardfs.testing.hostile_http import HostileServer, stacked_gzip_bomb
-from unshardfs.testing.mounts import daemon_pids
 from unshardfs.testing.precomputed import Scale, sharding, write_volume
 from unshardfs.util.errors import ConfigError, SourceError
 
@@ -229,17 +229,6 @@ def test_listings_that_never_end_are_errors(hostile, mode, error, pages):
 # -- through a real mount ---------------------------------------------------------
 
 
-def peak_rss(mountpoint: Path) -> int:
-    """The largest resident set the daemon serving `mountpoint` has had (VmHWM)."""
-    pids = daemon_pids(mountpoint)
-    assert pids, "the daemon died"
-    peaks = []
-    for pid in pids:
-        status = Path(f"/proc/{pid}/status").read_text()
-        peaks.append(int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)[1]) << 10)
-    return max(peaks)
-
-
 # Hostile answers to a shard's requests through a mount, and what the daemon's log must say.
 THROUGH_A_MOUNT = [
     ("stacked-gzip", "refusing Content-Encoding"),
@@ -264,7 +253,7 @@ def fails_soon_and_alone(m, victim: Path, cause: str, healthy: dict[Path, Path],
     assert cause in m.log_text()
     for mounted, expected in healthy.items():
         assert mounted.read_bytes() == expected.read_bytes()
-    assert peak_rss(m.path) < MAX_DAEMON_RSS
+    assert daemon_peak_rss(m.path) < MAX_DAEMON_RSS
     assert witness.arrived == []
 
 

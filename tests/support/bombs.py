@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import gzip
 import os
-import re
 import signal
 import struct
 import threading
@@ -26,9 +25,8 @@ from typing import Awaitable, Callable
 import numpy as np
 import zstandard
 
+from tests.support.memory import MiB, daemon_peak_rss
 from unshardfs.testing.mounts import Mount, daemon_pids
-
-MiB = 1 << 20
 UNIT = 16 * MiB  # zeros per repeated deflate unit / zstd frame
 
 
@@ -175,11 +173,8 @@ class Figures:
 
 
 def peak_rss_mib(mountpoint: Path) -> float:
-    """The largest resident set (VmHWM) the daemon serving `mountpoint` has had."""
-    pids = daemon_pids(mountpoint)
-    assert pids, "the daemon died"
-    status = Path(f"/proc/{pids[0]}/status").read_text()
-    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) / 1024  # type: ignore[index]
+    """The largest resident set (VmHWM) the daemon serving `mountpoint` has had, in MiB."""
+    return daemon_peak_rss(mountpoint) / MiB
 
 
 def _eio(action) -> None:

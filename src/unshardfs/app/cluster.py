@@ -224,8 +224,6 @@ def run_parts(client: Any, jobs: list[Part], done: Callable[[PartResult], None],
     for `--resume`. A part that fails on every retry (its workers lost again
     and again) is reported as one failure line and leaves its task unfinished.
     """
-    from distributed import as_completed
-
     if tally is not None:
         client.subscribe_topic(PROGRESS_TOPIC, tally.event)
     try:

@@ -24,7 +24,7 @@ import logging
 import math
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterator, Hashable, Iterable, cast
+from typing import Any, AsyncGenerator, Hashable, Iterable, cast
 
 import trio
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Hashable, Iterable, Protocol, Sequence, TypeVar, cast
+from typing import Awaitable, Callable, Iterable, Protocol, Sequence, TypeVar, cast
 
 import trio
 

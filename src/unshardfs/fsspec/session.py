@@ -15,7 +15,6 @@ its connections are the parent's: they are dropped, never closed from the child)
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import threading
 from collections import deque

@@ -477,4 +477,4 @@ class LocalSource:
         self._beneath.close()
 
 
-__all__ = ["LocalSource", "join_key"]
+__all__ = ["LocalSource"]

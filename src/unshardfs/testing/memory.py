@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import AsyncIterator, Mapping
 
 from unshardfs.sources.base import IndexCache, ObjectStat, name_problem
 from unshardfs.util.errors import SourceError, StaleError

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import posixpath
 from pathlib import Path
-from typing import Any, Awaitable, Callable, ClassVar, TypeVar
+from typing import Awaitable, Callable, ClassVar, TypeVar
 
 import numpy as np
 import pytest

@@ -20,7 +20,7 @@ from unshardfs.core.blob import Blob
 from unshardfs.core.codecs import GeometrySized, PayloadRef
 from unshardfs.core.runtime import Runtime
 from unshardfs.core.store import ShardedStore
-from unshardfs.core.table import ChunkTable, int_list
+from unshardfs.core.table import ChunkTable
 from unshardfs.formats.dvid.block import decode_block, max_block_bytes
 from unshardfs.formats.dvid.shard import ArrowShardReader, ShardIndex, decode_record
 from unshardfs.sources.base import join_path

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 from unshardfs.core.chunks import ChunkContext
 from unshardfs.core.codecs import codec

@@ -13,12 +13,11 @@ import logging
 import struct
 from typing import AsyncIterator, Literal, cast
 
-import numpy as np
 
 from unshardfs.core.chunks import ChunkContext, ChunkFile
 from unshardfs.core.codecs import Stored
 from unshardfs.core.dirs import ShardedDir
-from unshardfs.core.naming import CHILD_ID_LIMIT, DecimalNaming, Naming, parse_decimal
+from unshardfs.core.naming import DecimalNaming, parse_decimal
 from unshardfs.formats.precomputed.shards import PrecomputedStore
 from unshardfs.sources.base import ByteSource, ObjectStat
 from unshardfs.tree.nodes import Batch, Entry, Node, Verdict

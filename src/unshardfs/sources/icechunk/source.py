@@ -29,7 +29,6 @@ never a mix.
 
 from __future__ import annotations
 
-import bisect
 import builtins
 import dataclasses
 import logging
