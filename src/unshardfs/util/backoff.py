@@ -35,14 +35,18 @@ class Retries:
         self.backoff = backoff
         self.delay = backoff.first
         self.made = 0  # retries granted so far
+        self.ended = False  # a wait was refused: none is granted after it
 
     def wait(self, now: float, deadline: float) -> float | None:
         """The wait before the next attempt, counted as made; None when none is left (every retry
-        made, or the wait would end at or past `deadline`, on the clock `now` is read from)."""
-        if self.made >= self.backoff.retries:
+        made, or the wait would end at or past `deadline`, on the clock `now` is read from). Once it
+        has answered None it always does: a later call drawing a shorter jitter gets no retry."""
+        if self.ended or self.made >= self.backoff.retries:
+            self.ended = True
             return None
         wait = min(self.delay, self.backoff.most) * (0.5 + random.random())
         if now + wait >= deadline:
+            self.ended = True
             return None
         self.made += 1
         self.delay *= 2
