@@ -51,15 +51,20 @@ def test_no_import_cycles_in_the_core():
 
 
 def _defined(tree: ast.Module) -> set[str]:
-    """Names a module binds at its top level (definitions, assignments, imports)."""
+    """Names a module binds at its top level (definitions, assignments, imports), also inside its
+    top-level `if` and `try` blocks, never inside a function's or a class's body."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
     return names
 
 
