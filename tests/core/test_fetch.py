@@ -29,6 +29,7 @@ class MemorySource:
         self.in_flight = 0
         self.max_in_flight = 0
         self.gate: trio.Event | None = None  # reads wait for it while set
+        self.in_nursery = False  # reads wait for the gate in a child task (as a client racing two waits does)
         self.fail = 0  # this many next reads fail
 
     async def read(self, path: str, offset: int, size: int, version: tuple | None = None) -> bytes:
@@ -36,7 +37,10 @@ class MemorySource:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            if self.gate is not None:
+            if self.gate is not None and self.in_nursery:
+                async with trio.open_nursery() as nursery:  # cancelled: a group holding Cancelled
+                    nursery.start_soon(self.gate.wait)
+            elif self.gate is not None:
                 await self.gate.wait()
             await trio.sleep(0)
             if self.fail:
@@ -149,6 +153,37 @@ def test_a_read_in_flight_is_joined_not_repeated():
 
     assert trio.run(main) == (expect(ext(0, 1000)), expect(ext(100, 50)))
     assert source.reads == [(0, 1000)] and f.counters.joined == 1
+
+
+def test_a_joined_read_whose_reader_is_cancelled_is_read_again_by_the_joiner():
+    f, source = fetcher()
+    source.in_nursery = True
+
+    async def main() -> bytes:
+        source.gate = trio.Event()
+        first = trio.CancelScope()
+        results: list[bytes] = []
+
+        async def reader() -> None:
+            with first:
+                await f.read(ext(0, 1000))
+
+        async def joiner() -> None:
+            results.append(await f.read(ext(100, 50)))  # inside the first read
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(joiner)
+            await trio.testing.wait_all_tasks_blocked()
+            assert f.counters.joined == 0 and len(source.reads) == 1
+            first.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            source.gate.set()
+        return results[0]
+
+    assert trio.run(main) == expect(ext(100, 50))
+    assert source.reads == [(0, 1000), (100, 50)] and f.counters.joined == 1
 
 
 def test_a_failed_read_fails_every_extent_of_it():

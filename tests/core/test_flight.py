@@ -123,3 +123,42 @@ def test_cached_computes_once_and_counts_hits():
 
     trio.run(main)
     assert calls == [1] and (cache.hits, cache.misses) == (2, 1)
+
+
+def test_a_runner_cancelled_inside_a_nursery_hands_the_work_on():
+    """A cancelled nursery raises a group holding Cancelled, not a bare Cancelled: that is the
+    runner's cancellation all the same, never an outcome for the waiters to raise."""
+    flights = Flights()
+    started = []
+    gate = trio.Event()
+
+    async def work() -> str:
+        started.append(1)
+        async with trio.open_nursery() as nursery:  # the wait happens in child tasks
+            nursery.start_soon(gate.wait)
+            nursery.start_soon(gate.wait)
+        return "done"
+
+    async def main() -> list[str]:
+        first = trio.CancelScope()
+        got: list[str] = []
+
+        async def run_first() -> None:
+            with first:
+                await flights.run("k", work)
+
+        async def second() -> None:
+            got.append(await flights.run("k", work))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_first)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(second)
+            await trio.testing.wait_all_tasks_blocked()
+            first.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        return got
+
+    assert trio.run(main) == ["done"]
+    assert started == [1, 1] and len(flights) == 0

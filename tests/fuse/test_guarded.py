@@ -46,3 +46,38 @@ def test_grouped_data_errors_are_damage_not_bugs(caplog):
     with caplog.at_level(logging.ERROR, logger="unshardfs.fuse.pyfuse3_engine"):
         _eio_count(ops, 3)
     assert all(r.exc_info is None for r in caplog.records)
+
+
+class _StrayOps:
+    """A handler handing on a cancellation of a scope it has left (another task's outcome)."""
+
+    def __init__(self) -> None:
+        self.counters = {"eio": 0}
+
+    @guarded
+    async def lookup(self) -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await trio.lowlevel.checkpoint()
+            except trio.Cancelled as e:
+                caught = e
+        raise caught
+
+    @guarded
+    async def read(self) -> None:
+        await trio.sleep_forever()
+
+
+def test_a_cancellation_not_the_handler_s_own_is_eio_its_own_goes_through():
+    ops = _StrayOps()
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        trio.run(ops.lookup)
+    assert info.value.errno == errno.EIO and ops.counters["eio"] == 1
+
+    async def cancelled_read() -> bool:
+        with trio.move_on_after(0.01) as scope:
+            await ops.read()
+        return scope.cancelled_caught
+
+    assert trio.run(cancelled_read) and ops.counters["eio"] == 1

@@ -7,6 +7,7 @@ import errno
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -16,6 +17,9 @@ import trio.testing
 
 from unshardfs.fuse import abi
 from unshardfs.fuse.server import InitConfig, Request, Connection
+
+if sys.version_info < (3, 11):  # trio installs the backport there
+    from exceptiongroup import BaseExceptionGroup
 
 ALL_FLAGS = 0xFFFFFFFF
 
@@ -185,6 +189,44 @@ def test_interrupt_cancels_a_waiting_handler_with_eintr():
     got, session = trio.run(exchange, messages, 2, fs)
     assert sorted((unique, error) for unique, error, _ in got) == [(10, errno.EINTR), (12, 0)]
     assert fs.counters["interrupted"] == 1 and not session.scopes
+
+
+class StrayFs(FakeFs):
+    """LOOKUP "stray" hands on a cancellation of a scope its task has left (as work shared by
+    several requests would, handing its runner's cancellation to those waiting for it); LOOKUP
+    "after" is answered once that has happened."""
+
+    def __init__(self, grouped: bool) -> None:
+        super().__init__()
+        self.grouped = grouped
+        self.strayed = trio.Event()
+
+    def dispatch(self, request: Request):
+        if request.opcode == abi.Op.LOOKUP:
+            return self.stray() if request.body == b"stray\0" else self.after()
+        return super().dispatch(request)
+
+    async def stray(self) -> bytes:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await trio.lowlevel.checkpoint()
+            except trio.Cancelled as e:
+                caught = e
+        self.strayed.set()
+        raise BaseExceptionGroup("from a nursery", [caught]) if self.grouped else caught
+
+    async def after(self) -> bytes:
+        await self.strayed.wait()
+        await trio.sleep(0.01)
+        return b"after"
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["bare", "in-a-group"])
+def test_a_cancellation_not_the_request_s_own_is_eio_and_the_session_goes_on(grouped):
+    messages = [request(abi.Op.LOOKUP, 10, b"stray\0"), request(abi.Op.LOOKUP, 12, b"after\0")]
+    got, _ = trio.run(exchange, messages, 2, StrayFs(grouped))
+    assert sorted((unique, error, body) for unique, error, body in got) == [(10, errno.EIO, b""), (12, 0, b"after")]
 
 
 def test_unmount_ends_the_session(monkeypatch):

@@ -21,6 +21,7 @@ import trio
 
 from unshardfs.core.blob import Blob, Identity
 from unshardfs.sources.base import ByteSource, CachedRange, FdRange, ReadNow
+from unshardfs.util.concurrency import cancellation, stray_cancellation
 from unshardfs.util.errors import DataError
 from unshardfs.util.flight import Flights
 from unshardfs.util.logonce import log_once
@@ -494,8 +495,9 @@ class Fetcher:
             self._land(run)
         except DataError as e:
             run.error = e
-        except trio.Cancelled:
-            run.error = DataError(run.blob.label, "read cancelled")
+        except BaseException as e:
+            if cancellation(e):  # bare, or in a nursery's group: joiners read it themselves
+                run.error = DataError(run.blob.label, "read cancelled")
             raise
         finally:
             self._untrack(run)
@@ -627,8 +629,9 @@ class Fetcher:
             run.error = e  # a reader joining it gets the same error; logged when it is read
             self.counters.prefetch_wasted_bytes += size
             log_once(log, f"prefetch:{run.blob.label}", "prefetch of %s failed: %s", run.blob.label, e)
-        except trio.Cancelled:
-            run.error = DataError(run.blob.label, "prefetch cancelled")
+        except BaseException as e:
+            if cancellation(e):  # bare, or in a nursery's group: joiners read it themselves
+                run.error = DataError(run.blob.label, "prefetch cancelled")
             raise
         finally:
             self._budget.in_flight -= size
@@ -664,9 +667,9 @@ async def _guarded(work: Callable[..., Awaitable[object]], args: tuple[object, .
     never allowed to end the nursery (and with it the daemon)."""
     try:
         await work(*args)
-    except trio.Cancelled:
-        raise
-    except Exception as e:  # noqa: BLE001 - the daemon outlives any bug in read-ahead
+    except BaseException as e:  # noqa: BLE001 - the daemon outlives any bug in read-ahead
+        if not isinstance(e, Exception) and not stray_cancellation(e):
+            raise  # this task's own cancellation, or the interpreter stopping
         log_once(log, f"background:{type(e).__name__}:{e}", "background %s failed: %s: %s",
                  getattr(work, "__qualname__", work), type(e).__name__, e)
 

@@ -25,6 +25,7 @@ from unshardfs.fuse.abi import FsError
 from unshardfs.fuse.ops import BLOCK_SIZE, DIR_MODE, FILE_MODE, STATS_XATTR, MountOptions, Bridge
 from unshardfs.tree import edge
 from unshardfs.tree.nodes import DirNode, FileNode, Node, size_of
+from unshardfs.util.concurrency import stray_cancellation
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,11 @@ def guarded(handler: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, An
             raise
         except FsError as e:
             raise pyfuse3.FUSEError(e.errno) from None
-        except Exception as e:
+        except BaseException as e:
+            # A cancellation of another task's, handed on by a handler, is a bug like any other:
+            # let through, it would end pyfuse3's main loop and the mount.
+            if not isinstance(e, Exception) and not stray_cancellation(e):
+                raise
             args[0].counters["eio"] += 1
             raise pyfuse3.FUSEError(edge.answer(log, e, handler.__name__).errno) from None
 

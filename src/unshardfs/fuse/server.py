@@ -39,6 +39,7 @@ from unshardfs.fuse.splice import Splicer
 from unshardfs.fuse.transport import DevTransport, QuickWait, RingTransport, Transport
 from unshardfs.fuse.uring import Ring, UringUnavailable, possible_cpus
 from unshardfs.tree import edge
+from unshardfs.util.concurrency import stray_cancellation
 from unshardfs.util.pagecache import PAGE
 from unshardfs.util.triofast import resume, start
 
@@ -394,6 +395,11 @@ class Connection:
         except (abi.FsError, Exception) as e:  # noqa: BLE001 - answered, never raised on
             self._failed(request, e)
             return None
+        except BaseException as e:
+            if not stray_cancellation(e):
+                raise
+            self._failed(request, e)  # (see `_finish`)
+            return None
         if not finished:
             return request, coroutine, value  # (value: the trap it waits on)
         if value is not None:
@@ -406,6 +412,13 @@ class Connection:
         try:
             answer = await resume(coroutine, trap)
         except (abi.FsError, Exception) as e:  # noqa: BLE001
+            self._failed(request, e)
+            return
+        except BaseException as e:
+            if not stray_cancellation(e):
+                raise  # an INTERRUPT, or the session ending
+            # Another task's cancellation handed on by a handler (a bug): let through, no scope
+            # here would catch it and it would end every request and the mount with it.
             self._failed(request, e)
             return
         if answer is not None:

@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Hashable, TypeVar, cast
 
 import trio
 
+from unshardfs.util.concurrency import cancellation
 from unshardfs.util.maps import BoundedMap
 
 T = TypeVar("T")
@@ -54,11 +55,13 @@ class Flights:
         try:
             value = flight.value = await work()
             return value
-        except trio.Cancelled:
-            flight.cancelled = True
-            raise
         except BaseException as e:
-            flight.error = e
+            # A cancellation (bare, or in a nursery's group) is the runner's, not the work's
+            # outcome: a waiter runs the work itself (see `cancellation`).
+            if cancellation(e):
+                flight.cancelled = True
+            else:
+                flight.error = e
             raise
         finally:
             del self._flying[key]
