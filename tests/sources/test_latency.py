@@ -145,7 +145,7 @@ def test_a_zarr_shard_index_comes_with_its_first_stat_only(site, server, mount, 
 def test_zarr_cp_r_of_nested_chunk_directories(site, server, mount, tmp_path):
     """`cp -r` of a Zarr array with nested chunk keys (c/i/j/k): directory by directory in key
     order; the scan carries on from one directory into the next, so only its first read reaches
-    the server itself (the second finds the prefetch the first started), and the chunks that
+    the server itself (the second, mostly, finds the prefetch the first started), and the chunks that
     zarr-python's Morton-ordered shards put in the gaps of the prefetches are kept, not read
     again."""
     m = mount(f"zarr3://{server.url}/nested/sharded/arr")
@@ -154,12 +154,16 @@ def test_zarr_cp_r_of_nested_chunk_directories(site, server, mount, tmp_path):
     assert assert_same_tree(tmp_path / "copy", site / "nested" / "plain" / "arr" / "c") == 128
     fetch = m.stats()["fetch"]
     shards = 8
-    assert fetch["reads"] == LISTED_OWN_READS  # the scan's first read (the indexes came with the stats)
+    # The scan's first read (the indexes came with the stats). The prefetch it starts is planned
+    # beside the reader, not in its read: the reader's next read may come first and read on its
+    # own (one request more), never more than that one.
+    own = fetch["reads"]
+    assert LISTED_OWN_READS <= own <= LISTED_OWN_READS + 1
     assert fetch["seeded_hits"] == shards
-    assert fetch["prefetch_hits"] == 128 - LISTED_OWN_READS  # the second read too: the first prefetched it
+    assert fetch["prefetch_hits"] == 128 - own  # every other read: the first read's prefetches
     assert fetch["prefetch_wasted_bytes"] <= fetch["prefetch_bytes"] // 5
     # Without read-ahead: an index (with its stat) per shard, and a request per chunk (136).
-    assert len(server.requests()) == shards + LISTED_OWN_READS + fetch["prefetch_reads"] <= 32
+    assert len(server.requests()) == shards + own + fetch["prefetch_reads"] <= 32
 
 
 # -- scattered reads: a viewer -----------------------------------------------------------------
