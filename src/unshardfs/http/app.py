@@ -31,6 +31,7 @@ from unshardfs.core.registry import json_names
 from unshardfs.sources.base import name_problem
 from unshardfs.tree import edge
 from unshardfs.tree.nodes import Batch, Closable, DirNode, FileNode, Node
+from unshardfs.util.concurrency import stray_cancellation
 from unshardfs.util.errors import DataError
 from unshardfs.util.maps import BoundedMap
 
@@ -192,7 +193,9 @@ class TreeApp:
             self.counters["not_found" if e.status == 404 else "errors"] += e.status >= 400
             await self._reply(send, e.status, (str(e) + "\n").encode(), {"Content-Type": "text/plain", **e.headers},
                               method == "HEAD")
-        except Exception as e:  # noqa: BLE001 - every failure is an answer, never a dead server
+        except BaseException as e:  # noqa: BLE001 - every failure is an answer, never a dead server
+            if not isinstance(e, Exception) and not stray_cancellation(e):
+                raise  # this request's own cancellation (its client gone, the server stopping)
             self.counters["errors"] += 1
             failure = edge.classify(e)
             edge.report(log, failure, scope.get("path", "")[:300], e, answered=str(failure.status))
