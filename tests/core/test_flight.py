@@ -73,14 +73,22 @@ def test_a_failure_reaches_every_joined_asker_and_is_not_remembered():
     assert runs == [1, 1]
 
 
-def test_a_cancelled_runner_hands_the_work_to_a_waiting_asker():
+@pytest.mark.parametrize("in_nursery", [False, True], ids=["bare", "in-a-nursery"])
+def test_a_cancelled_runner_hands_the_work_to_a_waiting_asker(in_nursery):
+    """Also when the work waits in a nursery, whose cancellation is a group holding Cancelled:
+    the runner's cancellation all the same, never an outcome for the waiters to raise."""
     flights = Flights()
     started = []
     gate = trio.Event()
 
     async def work() -> str:
         started.append(1)
-        await gate.wait()
+        if in_nursery:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(gate.wait)
+                nursery.start_soon(gate.wait)
+        else:
+            await gate.wait()
         return "done"
 
     async def main() -> list[str]:
@@ -105,7 +113,7 @@ def test_a_cancelled_runner_hands_the_work_to_a_waiting_asker():
         return got
 
     assert trio.run(main) == ["done"]
-    assert started == [1, 1]
+    assert started == [1, 1] and len(flights) == 0
 
 
 def test_cached_computes_once_and_counts_hits():
@@ -124,41 +132,3 @@ def test_cached_computes_once_and_counts_hits():
     trio.run(main)
     assert calls == [1] and (cache.hits, cache.misses) == (2, 1)
 
-
-def test_a_runner_cancelled_inside_a_nursery_hands_the_work_on():
-    """A cancelled nursery raises a group holding Cancelled, not a bare Cancelled: that is the
-    runner's cancellation all the same, never an outcome for the waiters to raise."""
-    flights = Flights()
-    started = []
-    gate = trio.Event()
-
-    async def work() -> str:
-        started.append(1)
-        async with trio.open_nursery() as nursery:  # the wait happens in child tasks
-            nursery.start_soon(gate.wait)
-            nursery.start_soon(gate.wait)
-        return "done"
-
-    async def main() -> list[str]:
-        first = trio.CancelScope()
-        got: list[str] = []
-
-        async def run_first() -> None:
-            with first:
-                await flights.run("k", work)
-
-        async def second() -> None:
-            got.append(await flights.run("k", work))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_first)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(second)
-            await trio.testing.wait_all_tasks_blocked()
-            first.cancel()
-            await trio.testing.wait_all_tasks_blocked()
-            gate.set()
-        return got
-
-    assert trio.run(main) == ["done"]
-    assert started == [1, 1] and len(flights) == 0

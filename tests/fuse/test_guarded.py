@@ -9,6 +9,7 @@ import pyfuse3
 import pytest
 import trio
 
+from tests.support.cancellation import foreign_cancellation
 from unshardfs.fuse.pyfuse3_engine import guarded
 from unshardfs.util.errors import DataError, SourceError, expected_failure
 
@@ -56,13 +57,7 @@ class _StrayOps:
 
     @guarded
     async def lookup(self) -> None:
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            try:
-                await trio.lowlevel.checkpoint()
-            except trio.Cancelled as e:
-                caught = e
-        raise caught
+        raise await foreign_cancellation()
 
     @guarded
     async def read(self) -> None:

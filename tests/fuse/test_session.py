@@ -7,7 +7,6 @@ import errno
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 
@@ -15,11 +14,9 @@ import pytest
 import trio
 import trio.testing
 
+from tests.support.cancellation import foreign_cancellation
 from unshardfs.fuse import abi
 from unshardfs.fuse.server import InitConfig, Request, Connection
-
-if sys.version_info < (3, 11):  # trio installs the backport there
-    from exceptiongroup import BaseExceptionGroup
 
 ALL_FLAGS = 0xFFFFFFFF
 
@@ -207,14 +204,9 @@ class StrayFs(FakeFs):
         return super().dispatch(request)
 
     async def stray(self) -> bytes:
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            try:
-                await trio.lowlevel.checkpoint()
-            except trio.Cancelled as e:
-                caught = e
+        error = await foreign_cancellation(self.grouped)
         self.strayed.set()
-        raise BaseExceptionGroup("from a nursery", [caught]) if self.grouped else caught
+        raise error
 
     async def after(self) -> bytes:
         await self.strayed.wait()

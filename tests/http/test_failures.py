@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import trio
 
+from tests.support.cancellation import foreign_cancellation
 from unshardfs.http.app import TreeApp
 from unshardfs.tree.nodes import DirNode, Node
 
@@ -16,13 +17,7 @@ class _HandsOnACancellation(DirNode):
     requests would, handing its runner's cancellation to those waiting on it)."""
 
     async def lookup(self, name: str) -> Node | None:
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            try:
-                await trio.lowlevel.checkpoint()
-            except trio.Cancelled as e:
-                caught = e
-        raise caught
+        raise await foreign_cancellation()
 
 
 async def _get(app: TreeApp, path: str) -> int:
