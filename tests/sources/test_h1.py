@@ -64,7 +64,7 @@ def exchange(wire: Wire, limit: int, plain: bool = True, method: str = "GET",
     async def main() -> tuple[object, int]:
         ours, theirs = trio.socket.socketpair()
         pool = h1.Pool(max_idle=4)
-        conn = h1._Connection(trio.SocketStream(ours), ours, into=plain)
+        conn = h1._ClientConnection(trio.SocketStream(ours), ours, into=plain)
         pool.release(KEY, conn)  # the idle connection the request takes
         outcome: object
         async with trio.open_nursery() as nursery:
@@ -205,7 +205,7 @@ def test_idle_connections_the_server_wrote_to_are_not_reused():
     async def main() -> int:
         ours, theirs = trio.socket.socketpair()
         pool = h1.Pool(max_idle=4)
-        pool.release(KEY, h1._Connection(trio.SocketStream(ours), ours, into=True))
+        pool.release(KEY, h1._ClientConnection(trio.SocketStream(ours), ours, into=True))
         await theirs.send(b"HTTP/1.1 200 X\r\n\r\n")  # unasked: a stale or hostile connection
         with pytest.raises(h1.ConnectError):  # so a new one is opened (and refused)
             await pool.send(h1.ClientRequest("GET", URL, {}), 1.0)

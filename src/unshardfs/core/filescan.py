@@ -90,7 +90,7 @@ class _Files:
         return False
 
 
-class _Run(_Files):
+class _ReadOnKeys(_Files):
     """Keys of a `KeyOrder` source from one a reader read on, taken from its index as scans reach them."""
 
     def __init__(self, fetcher: Fetcher, source: KeyOrder, first: str) -> None:
@@ -150,7 +150,7 @@ class ScannedFiles(SourceLayer):
             if offset == 0 and self._keyed is not None:
                 # A run begins here; its next keys come from the index (in the background, before
                 # the reader's next read: the one this read costs).
-                run = self._orders[("run", path)] = _Run(self.fetcher, self._keyed, path)
+                run = self._orders[("run", path)] = _ReadOnKeys(self.fetcher, self._keyed, path)
                 self.fetcher.spawn(run.more)
             return await self.inner.read(path, offset, size, version)
         files, i = placed

@@ -118,8 +118,8 @@ class Server:
         self.app = app
         self.limits = limits or ServerLimits()
         self.open = 0  # connections holding a slot
-        self.waiting: OrderedDict[_Connection, None] = OrderedDict()  # oldest first: evicted first
-        self.sending: OrderedDict[_Connection, int] = OrderedDict()  # bytes held, longest without progress first
+        self.waiting: OrderedDict[_ServedConnection, None] = OrderedDict()  # oldest first: evicted first
+        self.sending: OrderedDict[_ServedConnection, int] = OrderedDict()  # bytes held, longest without progress first
         self.held = 0
         self.stopping = False
         self.date = _Date()
@@ -152,10 +152,10 @@ class Server:
     async def _handle(self, stream: trio.SocketStream) -> None:
         if self.open >= self.limits.max_connections and not self._evict_waiting():
             self.counters["refused"] += 1
-            await _Connection(self, stream).refuse(503, "too many connections", linger=False)
+            await _ServedConnection(self, stream).refuse(503, "too many connections", linger=False)
             await stream.aclose()
             return
-        conn = _Connection(self, stream)
+        conn = _ServedConnection(self, stream)
         self.open += 1
         self.counters["connections"] += 1
         try:
@@ -167,7 +167,7 @@ class Server:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
-    def _release(self, conn: _Connection) -> None:
+    def _release(self, conn: _ServedConnection) -> None:
         if not conn.evicted:
             self.open -= 1
             conn.evicted = True
@@ -183,13 +183,13 @@ class Server:
         self._drop(conn)
         return True
 
-    def _drop(self, conn: _Connection) -> None:
+    def _drop(self, conn: _ServedConnection) -> None:
         conn.scope.cancel()
         self._release(conn)
 
     # -- response memory ----------------------------------------------------------
 
-    def hold(self, conn: _Connection, size: int) -> None:
+    def hold(self, conn: _ServedConnection, size: int) -> None:
         """Account `size` bytes `conn` is about to write; past the budget, drop the writers whose clients
         have taken nothing for longest (`progressed`)."""
         self.sending[conn] = size
@@ -201,17 +201,17 @@ class Server:
             self.counters["dropped_for_memory"] += 1
             self._drop(oldest)
 
-    def progressed(self, conn: _Connection) -> None:
+    def progressed(self, conn: _ServedConnection) -> None:
         """`conn`'s client took bytes: its writer goes behind every writer blocked longer, so the budget
         drops the clients that take nothing before one that reads, however slowly."""
         if conn in self.sending:
             self.sending.move_to_end(conn)
 
-    def unhold(self, conn: _Connection) -> None:
+    def unhold(self, conn: _ServedConnection) -> None:
         self.held -= self.sending.pop(conn, 0)
 
 
-class _Connection:
+class _ServedConnection:
     """One client: requests read one at a time (framed here, then parsed by h11), each answered by the app
     before the next is read."""
 

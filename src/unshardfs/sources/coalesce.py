@@ -38,7 +38,7 @@ class _Want:
 
 
 @dataclass(eq=False)
-class _Run:
+class _JoinedRead:
     """One read covering the wants of a batch that lie close together."""
 
     start: int
@@ -53,7 +53,7 @@ class _Run:
 @dataclass(eq=False)
 class _Batch:
     wants: list[_Want] = field(default_factory=list)
-    runs: dict[_Want, _Run] = field(default_factory=dict)  # each want's run, once planned
+    runs: dict[_Want, _JoinedRead] = field(default_factory=dict)  # each want's run, once planned
     planned: trio.Event = field(default_factory=trio.Event)
     cancelled: bool = False  # its first asker was cancelled while gathering: the others ask again
 
@@ -81,7 +81,7 @@ class RangeReads(Generic[O]):
         self.span = span
         self.counters = RangeCounters()
         self._open: dict[tuple[O, bool], _Batch] = {}  # batches still gathering, by object
-        self._flying: dict[tuple[O, bool], list[_Run]] = {}  # runs being read, by object
+        self._flying: dict[tuple[O, bool], list[_JoinedRead]] = {}  # runs being read, by object
 
     async def read(self, obj: O, offset: int, size: int, index: bool = False) -> bytes:
         """Bytes [offset, offset+size) of `obj` (shorter only where the object ends)."""
@@ -123,22 +123,22 @@ class RangeReads(Generic[O]):
         await self._fetch(key, runs)
         return _result(batch.runs[want], start, end)
 
-    def _plan(self, batch: _Batch) -> list[_Run]:
-        runs: list[_Run] = []
-        run: _Run | None = None
+    def _plan(self, batch: _Batch) -> list[_JoinedRead]:
+        runs: list[_JoinedRead] = []
+        run: _JoinedRead | None = None
         for want in sorted(batch.wants, key=lambda w: (w.start, w.end)):
             if run is not None and want.start - run.end <= self.gap and max(run.end, want.end) - run.start <= self.span:
                 if want.start > run.end:
                     self.counters.gap_bytes += want.start - run.end
                 run.end = max(run.end, want.end)
             else:
-                run = _Run(want.start, want.end)
+                run = _JoinedRead(want.start, want.end)
                 runs.append(run)
             run.wants.append(want)
             batch.runs[want] = run
         return runs
 
-    async def _fetch(self, key: tuple[O, bool], runs: list[_Run]) -> None:
+    async def _fetch(self, key: tuple[O, bool], runs: list[_JoinedRead]) -> None:
         """Read every run (concurrently); each one's outcome is kept on it for all its wants."""
         flying = self._flying.setdefault(key, [])
         flying.extend(runs)
@@ -158,7 +158,7 @@ class RangeReads(Generic[O]):
             if not flying:
                 del self._flying[key]
 
-    async def _one(self, key: tuple[O, bool], run: _Run) -> None:
+    async def _one(self, key: tuple[O, bool], run: _JoinedRead) -> None:
         self.counters.reads += 1
         try:
             run.data = await self._read(key[0], run.start, run.end - run.start, key[1])
@@ -169,7 +169,7 @@ class RangeReads(Generic[O]):
         run.done.set()
 
 
-def _result(run: _Run, start: int, end: int) -> bytes:
+def _result(run: _JoinedRead, start: int, end: int) -> bytes:
     if run.error is not None:
         raise run.error
     if start == run.start and end == run.end:

@@ -170,7 +170,7 @@ def _pieces(count: int, kept: list[bytes | bytearray | memoryview] | None,
         yield view
 
 
-class _Connection:
+class _ClientConnection:
     """One keep-alive connection: a trio stream over `socket`; with `into`, bodies are received
     straight into their buffer (plain TCP), else through the stream (TLS)."""
 
@@ -208,13 +208,13 @@ class Response:
     """A response whose head has been read; `read` its body, then `aclose` (which pools the connection
     when the exchange ended cleanly)."""
 
-    def __init__(self, pool: Pool, key: tuple[str, str, int], conn: _Connection, protocol: h11.Connection,
+    def __init__(self, pool: Pool, key: tuple[str, str, int], conn: _ClientConnection, protocol: h11.Connection,
                  head: h11.Response, method: str, timeout: float) -> None:
         self.status = head.status_code
         self.headers = headers_of(head.headers)
         self._pool = pool
         self._key = key
-        self._conn: _Connection | None = conn
+        self._conn: _ClientConnection | None = conn
         self._protocol = protocol
         self._timeout = timeout
         self._bodiless = method == "HEAD" or self.status in (204, 304)
@@ -377,7 +377,7 @@ class Pool:
 
     def __init__(self, max_idle: int, ssl_context: Callable[[], ssl.SSLContext] = default_ssl_context) -> None:
         self.max_idle = max_idle
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, str, int], list[_ClientConnection]] = {}
         self._idle_count = 0
         self._ssl_factory = ssl_context
         self._ssl: ssl.SSLContext | None = None
@@ -427,7 +427,7 @@ class Pool:
                 raise RemoteProtocolError(f"connection lost: {e}" if str(e) else "connection lost") from None
             raise
 
-    async def next_event(self, conn: _Connection, protocol: h11.Connection, timeout: float) -> object:
+    async def next_event(self, conn: _ClientConnection, protocol: h11.Connection, timeout: float) -> object:
         """h11's next event, receiving as it needs (each receive within `timeout`)."""
         while True:
             try:
@@ -448,7 +448,7 @@ class Pool:
             except RuntimeError as e:  # receive_data after EOF was already seen
                 raise RemoteProtocolError(str(e)) from None
 
-    async def _connection(self, where: Endpoint, timeout: float) -> _Connection:
+    async def _connection(self, where: Endpoint, timeout: float) -> _ClientConnection:
         idle = self._idle.get(where.key)
         now = trio.current_time()
         while idle:
@@ -464,7 +464,7 @@ class Pool:
             except OSError as e:
                 raise ConnectError(f"cannot connect to {where.host}:{where.port}: {e}") from None
             if where.scheme == "http":
-                return _Connection(tcp, tcp.socket, into=True)
+                return _ClientConnection(tcp, tcp.socket, into=True)
             if self._ssl is None:
                 self._ssl = self._ssl_factory()
             tls = trio.SSLStream(tcp, self._ssl, server_hostname=where.host, https_compatible=True)
@@ -475,10 +475,10 @@ class Pool:
                 if isinstance(e, trio.BrokenResourceError):
                     raise ConnectError(f"TLS with {where.host}:{where.port} failed: {e.__cause__ or e}") from None
                 raise
-            return _Connection(tls, tcp.socket, into=False)
+            return _ClientConnection(tls, tcp.socket, into=False)
         raise ConnectTimeout(f"no connection to {where.host}:{where.port} within {timeout:g} s")
 
-    def release(self, key: tuple[str, str, int], conn: _Connection) -> None:
+    def release(self, key: tuple[str, str, int], conn: _ClientConnection) -> None:
         if self._idle_count >= self.max_idle:
             conn.socket.close()  # over the bound: dropped (a TLS stream without its close_notify)
             return

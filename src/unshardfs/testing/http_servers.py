@@ -94,7 +94,7 @@ class DatasetServer:
             def do_GET(self) -> None:
                 server.handle(self, head=False)
 
-        class Server(ThreadingHTTPServer):
+        class Threaded(ThreadingHTTPServer):
             # socketserver's default listen backlog (5) drops the SYNs of a client opening
             # more connections at once, which it resends a second later: a stall that is
             # the test server's, not the client's.
@@ -103,7 +103,7 @@ class DatasetServer:
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # clients hanging up early (a dropped fallback download) are expected here
 
-        self.httpd = Server((host, 0), Handler)
+        self.httpd = Threaded((host, 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -144,7 +144,7 @@ def _cannot_write(rel: str, error: OSError) -> str:
     return f"{rel}: cannot write: {error.strerror or error}"
 
 
-class _Run:
+class _Walk:
     """One export walk's shared state: where it writes, what it has done, and whether it must stop."""
 
     def __init__(self, dest: FileSink, journal: Journal | None, summary: WalkSummary,
@@ -217,7 +217,7 @@ async def export(root: DirNode, dest: FileSink, jobs: int = 4,
     writes).
     """
     summary = WalkSummary()
-    run = _Run(dest, journal, summary, waits)
+    run = _Walk(dest, journal, summary, waits)
     async with trio.open_nursery() as nursery:
         run.scope = nursery.cancel_scope
         try:  # here, not around the nursery: what leaves a nursery comes wrapped in an exception group
@@ -230,7 +230,7 @@ async def export(root: DirNode, dest: FileSink, jobs: int = 4,
     return summary
 
 
-async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limiter: trio.CapacityLimiter,
+async def _export_walk(run: _Walk, entries: Entries, nursery: trio.Nursery, limiter: trio.CapacityLimiter,
                        progress: Callable[[WalkSummary], None] | None) -> None:
     summary = run.summary
     skip: set[str] = set()  # directories that could not be made: nothing is written below them
@@ -286,7 +286,7 @@ async def _export_walk(run: _Run, entries: Entries, nursery: trio.Nursery, limit
         await _hand_over(run, batch, nursery, limiter)
 
 
-async def _hand_over(run: _Run, batch: _WriteBatch, nursery: trio.Nursery, limiter: trio.CapacityLimiter) -> None:
+async def _hand_over(run: _Walk, batch: _WriteBatch, nursery: trio.Nursery, limiter: trio.CapacityLimiter) -> None:
     """Give a batch to a writer thread once one of the `jobs` slots is free (waiting for it is the
     walk's `writes` wait)."""
     token = object()  # the write task, not this one, releases the slot
@@ -296,7 +296,7 @@ async def _hand_over(run: _Run, batch: _WriteBatch, nursery: trio.Nursery, limit
     nursery.start_soon(_write_in_thread, run, limiter, token, batch.files)
 
 
-async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: object,
+async def _write_in_thread(run: _Walk, limiter: trio.CapacityLimiter, token: object,
                            files: list[tuple[str, FileNode, bytes]]) -> None:
     try:
         outcomes = await trio.to_thread.run_sync(_write_batch, run.dest, files, limiter=trio.CapacityLimiter(1))
@@ -316,7 +316,7 @@ async def _write_in_thread(run: _Run, limiter: trio.CapacityLimiter, token: obje
                 run.stop(e)
 
 
-async def _stream(run: _Run, rel: str, node: FileNode, limiter: trio.CapacityLimiter) -> None:
+async def _stream(run: _Walk, rel: str, node: FileNode, limiter: trio.CapacityLimiter) -> None:
     """Copy a file of several pieces: each piece read on the loop, then written by a worker before
     the next is read. All-zero pieces are skipped (left as holes), as `cp --sparse=auto` would."""
     async with limiter:
